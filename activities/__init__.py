@@ -1,0 +1,1 @@
+"""Recovery actions: one module per system, each function registered in the action registry."""

@@ -1,0 +1,17 @@
+"""Imports every action module so the default registry is complete."""
+
+from __future__ import annotations
+
+import importlib
+
+from activities.registry import Registry, default_registry
+
+__all__ = ["ACTION_MODULES", "load_registry"]
+
+ACTION_MODULES = ["activities.core", "activities.telemetry"]
+
+
+def load_registry() -> Registry:
+    for module in ACTION_MODULES:
+        importlib.import_module(module)
+    return default_registry
