@@ -1,0 +1,645 @@
+"""Firewall actions: block service ports with iptables, then let clients back in tier by tier."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.executors import Executor, ExecutorError, HostTarget, executor_for
+from activities.registry import action
+
+__all__ = [
+    "AllowInput",
+    "AllowOutput",
+    "AllowTier",
+    "BlockInput",
+    "BlockOutput",
+    "HostChange",
+    "HostStatus",
+    "RevokeInput",
+    "StatusInput",
+    "StatusOutput",
+    "UnblockInput",
+    "UnblockOutput",
+    "allow",
+    "block",
+    "render_block",
+    "revoke",
+    "status",
+    "unblock",
+]
+
+DEFAULT_CHAIN = "COLDSTART-BLOCK"
+TAG = "coldstart"
+# iptables' multiport match takes at most 15 ports; one jump rule keeps the check atomic.
+MAX_PORTS = 15
+IPTABLES_SAVE = ["iptables-save", "-t", "filter"]
+IPTABLES_RESTORE = ["iptables-restore", "--wait=5", "--noflush"]
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _cidr(value: str) -> str:
+    try:
+        net = ipaddress.ip_network(value.strip(), strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a CIDR with host bits clear ({exc})") from None
+    if net.version != 4:
+        # Only iptables (IPv4) is driven; an IPv6 allow would silently not apply.
+        raise ValueError(f"{value!r}: IPv6 is not supported (iptables only)")
+    return str(net)
+
+
+class AllowTier(BaseModel):
+    """A named group of sources let through the block, e.g. controller, operators, servers."""
+
+    name: str = Field(min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    cidrs: list[str] = Field(min_length=1)
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        return list(dict.fromkeys(_cidr(v) for v in values))
+
+
+class _Targeted(BaseModel):
+    hosts: list[HostTarget] = Field(min_length=1)
+    chain: str = Field(default=DEFAULT_CHAIN, pattern=r"^[A-Z][A-Z0-9_-]{0,27}$")
+    max_parallel: int = Field(default=8, ge=1, le=64)
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique(cls, hosts: list[HostTarget]) -> list[HostTarget]:
+        names = [h.name for h in hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate host names: {dupes}")
+        return hosts
+
+    @field_validator("chain")
+    @classmethod
+    def _not_builtin(cls, chain: str) -> str:
+        if chain in {"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"}:
+            raise ValueError(f"chain {chain!r} is built in; the block needs its own chain")
+        return chain
+
+
+def _tiers(values: Any) -> Any:
+    # Runbooks may write `allow: [10.0.0.1/32, ...]`; bare CIDRs form one tier named "allow".
+    if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
+        return [{"name": "allow", "cidrs": values}]
+    return values
+
+
+class BlockInput(_Targeted):
+    """Which hosts, which TCP ports, and who may still connect (in priority order)."""
+
+    ports: list[int] = Field(min_length=1, max_length=MAX_PORTS)
+    allow: list[AllowTier] = Field(min_length=1)
+
+    _allow_bare = field_validator("allow", mode="before")(classmethod(lambda cls, v: _tiers(v)))
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, ports: list[int]) -> list[int]:
+        bad = [p for p in ports if not 1 <= p <= 65535]
+        if bad:
+            raise ValueError(f"ports out of range: {bad}")
+        return sorted(set(ports))
+
+    @model_validator(mode="after")
+    def _keeps_access(self) -> "BlockInput":
+        # Blocking the port the controller reaches a host by would lock the recovery out of it.
+        for host in self.hosts:
+            if host.kind == "ssh" and host.port in self.ports:
+                raise ValueError(f"host {host.name}: ports include its ssh port {host.port}")
+        names = [t.name for t in self.allow]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tier names: {names}")
+        return self
+
+
+class UnblockInput(_Targeted):
+    """Remove the block chain and its INPUT jump."""
+
+
+class AllowInput(_Targeted):
+    """Add one tier's sources to an existing block (staged unblocking)."""
+
+    tier: AllowTier
+
+
+class RevokeInput(_Targeted):
+    """Remove one tier's sources from an existing block (take a tier back out)."""
+
+    tier: AllowTier
+
+
+class StatusInput(_Targeted):
+    """Read the block on each host."""
+
+
+class HostChange(BaseModel):
+    """What one call did on one host; `rules` is the chain afterwards as iptables-save lists it."""
+
+    host: str
+    changed: bool
+    actions: list[str] = Field(default_factory=list)
+    rules: list[str] = Field(default_factory=list)
+
+
+class BlockOutput(BaseModel):
+    hosts: list[HostChange]
+    changed_hosts: list[str]
+    undo: UnblockInput
+
+
+class UnblockOutput(BaseModel):
+    hosts: list[HostChange]
+    changed_hosts: list[str]
+
+
+class AllowOutput(BaseModel):
+    hosts: list[HostChange]
+    changed_hosts: list[str]
+    undo: RevokeInput
+
+
+class RevokeOutput(BaseModel):
+    hosts: list[HostChange]
+    changed_hosts: list[str]
+
+
+class HostStatus(BaseModel):
+    host: str
+    blocked: bool = False
+    ports: list[int] = Field(default_factory=list)
+    tiers: dict[str, list[str]] = Field(default_factory=dict)
+    loopback: bool = False
+    rejects: bool = False
+    jump_first: bool = False
+    problems: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class StatusOutput(BaseModel):
+    hosts: list[HostStatus]
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the block chain, in the few terms the block uses."""
+
+    target: str
+    source: str | None = None
+    iface: str | None = None
+    proto: str | None = None
+    reject_with: str | None = None
+    comment: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def render(self, chain: str) -> str:
+        parts = ["-A", chain]
+        if self.source:
+            parts += ["-s", self.source]
+        if self.iface:
+            parts += ["-i", self.iface]
+        if self.proto:
+            parts += ["-p", self.proto]
+        if self.comment:
+            parts += ["-m", "comment", "--comment", f'"{self.comment}"']
+        parts += ["-j", self.target]
+        if self.reject_with:
+            parts += ["--reject-with", self.reject_with]
+        return " ".join(parts)
+
+    @property
+    def tier(self) -> str | None:
+        prefix = f"{TAG} tier="
+        return self.comment[len(prefix):] if self.comment and self.comment.startswith(prefix) else None
+
+
+@dataclass(frozen=True)
+class Jump:
+    """The INPUT rule sending the blocked ports to the chain."""
+
+    ports: tuple[int, ...]
+    line: str
+    extra: tuple[str, ...] = ()
+
+
+def _loopback_rule() -> Rule:
+    return Rule(target="ACCEPT", iface="lo", comment=f"{TAG} loopback")
+
+
+def _allow_rule(cidr: str, tier: str) -> Rule:
+    return Rule(target="ACCEPT", source=cidr, comment=f"{TAG} tier={tier}")
+
+
+def _reject_rule() -> Rule:
+    # tcp-reset, not DROP: clients fail fast instead of hanging in SYN retries, which is
+    # what takes the load off the service. No ESTABLISHED accept: existing non-allowed
+    # connections must be cut too, so they get an RST on their next segment.
+    return Rule(target="REJECT", proto="tcp", reject_with="tcp-reset", comment=f"{TAG} reject")
+
+
+def _desired_chain(tiers: list[AllowTier]) -> list[Rule]:
+    rules, seen = [_loopback_rule()], set()
+    for tier in tiers:
+        for cidr in tier.cidrs:
+            if cidr not in seen:  # first tier to name a source owns it
+                seen.add(cidr)
+                rules.append(_allow_rule(cidr, tier.name))
+    return [*rules, _reject_rule()]
+
+
+def _jump_line(chain: str, ports: list[int]) -> str:
+    return (
+        f"-A INPUT -p tcp -m multiport --dports {','.join(map(str, ports))} "
+        f'-m comment --comment "{TAG} block" -j {chain}'
+    )
+
+
+def render_block(chain: str, ports: list[int], tiers: list[AllowTier]) -> list[str]:
+    """The block as iptables-save lines: the INPUT jump first, then the chain."""
+    return [_jump_line(chain, ports), *(r.render(chain) for r in _desired_chain(tiers))]
+
+
+def _parse_rule(tokens: list[str]) -> Rule:
+    values: dict[str, str] = {}
+    extra: list[str] = []
+    it = iter(tokens)
+    for tok in it:
+        if tok in ("-s", "-i", "-p", "-j", "--reject-with", "--comment"):
+            values[tok] = next(it, "")
+        elif tok == "-m" and (mod := next(it, "")) == "comment":
+            continue
+        elif tok == "-m":
+            extra += ["-m", mod]
+        else:
+            extra.append(tok)
+    source = values.get("-s")
+    if source:
+        try:
+            source = str(ipaddress.ip_network(source, strict=False))
+        except ValueError:
+            extra += ["-s", source]
+            source = None
+    return Rule(
+        target=values.get("-j", ""),
+        source=source,
+        iface=values.get("-i"),
+        proto=values.get("-p"),
+        reject_with=values.get("--reject-with"),
+        comment=values.get("--comment"),
+        extra=tuple(extra),
+    )
+
+
+def _parse_jump(tokens: list[str], line: str) -> Jump:
+    ports: tuple[int, ...] = ()
+    extra: list[str] = []
+    it = iter(tokens)
+    for tok in it:
+        if tok in ("--dports", "--dport"):
+            raw = next(it, "")
+            try:
+                ports = tuple(sorted(int(p) for p in raw.split(",")))
+            except ValueError:
+                extra += [tok, raw]  # port ranges etc.: not ours, so never "already in place"
+        elif tok in ("-p", "-m", "--comment", "-j"):
+            next(it, None)
+        else:
+            extra.append(tok)
+    return Jump(ports=ports, line=line, extra=tuple(extra))
+
+
+@dataclass
+class HostFirewall:
+    """The parts of one host's filter table the block cares about."""
+
+    chain_exists: bool = False
+    rules: list[Rule] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    jumps: list[Jump] = field(default_factory=list)
+    jump_index: list[int] = field(default_factory=list)  # positions (0-based) in INPUT
+
+    @classmethod
+    def parse(cls, save_output: str, chain: str) -> "HostFirewall":
+        fw = cls()
+        input_pos = 0
+        in_filter = False
+        for raw in save_output.splitlines():
+            line = raw.strip()
+            if line.startswith("*"):
+                in_filter = line == "*filter"
+                continue
+            if not in_filter:
+                continue
+            if line.startswith(f":{chain} "):
+                fw.chain_exists = True
+            elif line.startswith("-A "):
+                tokens = shlex.split(line)
+                if tokens[1] == chain:
+                    fw.rules.append(_parse_rule(tokens[2:]))
+                    fw.lines.append(line)
+                elif tokens[1] == "INPUT":
+                    if _target(tokens) == chain:
+                        fw.jumps.append(_parse_jump(tokens[2:], line))
+                        fw.jump_index.append(input_pos)
+                    input_pos += 1
+        return fw
+
+    def allowed(self) -> dict[str, str]:
+        """cidr -> tier name, in chain order."""
+        return {r.source: (r.tier or "?") for r in self.rules if r.target == "ACCEPT" and r.source}
+
+
+def _target(tokens: list[str]) -> str | None:
+    for i, tok in enumerate(tokens[:-1]):
+        if tok == "-j":
+            return tokens[i + 1]
+    return None
+
+
+# --------------------------------------------------------------------------- host plumbing
+
+
+class HostFailure(Exception):
+    """A host-level failure; `retryable` says whether running the activity again could help."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+async def _read(ex: Executor, chain: str) -> HostFirewall:
+    rc, out, err = await ex.run(IPTABLES_SAVE)
+    if rc != 0:
+        raise HostFailure(f"iptables-save failed (rc={rc}): {err.strip()}")
+    return HostFirewall.parse(out, chain)
+
+
+async def _apply(ex: Executor, lines: list[str]) -> None:
+    # One iptables-restore transaction per host: it all lands or none of it does.
+    payload = "\n".join(["*filter", *lines, "COMMIT", ""])
+    rc, _, err = await ex.run(IPTABLES_RESTORE, input=payload)
+    if rc != 0:
+        raise HostFailure(f"iptables-restore failed (rc={rc}): {err.strip()}")
+
+
+def _chain_section(chain: str, rules: list[Rule]) -> list[str]:
+    # With --noflush, declaring the chain creates it or flushes it; -F makes that explicit.
+    return [f":{chain} - [0:0]", f"-F {chain}", *(r.render(chain) for r in rules)]
+
+
+def _delete(line: str) -> str:
+    return "-D" + line[2:]  # "-A INPUT ..." -> "-D INPUT ..."
+
+
+def _describe_chain_change(old: HostFirewall, new: list[Rule], chain: str) -> list[str]:
+    if not old.chain_exists:
+        allowed = [f"{r.source} ({r.tier})" for r in new if r.source]
+        return [f"created chain {chain}", f"allowed {', '.join(allowed)}", "reject other tcp with tcp-reset"]
+    before, after = old.allowed(), {r.source: r.tier for r in new if r.source}
+    actions = [f"allowed {c} ({t})" for c, t in after.items() if c not in before]
+    actions += [f"removed allow {c} ({t})" for c, t in before.items() if c not in after]
+    if not actions:
+        actions = [f"rewrote chain {chain} (rules had drifted)"]
+    return actions
+
+
+async def _converge_chain(ex: Executor, inp: _Targeted, want: Callable[[HostFirewall], list[Rule]],
+                          ports: list[int] | None) -> HostChange:
+    """Read, compare, apply the difference in one transaction, read back and verify."""
+    chain = inp.chain
+    fw = await _read(ex, chain)
+    rules = want(fw)
+    lines: list[str] = []
+    actions: list[str] = []
+    if not fw.chain_exists or fw.rules != rules:
+        actions += _describe_chain_change(fw, rules, chain)
+        lines += _chain_section(chain, rules)
+    if ports is not None:
+        good = [j for j, pos in zip(fw.jumps, fw.jump_index) if j.ports == tuple(ports) and not j.extra and pos == 0]
+        if not (len(fw.jumps) == 1 and good):
+            # Wrong ports, duplicates, or not first in INPUT (an earlier ESTABLISHED accept
+            # would let existing clients through): remove them all and insert one at the top.
+            lines += [_delete(j.line) for j in fw.jumps]
+            lines.append("-I" + _jump_line(chain, ports)[2:].replace("INPUT", "INPUT 1", 1))
+            if fw.jumps:
+                actions.append(f"replaced INPUT jump(s) with tcp dports {','.join(map(str, ports))} at position 1")
+            else:
+                actions.append(f"inserted INPUT jump for tcp dports {','.join(map(str, ports))} at position 1")
+    if lines:
+        await _apply(ex, lines)
+        after = await _read(ex, chain)
+        if after.rules != rules:
+            raise HostFailure(f"applied, but chain {chain} reads back differently: {after.lines}")
+    else:
+        after = fw
+    return HostChange(host=ex.host, changed=bool(lines), actions=actions, rules=after.lines)
+
+
+# --------------------------------------------------------------------------- fan-out
+
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+
+def _checked(model: type[M], inp: Any) -> M:
+    """Re-validate the input so bad arguments fail once, clearly, and are never retried."""
+    try:
+        data = inp.model_dump() if isinstance(inp, BaseModel) else inp
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApplicationError(
+            f"bad arguments: {exc.error_count()} error(s): "
+            + "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors()),
+            type="BadArguments",
+            non_retryable=True,
+        ) from None
+
+
+async def _fan_out(name: str, inp: _Targeted, per_host: Callable[[Executor], Awaitable[R]]) -> list[R]:
+    """Run per_host on every host (bounded concurrency); on any failure say exactly who changed."""
+    gate = asyncio.Semaphore(inp.max_parallel)
+    results: dict[str, R] = {}
+    failures: dict[str, HostFailure | ExecutorError] = {}
+
+    async def one(target: HostTarget) -> None:
+        async with gate:
+            try:
+                async with executor_for(target) as ex:
+                    results[target.name] = await per_host(ex)
+            except (HostFailure, ExecutorError) as exc:
+                failures[target.name] = exc
+            if activity.in_activity():
+                activity.heartbeat(target.name)
+
+    await asyncio.gather(*(one(t) for t in inp.hosts))
+    ordered = [results[t.name] for t in inp.hosts if t.name in results]
+    if failures:
+        changed = [r.host for r in ordered if isinstance(r, HostChange) and r.changed]
+        unchanged = [r.host for r in ordered if isinstance(r, HostChange) and not r.changed]
+        failed = {host: str(exc) for host, exc in failures.items()}
+        retryable = all(getattr(exc, "retryable", True) for exc in failures.values())
+        raise ApplicationError(
+            f"{name}: failed on {', '.join(sorted(failed))}; changed: {', '.join(changed) or 'none'}; "
+            f"unchanged: {', '.join(unchanged) or 'none'}; errors: "
+            + "; ".join(f"{h}: {e}" for h, e in sorted(failed.items())),
+            {
+                "changed_hosts": changed,
+                "unchanged_hosts": unchanged,
+                "failed_hosts": failed,
+                "results": [r.model_dump() for r in ordered if isinstance(r, BaseModel)],
+            },
+            type="PartialFailure",
+            # Safe to retry as a whole: every step is check-then-act.
+            non_retryable=not retryable,
+        )
+    return ordered
+
+
+def _changed(results: list[HostChange]) -> list[str]:
+    return [r.host for r in results if r.changed]
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@action("firewall.block", mutating=True, undo="firewall.unblock", undo_from_output="undo", timeout=120)
+async def block(inp: BlockInput) -> BlockOutput:
+    """Reject TCP to the given ports on each host except from the allow-list (loopback always allowed)."""
+    inp = _checked(BlockInput, inp)
+    rules = _desired_chain(inp.allow)
+    results = await _fan_out(
+        "firewall.block", inp, lambda ex: _converge_chain(ex, inp, lambda fw: rules, inp.ports)
+    )
+    return BlockOutput(
+        hosts=results,
+        changed_hosts=_changed(results),
+        undo=UnblockInput(hosts=inp.hosts, chain=inp.chain, max_parallel=inp.max_parallel),
+    )
+
+
+@action("firewall.unblock", mutating=True, timeout=120)
+async def unblock(inp: UnblockInput) -> UnblockOutput:
+    """Remove the block chain and its INPUT jump from each host; a no-op where there is none."""
+    inp = _checked(UnblockInput, inp)
+
+    async def one(ex: Executor) -> HostChange:
+        fw = await _read(ex, inp.chain)
+        lines = [_delete(j.line) for j in fw.jumps]
+        actions = [f"removed INPUT jump ({j.line})" for j in fw.jumps]
+        if fw.chain_exists:
+            lines += [f"-F {inp.chain}", f"-X {inp.chain}"]
+            actions.append(f"deleted chain {inp.chain} ({len(fw.rules)} rules)")
+        if lines:
+            await _apply(ex, lines)
+            after = await _read(ex, inp.chain)
+            if after.chain_exists or after.jumps:
+                raise HostFailure(f"unblock applied, but {inp.chain} or its jump is still there")
+        return HostChange(host=ex.host, changed=bool(lines), actions=actions, rules=[])
+
+    results = await _fan_out("firewall.unblock", inp, one)
+    return UnblockOutput(hosts=results, changed_hosts=_changed(results))
+
+
+def _require_block(fw: HostFirewall, chain: str) -> None:
+    if not fw.chain_exists:
+        raise HostFailure(f"no block: chain {chain} does not exist (run firewall.block first)", retryable=False)
+    if not fw.rules or fw.rules[-1] != _reject_rule():
+        raise HostFailure(f"chain {chain} does not end in the block's reject rule; re-run firewall.block",
+                          retryable=False)
+
+
+@action("firewall.allow", mutating=True, undo="firewall.revoke", undo_from_output="undo", timeout=120)
+async def allow(inp: AllowInput) -> AllowOutput:
+    """Let one tier of sources through an existing block (added before the final reject)."""
+    inp = _checked(AllowInput, inp)
+
+    def want(fw: HostFirewall) -> list[Rule]:
+        _require_block(fw, inp.chain)
+        present = fw.allowed()
+        new = [_allow_rule(c, inp.tier.name) for c in inp.tier.cidrs if c not in present]
+        return [*fw.rules[:-1], *new, fw.rules[-1]]
+
+    results = await _fan_out("firewall.allow", inp, lambda ex: _converge_chain(ex, inp, want, None))
+    # Undo removes this tier's rules only; sources another tier already allowed stay allowed.
+    return AllowOutput(
+        hosts=results,
+        changed_hosts=_changed(results),
+        undo=RevokeInput(hosts=inp.hosts, chain=inp.chain, tier=inp.tier, max_parallel=inp.max_parallel),
+    )
+
+
+@action("firewall.revoke", mutating=True, undo="firewall.allow", timeout=120)
+async def revoke(inp: RevokeInput) -> RevokeOutput:
+    """Take one tier's sources back out of an existing block (only rules tagged with that tier)."""
+    inp = _checked(RevokeInput, inp)
+    drop = set(inp.tier.cidrs)
+
+    def want(fw: HostFirewall) -> list[Rule]:
+        _require_block(fw, inp.chain)
+        return [r for r in fw.rules if not (r.source in drop and r.tier == inp.tier.name)]
+
+    results = await _fan_out("firewall.revoke", inp, lambda ex: _converge_chain(ex, inp, want, None))
+    return RevokeOutput(hosts=results, changed_hosts=_changed(results))
+
+
+@action("firewall.status", timeout=60)
+async def status(inp: StatusInput) -> StatusOutput:
+    """Report the block on each host: ports, allowed tiers, and anything that looks wrong."""
+    inp = _checked(StatusInput, inp)
+
+    async def one(target: HostTarget) -> HostStatus:
+        try:
+            async with executor_for(target) as ex:
+                fw = await _read(ex, inp.chain)
+        except (HostFailure, ExecutorError) as exc:
+            # Status never raises for one host: an unreachable host is itself the answer.
+            return HostStatus(host=target.name, error=str(exc))
+        tiers: dict[str, list[str]] = {}
+        for cidr, tier in fw.allowed().items():
+            tiers.setdefault(tier, []).append(cidr)
+        problems = []
+        if len(fw.jumps) > 1:
+            problems.append(f"{len(fw.jumps)} INPUT jumps to {inp.chain}")
+        if fw.jumps and not fw.chain_exists:
+            problems.append("INPUT jump without chain")
+        if fw.chain_exists and not fw.jumps:
+            problems.append("chain exists but nothing jumps to it: nothing is blocked")
+        if fw.jumps and fw.jump_index[0] != 0:
+            problems.append(f"INPUT jump is rule {fw.jump_index[0] + 1}, not 1: earlier rules may let clients in")
+        if any(r.extra for r in fw.rules):
+            problems.append("chain has rules the block did not write")
+        return HostStatus(
+            host=target.name,
+            blocked=fw.chain_exists and bool(fw.jumps),
+            ports=list(fw.jumps[0].ports) if fw.jumps else [],
+            tiers=tiers,
+            loopback=_loopback_rule() in fw.rules,
+            rejects=bool(fw.rules) and fw.rules[-1] == _reject_rule(),
+            jump_first=bool(fw.jump_index) and fw.jump_index[0] == 0,
+            problems=problems,
+        )
+
+    gate = asyncio.Semaphore(inp.max_parallel)
+
+    async def gated(target: HostTarget) -> HostStatus:
+        async with gate:
+            return await one(target)
+
+    return StatusOutput(hosts=list(await asyncio.gather(*(gated(t) for t in inp.hosts))))

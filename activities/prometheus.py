@@ -1,0 +1,52 @@
+"""A small Prometheus HTTP API client: instant queries reduced to one number, failing closed."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+
+__all__ = ["PrometheusError", "instant_query", "single_value"]
+
+
+class PrometheusError(Exception):
+    """The query could not produce exactly one number."""
+
+
+async def instant_query(base_url: str, query: str, *, timeout: float = 10.0, client: httpx.AsyncClient | None = None) -> dict:
+    """GET /api/v1/query and return its `data` (resultType and result)."""
+    url = base_url.rstrip("/") + "/api/v1/query"
+    owned = client is None
+    client = client or httpx.AsyncClient(timeout=timeout)
+    try:
+        response = await client.get(url, params={"query": query})
+    except httpx.HTTPError as exc:
+        raise PrometheusError(f"prometheus at {base_url} unreachable: {type(exc).__name__}: {exc}") from None
+    finally:
+        if owned:
+            await client.aclose()
+    try:
+        body = response.json()
+    except ValueError:
+        raise PrometheusError(f"prometheus answered {response.status_code} with non-JSON") from None
+    if body.get("status") != "success":
+        raise PrometheusError(f"prometheus rejected the query: {body.get('errorType', '')} {body.get('error', response.status_code)}".strip())
+    return body["data"]
+
+
+def single_value(data: dict) -> float:
+    """Reduce a query result to one number; empty or ambiguous results are errors, never a pass."""
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "scalar":
+        value = float(result[1])
+    elif kind == "vector":
+        if not result:
+            raise PrometheusError("empty result (no series matched)")
+        if len(result) > 1:
+            raise PrometheusError(f"{len(result)} series returned; aggregate the query (e.g. max(...)) to one")
+        value = float(result[0]["value"][1])
+    else:
+        raise PrometheusError(f"unsupported result type {kind!r}; use an instant vector or scalar")
+    if math.isnan(value):
+        raise PrometheusError("the value is NaN")
+    return value

@@ -1,0 +1,101 @@
+"""Read one secret from Vault KV v2 inside an activity, so secrets never travel in workflow history."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import hvac
+import hvac.exceptions
+from pydantic import BaseModel, Field, model_validator
+from temporalio.exceptions import ApplicationError
+
+__all__ = ["ClientFactory", "VaultSecretRef", "read_kv_secret", "use_client_factory"]
+
+# (url, token, verify) -> an hvac.Client or anything with the same `secrets.kv.v2` surface.
+ClientFactory = Callable[[str, str, "bool | str"], Any]
+
+
+class VaultSecretRef(BaseModel):
+    """Where a secret lives and how to log in; holds no secret itself, so it may sit in an input."""
+
+    address: str = Field(description="Vault URL, e.g. http://10.0.0.5:8200")
+    mount: str = Field(default="secret", description="KV v2 mount point")
+    path: str = Field(description="secret path under the mount, e.g. coldstart/dns-tsig")
+    field: str = Field(description="key inside the secret's data")
+    token_env: str = Field(default="VAULT_TOKEN", description="env var holding the token")
+    token_file: str | None = Field(default=None, description="file holding the token; wins over token_env")
+    ca_cert: str | None = Field(default=None, description="CA bundle for https; default system trust")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "VaultSecretRef":
+        if not self.address.startswith(("http://", "https://")):
+            raise ValueError("address must be an http(s) URL")
+        if not self.path.strip("/") or not self.field or not self.mount.strip("/"):
+            raise ValueError("mount, path and field must be non-empty")
+        return self
+
+
+def _hvac_client(url: str, token: str, verify: bool | str) -> Any:
+    return hvac.Client(url=url, token=token, verify=verify)
+
+
+_factory: ClientFactory = _hvac_client
+
+
+@contextlib.contextmanager
+def use_client_factory(factory: ClientFactory) -> Iterator[None]:
+    """Swap the Vault client factory (tests); restores the previous one on exit."""
+    global _factory
+    previous, _factory = _factory, factory
+    try:
+        yield
+    finally:
+        _factory = previous
+
+
+def _token(ref: VaultSecretRef) -> str:
+    if ref.token_file:
+        try:
+            token = Path(ref.token_file).read_text().strip()
+        except OSError as exc:
+            raise ApplicationError(
+                f"cannot read Vault token file {ref.token_file}: {exc.strerror}",
+                type="VaultAuth",
+                non_retryable=True,
+            ) from None
+    else:
+        token = os.environ.get(ref.token_env, "").strip()
+    if not token:
+        where = ref.token_file or f"${ref.token_env}"
+        raise ApplicationError(f"no Vault token in {where}", type="VaultAuth", non_retryable=True)
+    return token
+
+
+def read_kv_secret(ref: VaultSecretRef) -> str:
+    """Return the field's value. Blocking (hvac is sync): call it via asyncio.to_thread.
+
+    Errors never carry the value; permission and missing-path errors are non-retryable,
+    connection trouble is left retryable because Vault may just be coming back up.
+    """
+    client = _factory(ref.address, _token(ref), ref.ca_cert or True)
+    where = f"{ref.mount.strip('/')}/{ref.path.strip('/')}"
+    try:
+        reply = client.secrets.kv.v2.read_secret_version(
+            path=ref.path.strip("/"), mount_point=ref.mount.strip("/"), raise_on_deleted_version=True
+        )
+    except (hvac.exceptions.Forbidden, hvac.exceptions.Unauthorized) as exc:
+        raise ApplicationError(
+            f"Vault denied reading {where}: {type(exc).__name__}", type="VaultAuth", non_retryable=True
+        ) from None
+    except hvac.exceptions.InvalidPath:
+        raise ApplicationError(f"no secret at {where}", type="VaultMissing", non_retryable=True) from None
+    data = ((reply or {}).get("data") or {}).get("data") or {}
+    value = data.get(ref.field)
+    if not isinstance(value, str) or not value:
+        raise ApplicationError(
+            f"secret {where} has no non-empty string field {ref.field!r}", type="VaultMissing", non_retryable=True
+        )
+    return value

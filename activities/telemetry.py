@@ -1,0 +1,37 @@
+"""Gate readings: one sample of a health signal, from Prometheus or an HTTP probe."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from pydantic import BaseModel
+
+from activities.prometheus import PrometheusError, instant_query, single_value
+from activities.registry import RetryDefaults, action
+from workflows.contract import ReadGateInput
+
+__all__ = ["Reading", "read"]
+
+
+class Reading(BaseModel):
+    value: float | None = None
+    error: str | None = None
+    latency_ms: float = 0.0
+
+
+@action("telemetry.read", timeout=30, retry=RetryDefaults(max_attempts=1))
+async def read(inp: ReadGateInput) -> Reading:
+    """Read one gate sample; an unreachable source or an empty result is an error, so the gate fails closed."""
+    started = time.monotonic()
+    try:
+        if inp.source == "prometheus":
+            value = single_value(await instant_query(inp.endpoint, inp.query, timeout=inp.timeout_seconds))
+        else:
+            async with httpx.AsyncClient(timeout=inp.timeout_seconds) as client:
+                value = float((await client.get(inp.endpoint)).status_code)
+    except PrometheusError as exc:
+        return Reading(error=str(exc), latency_ms=(time.monotonic() - started) * 1000)
+    except httpx.HTTPError as exc:
+        return Reading(error=f"{inp.endpoint} unreachable: {type(exc).__name__}", latency_ms=(time.monotonic() - started) * 1000)
+    return Reading(value=value, latency_ms=(time.monotonic() - started) * 1000)

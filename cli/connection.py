@@ -1,0 +1,29 @@
+"""Connecting to Temporal the same way everywhere: envconfig profiles, TEMPORAL_* variables, pydantic payloads."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+from temporalio.runtime import Runtime
+
+__all__ = ["DEFAULT_TASK_QUEUE", "connect", "task_queue"]
+
+DEFAULT_TASK_QUEUE = "coldstart"
+
+
+def task_queue() -> str:
+    return os.environ.get("COLDSTART_TASK_QUEUE", DEFAULT_TASK_QUEUE)
+
+
+async def connect(profile: str | None = None, *, runtime: Runtime | None = None, **overrides: Any) -> Client:
+    """Connect using the envconfig profile (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_PROFILE, config file)."""
+    config = ClientConfig.load_client_connect_config(profile=profile or os.environ.get("TEMPORAL_PROFILE"))
+    config.setdefault("target_host", "localhost:7233")
+    config.update(overrides)
+    if runtime is not None:
+        config["runtime"] = runtime
+    return await Client.connect(data_converter=pydantic_data_converter, **config)

@@ -1,0 +1,61 @@
+"""Starting and finding runs: workflow ids derived from the target give single flight per target."""
+
+from __future__ import annotations
+
+import re
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from workflows import search
+from workflows.contract import RunInput
+from workflows.runbook_workflow import RunbookWorkflow
+
+__all__ = ["TargetBusy", "start_run", "workflow_id_for"]
+
+
+class TargetBusy(Exception):
+    """Another run holds the target."""
+
+
+def workflow_id_for(target: str) -> str:
+    return "coldstart-" + re.sub(r"[^A-Za-z0-9_.-]", "-", target)
+
+
+async def start_run(client: Client, run: RunInput, task_queue: str) -> WorkflowHandle:
+    """Start a run, refusing when the target already has one running (whatever its runbook)."""
+    workflow_id = workflow_id_for(run.target_name)
+    attributes = TypedSearchAttributes(
+        [
+            SearchAttributePair(search.RUNBOOK, run.runbook.metadata.name),
+            SearchAttributePair(search.TARGET, run.target_name),
+            SearchAttributePair(search.CURRENT_STEP, "starting"),
+            SearchAttributePair(search.AWAITING_APPROVAL, False),
+            SearchAttributePair(search.DRILL, run.drill),
+        ]
+    )
+    try:
+        return await client.start_workflow(
+            RunbookWorkflow.run,
+            run,
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            search_attributes=attributes,
+            static_summary=f"{run.runbook.metadata.name} on {run.target_name} by {run.initiator}",
+            static_details=run.runbook.metadata.description,
+        )
+    except WorkflowAlreadyStartedError:
+        pass
+    handle = client.get_workflow_handle(workflow_id)
+    description = await handle.describe()
+    if description.status != WorkflowExecutionStatus.RUNNING:
+        # Finished between our attempt and the describe: one more try is enough.
+        return await start_run(client, run, task_queue)
+    busy = description.typed_search_attributes
+    raise TargetBusy(
+        f"target {run.target_name} is busy: run {workflow_id} (run id {description.run_id}, "
+        f"runbook {busy.get(search.RUNBOOK) or '?'}, started {description.start_time:%Y-%m-%d %H:%M:%S}Z) is still running"
+    )

@@ -1,0 +1,155 @@
+"""Test seams: a registry with test-only actions, a scripted Prometheus API, and run helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+
+from activities.catalog import load_registry
+from activities.registry import Registry, RetryDefaults, action
+from cli.runs import start_run
+from worker import build_worker
+from workflows.loader import plan_run
+
+test_registry = Registry()
+
+
+class AppendInput(BaseModel):
+    path: str
+    label: str
+
+
+class AppendOutput(BaseModel):
+    line: str
+
+
+@action("test.append", registry=test_registry, mutating=True, undo="test.append_undo", retry=RetryDefaults(max_attempts=1))
+def append(inp: AppendInput) -> AppendOutput:
+    """Append one line per execution (deliberately not idempotent: it counts executions)."""
+    info = activity.info()
+    line = f"{info.workflow_id} {inp.label}"
+    with open(inp.path, "a") as handle:
+        handle.write(line + "\n")
+    return AppendOutput(line=line)
+
+
+@action("test.append_undo", registry=test_registry, mutating=True, retry=RetryDefaults(max_attempts=1))
+def append_undo(inp: AppendInput) -> AppendOutput:
+    """Record an undo, so tests can see rollback order."""
+    with open(inp.path, "a") as handle:
+        handle.write(f"undo {inp.label}\n")
+    return AppendOutput(line=f"undo {inp.label}")
+
+
+class FailInput(BaseModel):
+    path: str
+    label: str
+    fail_until_file_exists: str | None = None
+    fail_items: list[str] = []
+
+
+@action("test.maybe_fail", registry=test_registry, mutating=True, retry=RetryDefaults(max_attempts=1))
+def maybe_fail(inp: FailInput) -> AppendOutput:
+    """Fail while a flag file is absent, or when the label is listed in fail_items."""
+    if inp.label in inp.fail_items or (inp.fail_until_file_exists and not os.path.exists(inp.fail_until_file_exists)):
+        raise ApplicationError(f"injected failure for {inp.label}", non_retryable=True)
+    with open(inp.path, "a") as handle:
+        handle.write(f"{inp.label}\n")
+    return AppendOutput(line=inp.label)
+
+
+def registry() -> Registry:
+    return load_registry().merged(test_registry)
+
+
+class ScriptedPrometheus:
+    """Serves /api/v1/query with the shapes of the Prometheus HTTP API, from a script of values per query."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float | None]] = {}
+        self.default: float | None = 1.0
+        self.down = False
+        self.calls: list[str] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def script(self, query: str, *values: float | None) -> None:
+        self.values[query] = list(values)
+
+    async def _query(self, request: web.Request) -> web.Response:
+        if self.down:
+            return web.Response(status=503, text="down")
+        query = request.query.get("query", "")
+        self.calls.append(query)
+        queue = self.values.get(query)
+        value = queue.pop(0) if queue and len(queue) > 1 else (queue[0] if queue else self.default)
+        result = [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    async def start(self) -> "ScriptedPrometheus":
+        app = web.Application()
+        app.router.add_get("/api/v1/query", self._query)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+
+def write_runbook(tmp_path: Path, body: str, name: str = "test") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+async def start(client: Client, file: Path, task_queue: str, *, target: dict[str, Any] | None = None,
+                initiator: str = "tester", params: dict[str, Any] | None = None, reg: Registry | None = None) -> WorkflowHandle:
+    run = plan_run(file, registry=reg or registry(), params=params,
+                   inventory=target or {"name": f"t-{task_queue}"}, initiator=initiator)
+    return await start_run(client, run, task_queue)
+
+
+def worker(client: Client, task_queue: str):
+    return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16)
+
+
+async def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.1):
+    """Poll an async predicate until it returns truthy; returns its value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(interval)
+
+
+async def status(handle: WorkflowHandle):
+    from workflows.contract import RunStatus
+
+    return await handle.query("status", result_type=RunStatus)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+_ = json

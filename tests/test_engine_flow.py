@@ -1,0 +1,257 @@
+"""The interpreter on a real Temporal dev server: ordering, references, gates, approvals, holds, rollback."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+
+from tests import support
+from workflows.contract import ApproveRequest, ControlRequest, RunResult
+
+
+@pytest.fixture
+async def prom():
+    server = await support.ScriptedPrometheus().start()
+    yield server
+    await server.stop()
+
+
+async def test_steps_run_in_order_and_references_resolve(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: order}}
+        target: t
+        params:
+          who: {{type: string, default: ops}}
+        steps:
+          - id: first
+            action: test.append
+            with: {{path: "{out}", label: "first ${{{{ params.who }}}}"}}
+          - id: second
+            action: test.append
+            with: {{path: "{out}", label: "after ${{{{ steps.first.outputs.line }}}}"}}
+          - id: pause
+            wait: 0.2s
+          - id: third
+            parallel:
+              - id: a
+                action: test.append
+                with: {{path: "{out}", label: "a"}}
+              - id: b
+                action: test.append
+                with: {{path: "{out}", label: "b"}}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        result = await handle.result()
+    assert isinstance(result, RunResult) or result["state"] == "succeeded"
+    got = support.lines(out)
+    assert got[0].endswith("first ops")
+    assert got[1].endswith(f"after {got[0]}")
+    assert sorted(x.split()[-1] for x in got[2:]) == ["a", "b"]
+
+
+async def test_gate_passes_after_consecutive_readings(env, task_queue, tmp_path, prom):
+    prom.script("q", 5, 0.1, 0.1, 0.1)
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: gatepass}}
+        target: t
+        steps:
+          - id: g
+            gate: {{endpoint: "{prom.url}", query: q, comparator: "<", threshold: 1, interval: 0.1s, consecutive: 3, timeout: 20s}}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await handle.result()
+        status = await support.status(handle)
+    readings = status.steps[0].readings
+    assert [r.passed for r in readings] == [False, True, True, True]
+    assert readings[0].value == 5
+
+
+async def test_flapping_gate_fails_and_prometheus_down_fails_closed(env, task_queue, tmp_path, prom):
+    prom.script("flap", 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5)
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: gateflap}}
+        target: t
+        steps:
+          - id: g
+            gate: {{endpoint: "{prom.url}", query: flap, comparator: "<", threshold: 1, interval: 0.1s, consecutive: 2, timeout: 1.5s}}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert "not held" in str(failure.value.cause)
+        status = await support.status(handle)
+        assert status.state == "failed"
+        assert any(r.passed for r in status.steps[0].readings)
+        assert not all(r.passed for r in status.steps[0].readings)
+
+        prom.down = True
+        down_book = support.write_runbook(tmp_path, f"""
+            metadata: {{name: gatedown}}
+            target: t2
+            steps:
+              - id: g
+                gate: {{endpoint: "{prom.url}", query: q, comparator: ">=", threshold: 0, interval: 0.1s, timeout: 1s}}
+        """, name="down")
+        handle = await support.start(env.client, down_book, task_queue, target={"name": f"down-{task_queue}"})
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        status = await support.status(handle)
+        assert status.steps[0].readings and not any(r.passed for r in status.steps[0].readings)
+        assert "503" in (status.steps[0].readings[0].error or "") or "non-JSON" in (status.steps[0].readings[0].error or "")
+
+
+async def test_approval_rejections_and_four_eyes(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: approve}}
+        target: t
+        approvers: [alice, bob]
+        four_eyes: true
+        steps:
+          - id: ok
+            approval: {{prompt: "restore?"}}
+          - id: after
+            action: test.append
+            with: {{path: "{out}", label: "after"}}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue, initiator="alice")
+        await support.wait_for(lambda: _awaiting(handle, "ok"))
+        for req, why in [
+            (ApproveRequest(step="nope", approver="bob"), "no step"),
+            (ApproveRequest(step="after", approver="bob"), "not awaiting approval"),
+            (ApproveRequest(step="ok", approver="mallory"), "may not approve"),
+            (ApproveRequest(step="ok", approver="alice"), "four eyes"),
+        ]:
+            with pytest.raises(WorkflowUpdateFailedError) as rejected:
+                await handle.execute_update("approve", req)
+            assert why in str(rejected.value.cause)
+        record = await handle.execute_update("approve", ApproveRequest(step="ok", approver="bob", comment="looked at it"))
+        assert record["approver"] == "bob"
+        await handle.result()
+        status = await support.status(handle)
+    assert status.steps[0].approvals[0].approver == "bob"
+    assert status.steps[0].approvals[0].comment == "looked at it"
+    assert support.lines(out)[-1].endswith("after")
+
+
+async def _awaiting(handle, step):
+    status = await support.status(handle)
+    return step in status.awaiting_approval
+
+
+async def _held(handle, step):
+    status = await support.status(handle)
+    return step in status.held
+
+
+async def test_hold_then_retry_skip_or_abort(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    flag = tmp_path / "fixed"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: hold}}
+        target: t
+        steps:
+          - id: flaky
+            action: test.maybe_fail
+            with: {{path: "{out}", label: flaky, fail_until_file_exists: "{flag}"}}
+            on_failure: hold
+          - id: after
+            action: test.append
+            with: {{path: "{out}", label: after}}
+    """)
+    async with support.worker(env.client, task_queue):
+        # retry after the fault is fixed
+        handle = await support.start(env.client, book, task_queue, target={"name": "hold-retry-" + task_queue})
+        await support.wait_for(lambda: _held(handle, "flaky"))
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update("retry", ControlRequest(step="after", actor="op"))
+        flag.touch()
+        await handle.execute_update("retry", ControlRequest(step="flaky", actor="op", reason="fixed"))
+        await handle.result()
+        assert support.lines(out)[0] == "flaky"
+        flag.unlink()
+
+        # skip
+        handle = await support.start(env.client, book, task_queue, target={"name": "hold-skip-" + task_queue})
+        await support.wait_for(lambda: _held(handle, "flaky"))
+        await handle.execute_update("skip", ControlRequest(actor="op"))
+        await handle.result()
+        status = await support.status(handle)
+        assert [s.status for s in status.steps] == ["skipped", "succeeded"]
+
+        # abort
+        handle = await support.start(env.client, book, task_queue, target={"name": "hold-abort-" + task_queue})
+        await support.wait_for(lambda: _held(handle, "flaky"))
+        await handle.execute_update("abort", ControlRequest(actor="op", reason="giving up"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert "aborted by op" in str(failure.value.cause)
+
+
+async def test_rollback_runs_undo_in_reverse(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: rollback}}
+        target: t
+        steps:
+          - id: one
+            action: test.append
+            with: {{path: "{out}", label: one}}
+          - id: two
+            action: test.append
+            with: {{path: "{out}", label: two}}
+            undo:
+              action: test.append_undo
+              with: {{path: "{out}", label: "two (was ${{{{ steps.two.outputs.line }}}})"}}
+          - id: boom
+            action: test.maybe_fail
+            with: {{path: "{out}", label: boom, fail_items: [boom]}}
+            on_failure: rollback
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    got = support.lines(out)
+    assert got[2].startswith("undo two (was ")
+    assert got[3] == "undo one"
+    assert "rolled back: two, one" in str(failure.value.cause)
+
+
+async def test_fan_out_error_threshold(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    items = [f"s{i}" for i in range(20)]
+    body = f"""
+        metadata: {{name: fanout}}
+        target: t
+        params:
+          items: {{type: list, default: {items}}}
+          bad: {{type: list, default: [s3, s7]}}
+          threshold: {{type: string, default: "10%"}}
+        steps:
+          - id: fan
+            for_each:
+              items: ${{{{ params.items }}}}
+              as: svc
+              action: test.maybe_fail
+              with: {{path: "{out}", label: "${{{{ svc }}}}", fail_items: "${{{{ params.bad }}}}"}}
+              max_concurrency: 4
+              error_threshold: ${{{{ params.threshold }}}}
+    """
+    book = support.write_runbook(tmp_path, body)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue, target={"name": "fan-ok-" + task_queue})
+        result = await handle.result()
+        status = await support.status(handle)
+        assert status.steps[0].outputs["failed"] == 2 and status.steps[0].outputs["succeeded"] == 18
+        handle = await support.start(env.client, book, task_queue, target={"name": "fan-bad-" + task_queue},
+                                     params={"bad": ["s1", "s2", "s3"]})
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert "more than the 2 allowed" in str(failure.value.cause)
+    del result

@@ -1,0 +1,76 @@
+"""The coldstart worker: runs RunbookWorkflow and every action in the registry."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import Worker
+
+from activities.catalog import load_registry
+from activities.registry import Registry
+from cli.connection import connect, task_queue
+from cli.logs import configure_logging
+from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
+
+__all__ = ["build_worker", "main", "run_worker"]
+
+log = structlog.get_logger("coldstart.worker")
+
+
+def build_worker(
+    client: Client,
+    queue: str,
+    *,
+    registry: Registry | None = None,
+    executor: ThreadPoolExecutor | None = None,
+    max_concurrent_activities: int = 100,
+) -> Worker:
+    """A worker for the runbook workflows and every registered action (sync ones on a thread pool)."""
+    registry = registry or load_registry()
+    return Worker(
+        client,
+        task_queue=queue,
+        workflows=[RunbookWorkflow, FanOutWorkflow],
+        activities=registry.activities(),
+        activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
+        max_concurrent_activities=max_concurrent_activities,
+    )
+
+
+async def run_worker(queue: str, metrics_address: str | None) -> None:
+    runtime = None
+    if metrics_address:
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_address)))
+    client = await connect(runtime=runtime)
+    worker = build_worker(client, queue)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("worker started", task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()))
+    async with worker:
+        await stop.wait()
+        log.info("worker stopping: finishing in-flight tasks")
+    log.info("worker stopped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--task-queue", default=task_queue())
+    parser.add_argument("--metrics", default=os.environ.get("COLDSTART_METRICS", "127.0.0.1:9464"),
+                        help="Prometheus metrics bind address, '' to disable")
+    parser.add_argument("--log-level", default=os.environ.get("COLDSTART_LOG_LEVEL", "INFO"))
+    args = parser.parse_args()
+    configure_logging(args.log_level)
+    asyncio.run(run_worker(args.task_queue, args.metrics or None))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,557 @@
+"""Reads a runbook file into a validated plan, reporting every error as file:line:col: message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Iterable
+
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from workflows.contract import RunInput
+from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
+from workflows.spec import (
+    STEP_KINDS,
+    ActionDefaults,
+    ActionStep,
+    ApprovalStep,
+    ForEachStep,
+    GateStep,
+    Param,
+    ParallelStep,
+    RampStep,
+    Runbook,
+    parse_duration,
+)
+
+__all__ = ["RunbookInvalid", "load_inventory", "load_runbook", "plan_run"]
+
+_PARAM_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "list": list,
+    "object": dict,
+}
+_PLACEHOLDERS: dict[str, Any] = {
+    "string": "",
+    "integer": 0,
+    "number": 0.0,
+    "boolean": False,
+    "list": [],
+    "object": {},
+    "duration": 0,
+}
+_RUNTIME_ROOTS = {"steps", "run", "ramp"}
+_START_ROOTS = {"params", "target"}
+
+
+class RunbookInvalid(Exception):
+    """Every problem found in a runbook, one `file:line:col: message` line each."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+Path_ = tuple[Any, ...]
+
+
+@dataclass
+class _Source:
+    file: str
+    data: Any = None
+    values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    errors: list[tuple[tuple[int, int], str]] = field(default_factory=list)
+
+    def at(self, path: Path_, *, key: bool = False) -> tuple[int, int]:
+        path = tuple(path)
+        while True:
+            if key and path in self.keys:
+                return self.keys[path]
+            if path in self.values:
+                return self.values[path]
+            if not path:
+                return (1, 1)
+            path = path[:-1]
+
+    def error(self, path: Path_, message: str, *, key: bool = False) -> None:
+        self.errors.append((self.at(path, key=key), message))
+
+    def error_at(self, line_col: tuple[int, int], message: str) -> None:
+        self.errors.append((line_col, message))
+
+    def formatted(self) -> list[str]:
+        seen: set[str] = set()
+        lines = []
+        for (line, col), message in sorted(self.errors, key=lambda e: e[0]):
+            text = f"{self.file}:{line}:{col}: {message}"
+            if text not in seen:
+                seen.add(text)
+                lines.append(text)
+        return lines
+
+
+def _mark(mark: yaml.Mark) -> tuple[int, int]:
+    return (mark.line + 1, mark.column + 1)
+
+
+def _parse_yaml(text: str, source: _Source) -> None:
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                source.error_at((1, 1), "the file is empty")
+                return
+            source.data = _convert(loader, node, (), source)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = _mark(mark) if mark else (1, 1)
+        problem = exc.problem or exc.context or "invalid YAML"
+        source.error_at(where, f"invalid YAML: {problem}")
+    except yaml.YAMLError as exc:
+        source.error_at((1, 1), f"invalid YAML: {exc}")
+
+
+def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, source: _Source) -> Any:
+    source.values[path] = _mark(node.start_mark)
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                source.error_at(_mark(key_node.start_mark), "a mapping key must be a plain scalar")
+                continue
+            if key in result:
+                source.error_at(_mark(key_node.start_mark), f"duplicate key {key!r}")
+                continue
+            source.keys[path + (key,)] = _mark(key_node.start_mark)
+            result[key] = _convert(loader, value_node, path + (key,), source)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_convert(loader, item, path + (i,), source) for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def _pydantic_errors(exc: ValidationError, source: _Source, base: Path_, data: Any) -> None:
+    for err in exc.errors(include_url=False):
+        path = _loc_to_path(err["loc"], data)
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = f"unknown field {str(err['loc'][-1])!r}"
+            source.error(base + path, message, key=True)
+            continue
+        if err["type"] == "missing":
+            message = f"missing required field {str(err['loc'][-1])!r}"
+            path = path[:-1] if path and path[-1] == err["loc"][-1] else path
+        elif path:
+            message = f"{_describe(path)}: {message}"
+        source.error(base + path, message)
+
+
+def _describe(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _loc_to_path(loc: Iterable[Any], data: Any) -> Path_:
+    """Map a pydantic error location onto the YAML path, dropping union tags."""
+    path: list[Any] = []
+    current = data
+    for part in loc:
+        if isinstance(current, dict) and part in current:
+            path.append(part)
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
+            path.append(part)
+            current = current[part]
+        elif part in STEP_KINDS or isinstance(part, str) and part.startswith(("function-", "int", "str")):
+            continue
+        else:
+            path.append(part)
+            break
+    return tuple(path)
+
+
+def load_inventory(name: str, targets_dir: Path) -> dict[str, Any]:
+    path = targets_dir / f"{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"no inventory for target {name!r} (looked for {path})")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an inventory must be a mapping")
+    data.setdefault("name", name)
+    return data
+
+
+def _read_source(file: str, text: str | None) -> _Source:
+    source = _Source(file=file)
+    if text is None:
+        try:
+            text = Path(file).read_text()
+        except OSError as exc:
+            raise RunbookInvalid([f"{file}:1:1: cannot read: {exc.strerror or exc}"]) from None
+        except UnicodeDecodeError:
+            raise RunbookInvalid([f"{file}:1:1: not UTF-8 text"]) from None
+    _parse_yaml(text, source)
+    if source.errors:
+        raise RunbookInvalid(source.formatted())
+    if not isinstance(source.data, dict):
+        raise RunbookInvalid([f"{file}:1:1: a runbook is a mapping with metadata, target and steps"])
+    return source
+
+
+def load_runbook(file: str | Path, text: str | None = None) -> Runbook:
+    """Parse and type-check a runbook file with its parameter defaults (no semantic checks)."""
+    source = _read_source(str(file), text)
+    try:
+        return Runbook.model_validate(source.data)
+    except ValidationError as exc:
+        _pydantic_errors(exc, source, (), source.data)
+        raise RunbookInvalid(source.formatted()) from None
+
+
+def _coerce_params(
+    declared: dict[str, Param], given: dict[str, Any], source: _Source, *, placeholders: bool
+) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in given:
+        if name not in declared:
+            source.error(("params",), f"unknown parameter {name!r} given (declared: {', '.join(declared) or 'none'})")
+    for name, param in declared.items():
+        if name in given:
+            raw, where = given[name], f"parameter {name!r} (given)"
+        elif param.default is not None:
+            raw, where = param.default, f"parameter {name!r} default"
+        elif placeholders:
+            values[name] = _PLACEHOLDERS[param.type]
+            continue
+        else:
+            source.error(("params", name), f"parameter {name!r} is required and has no default")
+            continue
+        try:
+            if param.type == "duration":
+                duration = parse_duration(raw)
+                values[name] = duration.total_seconds() if hasattr(duration, "total_seconds") else float(raw)
+            else:
+                values[name] = TypeAdapter(_PARAM_TYPES[param.type]).validate_python(
+                    raw, strict=False
+                )
+        except (ValueError, TypeError) as exc:
+            source.error(("params", name), f"{where}: expected {param.type}: {exc}".splitlines()[0])
+    return values
+
+
+def plan_run(
+    file: str | Path,
+    *,
+    registry: Any,
+    params: dict[str, Any] | None = None,
+    inventory: dict[str, Any] | None = None,
+    targets_dir: Path | None = None,
+    initiator: str = "unknown",
+    drill: bool = False,
+    placeholders: bool = False,
+    text: str | None = None,
+) -> RunInput:
+    """Validate a runbook completely and return the workflow input, or raise RunbookInvalid.
+
+    Parameters and target references are resolved here, before anything starts; step
+    outputs resolve inside the workflow as steps complete.
+    """
+    source = _read_source(str(file), text)
+    try:
+        declared = TypeAdapter(dict[str, Param]).validate_python(source.data.get("params") or {})
+    except ValidationError as exc:
+        _pydantic_errors(exc, source, ("params",), source.data.get("params"))
+        raise RunbookInvalid(source.formatted()) from None
+    param_values = _coerce_params(declared, params or {}, source, placeholders=placeholders)
+    target_name = source.data.get("target") if isinstance(source.data.get("target"), str) else None
+    if inventory is None and targets_dir is not None:
+        try:
+            inventory = load_inventory(target_name or "", targets_dir)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            source.error(("target",), str(exc).splitlines()[0])
+    context = {"params": param_values, "target": inventory or {}}
+
+    # Resolve start-time references in the raw YAML data, so locations stay exact.
+    resolved_data = _resolve_start_refs(source.data, context, source, check_target=inventory is not None)
+    if source.errors:
+        raise RunbookInvalid(source.formatted())
+    try:
+        runbook = Runbook.model_validate(resolved_data)
+    except ValidationError as exc:
+        _pydantic_errors(exc, source, (), resolved_data)
+        raise RunbookInvalid(source.formatted()) from None
+
+    actions = _check_semantics(runbook, source, registry)
+    if source.errors:
+        raise RunbookInvalid(source.formatted())
+    return RunInput(
+        runbook=runbook,
+        source=str(file),
+        params=param_values,
+        target=inventory or {"name": runbook.target},
+        target_name=(inventory or {}).get("name", runbook.target),
+        initiator=initiator,
+        drill=drill,
+        actions=actions,
+    )
+
+
+def _resolve_start_refs(data: Any, context: dict[str, Any], source: _Source, *, check_target: bool) -> Any:
+    def walk(value: Any, path: Path_) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v, path + (k,)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, path + (i,)) for i, v in enumerate(value)]
+        if isinstance(value, str) and contains_refs(value):
+            for ref in iter_refs(value):
+                try:
+                    root = split_path(ref)[0]
+                except RefError as exc:
+                    source.error(path, str(exc))
+                    return value
+                if root == "target" and not check_target:
+                    return value
+            try:
+                return resolve(value, context, only=_START_ROOTS)
+            except RefError as exc:
+                source.error(path, f"reference does not resolve: {exc}")
+        return value
+
+    return walk(data, ())
+
+
+@dataclass
+class _Scope:
+    """What a step may refer to: steps already finished and the loop variables around it."""
+
+    done: set[str]
+    later: set[str]
+    siblings: set[str]
+    loop_vars: set[str]
+
+
+def _check_semantics(runbook: Runbook, source: _Source, registry: Any) -> dict[str, ActionDefaults]:
+    ids: dict[str, Path_] = {}
+    kinds: dict[str, Any] = {}
+    actions: dict[str, ActionDefaults] = {}
+
+    def collect(steps: list[Any], base: Path_) -> None:
+        for i, step in enumerate(steps):
+            path = base + (i,)
+            if step.id in ids:
+                first = source.at(ids[step.id] + ("id",))
+                source.error(path + ("id",), f"duplicate step id {step.id!r} (first defined at line {first[0]})")
+            else:
+                ids[step.id] = path
+                kinds[step.id] = step
+            if isinstance(step, ParallelStep):
+                collect(step.parallel, path + ("parallel",))
+
+    collect(runbook.steps, ("steps",))
+    all_ids = set(ids)
+
+    def use_action(name: str, args: dict[str, Any], path: Path_, scope: _Scope) -> None:
+        spec = registry.get(name)
+        if spec is None:
+            close = [n for n in registry.names() if n.split(".")[0] == name.split(".")[0]]
+            hint = f" (known: {', '.join(close)})" if close else ""
+            source.error(path, f"unknown action {name!r}{hint}")
+            return
+        actions[name] = ActionDefaults(
+            name=spec.name,
+            description=spec.description,
+            timeout=spec.timeout,
+            heartbeat=spec.heartbeat,
+            max_attempts=spec.retry.max_attempts,
+            initial_interval=spec.retry.initial_interval,
+            backoff=spec.retry.backoff,
+            max_interval=spec.retry.max_interval,
+            mutating=spec.mutating,
+            undo=spec.undo,
+            undo_from_output=spec.undo_from_output,
+        )
+        if spec.undo and registry.get(spec.undo) is not None:
+            undo = registry.get(spec.undo)
+            actions[spec.undo] = ActionDefaults(
+                name=undo.name,
+                description=undo.description,
+                timeout=undo.timeout,
+                heartbeat=undo.heartbeat,
+                max_attempts=undo.retry.max_attempts,
+                initial_interval=undo.retry.initial_interval,
+                backoff=undo.retry.backoff,
+                max_interval=undo.retry.max_interval,
+                mutating=undo.mutating,
+            )
+        _check_args(spec.input_model, args, path[:-1] + ("with",), source, name)
+
+    def check_refs(value: Any, path: Path_, scope: _Scope) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                check_refs(v, path + (k,), scope)
+            return
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                check_refs(v, path + (i,), scope)
+            return
+        for ref in iter_refs(value):
+            try:
+                parts = split_path(ref)
+            except RefError as exc:
+                source.error(path, str(exc))
+                continue
+            root = parts[0]
+            if root == "steps":
+                if len(parts) < 2:
+                    source.error(path, f"reference {ref!r} names no step")
+                    continue
+                target = str(parts[1])
+                if target not in all_ids:
+                    source.error(path, f"reference {ref!r}: no step {target!r}")
+                elif target in scope.siblings:
+                    source.error(path, f"reference {ref!r}: step {target!r} runs in parallel with this one")
+                elif target in scope.later:
+                    source.error(path, f"reference cycle: {ref!r} refers to step {target!r}, which runs after this one")
+                elif target not in scope.done:
+                    source.error(path, f"reference cycle: {ref!r} refers to the step it is used in")
+                elif len(parts) >= 4 and parts[2] == "outputs":
+                    _check_output(kinds[target], str(parts[3]), ref, path, source, registry)
+                elif len(parts) >= 3 and parts[2] not in ("outputs", "status"):
+                    source.error(path, f"reference {ref!r}: a step has 'outputs' and 'status'")
+            elif root in ("ramp", "run") or root in scope.loop_vars:
+                if root == "ramp" and "ramp" not in scope.loop_vars:
+                    source.error(path, f"reference {ref!r}: 'ramp' is only defined inside a ramp")
+                elif root == "ramp" and parts[1:] not in (["percent"], ["previous"]):
+                    source.error(path, f"reference {ref!r}: a ramp has 'percent' and 'previous'")
+                elif root == "run" and (len(parts) != 2 or parts[1] not in ("id", "initiator", "target", "runbook", "drill")):
+                    source.error(path, f"reference {ref!r}: run has id, initiator, target, runbook, drill")
+            elif root in ("params", "target"):
+                source.error(path, f"reference {ref!r} could not be resolved")
+            else:
+                source.error(path, f"reference {ref!r}: unknown root {root!r} (use params, target, steps, run)")
+
+    def walk(
+        steps: list[Any],
+        base: Path_,
+        done: set[str],
+        later_outer: set[str],
+        loop_vars: set[str],
+        siblings: set[str] = frozenset(),  # type: ignore[assignment]
+        offset: int = 0,
+    ) -> None:
+        done = set(done)
+        for i, step in enumerate(steps):
+            path = base + (i + offset,)
+            later = {s.id for s in steps[i + 1 :]} | later_outer
+            scope = _Scope(done=done, later=later, siblings=set(siblings), loop_vars=loop_vars)
+            if isinstance(step, ActionStep):
+                use_action(step.action, step.with_, path + ("action",), scope)
+                check_refs(step.with_, path + ("with",), scope)
+                if step.undo:
+                    use_action(step.undo.action, step.undo.with_, path + ("undo", "action"), scope)
+                    undo_scope = _Scope(done=done | {step.id}, later=later, siblings=set(siblings), loop_vars=loop_vars)
+                    check_refs(step.undo.with_, path + ("undo", "with"), undo_scope)
+            elif isinstance(step, GateStep):
+                check_refs(step.gate.model_dump(by_alias=True), path + ("gate",), scope)
+            elif isinstance(step, ApprovalStep):
+                check_refs(step.approval.prompt, path + ("approval", "prompt"), scope)
+            elif isinstance(step, RampStep):
+                ramp_scope = _Scope(done=done, later=later, siblings=set(siblings), loop_vars=loop_vars | {"ramp"})
+                use_action(step.ramp.action, step.ramp.with_, path + ("ramp", "action"), ramp_scope)
+                check_refs(step.ramp.with_, path + ("ramp", "with"), ramp_scope)
+                for g, gate in enumerate(step.ramp.gates):
+                    check_refs(gate.model_dump(by_alias=True), path + ("ramp", "gates", g), ramp_scope)
+                if step.ramp.approval:
+                    check_refs(step.ramp.approval.prompt, path + ("ramp", "approval", "prompt"), ramp_scope)
+            elif isinstance(step, ForEachStep):
+                spec = step.for_each
+                check_refs(spec.items, path + ("for_each", "items"), scope)
+                if isinstance(spec.items, str) and not contains_refs(spec.items):
+                    source.error(path + ("for_each", "items"), "items must be a list or a ${{ }} reference to one")
+                item_scope = _Scope(done=done, later=later, siblings=set(siblings), loop_vars=loop_vars | {spec.as_})
+                use_action(spec.action, spec.with_, path + ("for_each", "action"), item_scope)
+                check_refs(spec.with_, path + ("for_each", "with"), item_scope)
+            elif isinstance(step, ParallelStep):
+                members = _ids_in(step.parallel)
+                for j, child in enumerate(step.parallel):
+                    # Siblings may not refer to each other: they run at the same time.
+                    walk([child], path + ("parallel",), done, later, loop_vars, members - _ids_in([child]), j)
+                done |= members
+            done.add(step.id)
+
+    walk(runbook.steps, ("steps",), set(), set(), set())
+
+    for name in runbook.approvers:
+        if not name.strip():
+            source.error(("approvers",), "an approver name cannot be empty")
+    return actions
+
+
+def _ids_in(steps: list[Any]) -> set[str]:
+    found: set[str] = set()
+    for step in steps:
+        found.add(step.id)
+        if isinstance(step, ParallelStep):
+            found |= _ids_in(step.parallel)
+    return found
+
+
+def _check_output(step: Any, name: str, ref: str, path: Path_, source: _Source, registry: Any) -> None:
+    if isinstance(step, ActionStep):
+        spec = registry.get(step.action)
+        if spec is not None and spec.output_model is not None and name not in _field_names(spec.output_model):
+            fields = ", ".join(sorted(_field_names(spec.output_model))) or "none"
+            source.error(path, f"reference {ref!r}: action {step.action} has no output {name!r} (outputs: {fields})")
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    names = set()
+    for field_name, info in model.model_fields.items():
+        names.add(info.alias or field_name)
+    return names
+
+
+def _check_args(model: type[BaseModel], args: dict[str, Any], path: Path_, source: _Source, action: str) -> None:
+    if not isinstance(args, dict):
+        source.error(path, f"'with' of {action} must be a mapping")
+        return
+    fields = {(info.alias or name): (name, info) for name, info in model.model_fields.items()}
+    for key in args:
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            source.error(path + (key,), f"unknown argument {key!r} for action {action} (takes: {known})", key=True)
+    for key, (_, info) in fields.items():
+        if key not in args and info.is_required():
+            source.error(path, f"action {action} needs argument {key!r}")
+    if any(contains_refs(v) for v in args.values()):
+        for key, value in args.items():
+            if key not in fields or contains_refs(value):
+                continue
+            _, info = fields[key]
+            try:
+                TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation).validate_python(value)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                source.error(path + (key,), f"argument {key!r} of {action}: {first['msg']}")
+        return
+    known_args = {k: v for k, v in args.items() if k in fields}
+    try:
+        model.model_validate(known_args)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            if err["type"] == "missing":
+                continue  # reported above with a clearer message
+            loc = tuple(err["loc"])
+            source.error(path + loc[:1], f"argument {_describe(loc)} of {action}: {err['msg']}")

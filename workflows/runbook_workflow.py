@@ -1,0 +1,812 @@
+"""RunbookWorkflow: walks a validated runbook plan deterministically, step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import search
+    from workflows.contract import (
+        ApprovalRecord,
+        ApproveRequest,
+        ControlRequest,
+        FanOutInput,
+        FanOutResult,
+        GateReading,
+        ReadGateInput,
+        ResumeState,
+        RunInput,
+        RunResult,
+        RunStatus,
+        StepState,
+        UndoRecord,
+    )
+    from workflows.refs import RefError, resolve
+    from workflows.spec import (
+        ActionDefaults,
+        ActionStep,
+        ApprovalSpec,
+        ApprovalStep,
+        ForEachSpec,
+        ForEachStep,
+        GateSpec,
+        GateStep,
+        OnFailure,
+        ParallelStep,
+        RampStep,
+        RetrySpec,
+        WaitStep,
+    )
+
+__all__ = ["FANOUT_CHILD_THRESHOLD", "FanOutWorkflow", "RunbookWorkflow", "READ_ACTIVITY", "compare"]
+
+# Fan-outs larger than this run in a child workflow, so the parent's history stays small.
+FANOUT_CHILD_THRESHOLD = 100
+READ_ACTIVITY = "telemetry.read"
+_MAX_READINGS_KEPT = 60
+_OPERATOR_HELP = (
+    "Approve from the Temporal Web UI (Send an Update) or `coldstart approve`. Update name: "
+)
+
+
+class StepFailed(Exception):
+    def __init__(self, message: str, *, rollback: bool = False):
+        super().__init__(message)
+        self.rollback = rollback
+
+
+class RunAborted(Exception):
+    pass
+
+
+def compare(value: float, comparator: str, threshold: float) -> bool:
+    return {
+        "<": value < threshold,
+        "<=": value <= threshold,
+        ">": value > threshold,
+        ">=": value >= threshold,
+        "==": value == threshold,
+        "!=": value != threshold,
+    }[comparator]
+
+
+def _retry_policy(defaults: ActionDefaults, override: RetrySpec | None) -> RetryPolicy:
+    if override is not None:
+        return RetryPolicy(
+            initial_interval=override.interval,
+            backoff_coefficient=override.backoff,
+            maximum_interval=override.max_interval,
+            maximum_attempts=override.max_attempts,
+        )
+    return RetryPolicy(
+        initial_interval=defaults.initial_interval,
+        backoff_coefficient=defaults.backoff,
+        maximum_interval=defaults.max_interval,
+        maximum_attempts=defaults.max_attempts,
+    )
+
+
+def _failure_message(exc: BaseException) -> str:
+    """The innermost cause's message: what the activity itself said went wrong."""
+    current: BaseException | None = exc
+    message = str(exc)
+    while current is not None:
+        if str(current):
+            message = str(current)
+        current = current.__cause__
+    return message
+
+
+async def _execute_action(
+    action: ActionDefaults,
+    args: dict[str, Any],
+    *,
+    activity_id: str,
+    summary: str,
+    timeout: timedelta | None = None,
+    retry: RetrySpec | None = None,
+) -> dict[str, Any]:
+    try:
+        result = await workflow.execute_activity(
+            action.name,
+            args,
+            activity_id=activity_id,
+            start_to_close_timeout=timeout or action.timeout,
+            heartbeat_timeout=action.heartbeat,
+            retry_policy=_retry_policy(action, retry),
+            summary=summary[:400],
+        )
+    except ActivityError as exc:
+        raise StepFailed(f"{action.name}: {_failure_message(exc)}") from None
+    if result is None:
+        return {}
+    return result if isinstance(result, dict) else {"value": result}
+
+
+async def run_fan_out(inp: FanOutInput) -> FanOutResult:
+    """Run one action per item with bounded concurrency; stop launching once the threshold is exceeded."""
+    spec: ForEachSpec = inp.spec
+    allowed = spec.allowed_failures(len(inp.items))
+    limiter = asyncio.Semaphore(spec.max_concurrency)
+    results: list[Any] = [None] * len(inp.items)
+    failures: list[str] = []
+    done = 0
+
+    async def one(index: int, item: Any) -> None:
+        nonlocal done
+        async with limiter:
+            if len(failures) > allowed:
+                return
+            try:
+                args = resolve(spec.with_, {**inp.context, spec.as_: item})
+                results[index] = await _execute_action(
+                    inp.action,
+                    args,
+                    activity_id=f"{inp.step_id}[{index}]#{inp.attempt}",
+                    summary=f"{inp.step_id} [{index}]: {inp.action.name} {json.dumps(item, default=str)[:120]}",
+                    timeout=spec.timeout,
+                )
+                done += 1
+            except (StepFailed, RefError) as exc:
+                failures.append(f"[{index}] {json.dumps(item, default=str)[:80]}: {exc}")
+
+    await asyncio.gather(*(one(i, item) for i, item in enumerate(inp.items)))
+    return FanOutResult(
+        total=len(inp.items),
+        succeeded=done,
+        failed=len(failures),
+        failures=failures[:50],
+        results=results,
+    )
+
+
+@workflow.defn
+class FanOutWorkflow:
+    """A large for_each fan-out, as a child so its activity events stay out of the parent's history."""
+
+    @workflow.run
+    async def run(self, inp: FanOutInput) -> FanOutResult:
+        return await run_fan_out(inp)
+
+
+@workflow.defn
+class RunbookWorkflow:
+    """Interprets one runbook run. Operators steer it with Updates (or Signals) and read it with Queries."""
+
+    @workflow.init
+    def __init__(self, inp: RunInput) -> None:
+        self._inp = inp
+        self._steps: dict[str, StepState] = {}
+        self._specs: dict[str, Any] = {}
+        self._outputs: dict[str, dict[str, Any]] = {}
+        self._undo: list[UndoRecord] = []
+        self._paused = False
+        self._abort: ControlRequest | None = None
+        self._decisions: dict[str, str] = {}
+        self._awaiting: dict[str, ApprovalSpec] = {}
+        self._granted: dict[str, ApprovalRecord] = {}
+        self._rejected_signals: list[str] = []
+        self._state = "running"
+        self._error: str | None = None
+        self._ended_at = None
+        self._seq = 0
+        self._published: tuple[str | None, bool] | None = None
+        self._index(inp.runbook.steps)
+        if inp.resume is not None:
+            self._steps.update(inp.resume.steps)
+            self._undo = list(inp.resume.undo_stack)
+            self._outputs = dict(inp.resume.outputs)
+            self._paused = inp.resume.paused
+            self._started_at = inp.resume.started_at
+        else:
+            self._started_at = workflow.now()
+
+    def _index(self, steps: list[Any]) -> None:
+        for step in steps:
+            kind = next(k for k in ("action", "gate", "approval", "wait", "ramp", "for_each", "parallel") if k in type(step).model_fields)
+            self._specs[step.id] = step
+            self._steps[step.id] = StepState(id=step.id, kind=kind, title=step.name or step.description)
+            if isinstance(step, ParallelStep):
+                self._index(step.parallel)
+
+    # ---- run ---------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: RunInput) -> RunResult:
+        steps = inp.runbook.steps
+        first = inp.resume.next_index if inp.resume else 0
+        try:
+            for index in range(first, len(steps)):
+                if index > first and workflow.info().is_continue_as_new_suggested():
+                    await self._continue_as_new(index)
+                await self._run_step(steps[index])
+            self._state = "succeeded"
+        except RunAborted:
+            self._state = "aborted"
+            who = self._abort.actor if self._abort else "operator"
+            self._error = f"aborted by {who}" + (f": {self._abort.reason}" if self._abort and self._abort.reason else "")
+        except StepFailed as exc:
+            self._error = str(exc)
+            if exc.rollback:
+                await self._rollback()
+            else:
+                self._state = "failed"
+        self._ended_at = workflow.now()
+        self._publish(None)
+        workflow.set_current_details(self._details(None))
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        result = RunResult(state=self._state, steps=list(self._steps.values()), error=self._error)
+        if self._state != "succeeded":
+            raise ApplicationError(
+                f"runbook {inp.runbook.metadata.name} {self._state}: {self._error}",
+                result.model_dump(mode="json"),
+                type=f"Runbook{self._state.title().replace('_', '')}",
+                non_retryable=True,
+            )
+        return result
+
+    async def _continue_as_new(self, next_index: int) -> None:
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        resume = ResumeState(
+            next_index=next_index,
+            steps=self._steps,
+            undo_stack=self._undo,
+            outputs=self._outputs,
+            paused=self._paused,
+            started_at=self._started_at,
+        )
+        workflow.continue_as_new(self._inp.model_copy(update={"resume": resume}))
+
+    def _context(self, **extra: Any) -> dict[str, Any]:
+        info = workflow.info()
+        return {
+            "params": self._inp.params,
+            "target": self._inp.target,
+            "steps": self._outputs,
+            "run": {
+                "id": info.workflow_id,
+                "initiator": self._inp.initiator,
+                "target": self._inp.target_name,
+                "runbook": self._inp.runbook.metadata.name,
+                "drill": self._inp.drill,
+            },
+            **extra,
+        }
+
+    def _resolve(self, value: Any, **extra: Any) -> Any:
+        try:
+            return resolve(value, self._context(**extra))
+        except RefError as exc:
+            raise StepFailed(f"reference does not resolve: {exc}") from None
+
+    def _next_id(self, label: str) -> str:
+        self._seq += 1
+        return f"{label}#{self._seq}"
+
+    async def _checkpoint(self) -> None:
+        if self._abort is not None:
+            raise RunAborted()
+        if self._paused:
+            workflow.logger.info("run paused before next step")
+            workflow.set_current_details(self._details(None))
+            await workflow.wait_condition(lambda: not self._paused or self._abort is not None)
+            if self._abort is not None:
+                raise RunAborted()
+
+    async def _sleep(self, duration: timedelta, summary: str) -> None:
+        if duration <= timedelta(0):
+            return
+        try:
+            await workflow.wait_condition(
+                lambda: self._abort is not None, timeout=duration, timeout_summary=summary[:200]
+            )
+        except asyncio.TimeoutError:
+            return
+        raise RunAborted()
+
+    async def _run_step(self, step: Any) -> None:
+        state = self._steps[step.id]
+        if state.status in ("succeeded", "skipped"):
+            return  # finished before a continue-as-new
+        retry = step.retry or RetrySpec()
+        while True:
+            await self._checkpoint()
+            state.attempts += 1
+            state.status = "running"
+            state.error = None
+            state.started_at = state.started_at or workflow.now()
+            self._publish(step.id)
+            workflow.set_current_details(self._details(step))
+            workflow.logger.info("step started", extra={"step": step.id, "attempt": state.attempts})
+            try:
+                outputs = await self._execute(step, state)
+            except StepFailed as exc:
+                state.error = str(exc)
+                workflow.logger.warning("step failed", extra={"step": step.id, "error": str(exc)})
+                if step.on_failure == OnFailure.retry and not isinstance(step, ActionStep) and state.attempts < retry.max_attempts:
+                    delay = min(retry.interval * (retry.backoff ** (state.attempts - 1)), retry.max_interval)
+                    state.status = "failed"
+                    await self._sleep(delay, f"{step.id}: retry in {delay}")
+                    continue
+                if step.on_failure == OnFailure.hold:
+                    decision = await self._hold(step, state)
+                    if decision == "retry":
+                        continue
+                    state.status = "skipped"
+                    state.ended_at = workflow.now()
+                    self._outputs[step.id] = {"outputs": {}, "status": "skipped"}
+                    return
+                state.status = "failed"
+                state.ended_at = workflow.now()
+                raise StepFailed(f"step {step.id} failed: {exc}", rollback=step.on_failure == OnFailure.rollback) from None
+            state.status = "succeeded"
+            state.outputs = outputs
+            state.ended_at = workflow.now()
+            self._outputs[step.id] = {"outputs": outputs, "status": "succeeded"}
+            self._publish(step.id)
+            return
+
+    async def _hold(self, step: Any, state: StepState) -> str:
+        state.status = "held"
+        state.awaiting = "operator: retry, skip or abort"
+        self._publish(step.id)
+        workflow.set_current_details(self._details(step))
+        await workflow.wait_condition(lambda: step.id in self._decisions or self._abort is not None)
+        state.awaiting = None
+        if self._abort is not None:
+            state.status = "aborted"
+            raise RunAborted()
+        return self._decisions.pop(step.id)
+
+    async def _execute(self, step: Any, state: StepState) -> dict[str, Any]:
+        if isinstance(step, ActionStep):
+            return await self._action(step, state)
+        if isinstance(step, GateStep):
+            await self._gate(step.id, step.gate, step.gate.name or step.id)
+            return {"last": state.readings[-1].value if state.readings else None}
+        if isinstance(step, ApprovalStep):
+            record = await self._approval(step.id, step.approval)
+            return record.model_dump(mode="json")
+        if isinstance(step, WaitStep):
+            await self._sleep(step.wait, f"{step.id}: wait {step.wait}")
+            return {}
+        if isinstance(step, RampStep):
+            return await self._ramp(step, state)
+        if isinstance(step, ForEachStep):
+            return await self._for_each(step, state)
+        if isinstance(step, ParallelStep):
+            return await self._parallel(step)
+        raise StepFailed(f"unknown step kind for {step.id}")
+
+    async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
+        action = self._inp.actions[step.action]
+        args = self._resolve(step.with_)
+        outputs = await _execute_action(
+            action,
+            args,
+            activity_id=self._next_id(step.id),
+            summary=f"{step.id}: {step.action} {json.dumps(args, default=str)[:200]}",
+            timeout=step.timeout,
+            retry=step.retry if step.on_failure == OnFailure.retry else None,
+        )
+        self._remember_undo(step, action, args, outputs)
+        return outputs
+
+    def _remember_undo(self, step: ActionStep, action: ActionDefaults, args: dict[str, Any], outputs: dict[str, Any]) -> None:
+        if step.undo is not None:
+            extra_outputs = dict(self._outputs)
+            extra_outputs[step.id] = {"outputs": outputs, "status": "succeeded"}
+            context = self._context()
+            context["steps"] = extra_outputs
+            try:
+                undo_args = resolve(step.undo.with_, context)
+            except RefError as exc:
+                raise StepFailed(f"undo of {step.id} does not resolve: {exc}") from None
+            self._undo.append(UndoRecord(step=step.id, action=step.undo.action, args=undo_args))
+        elif action.undo:
+            undo_args = outputs.get(action.undo_from_output, {}) if action.undo_from_output else args
+            self._undo.append(UndoRecord(step=step.id, action=action.undo, args=undo_args))
+
+    async def _rollback(self) -> None:
+        undone: list[str] = []
+        while self._undo:
+            record = self._undo.pop()
+            try:
+                await _execute_action(
+                    self._inp.actions[record.action],
+                    record.args,
+                    activity_id=self._next_id(f"undo-{record.step}"),
+                    summary=f"rollback {record.step}: {record.action}",
+                )
+            except StepFailed as exc:
+                self._state = "failed"
+                left = [r.step for r in reversed(self._undo)] + [record.step]
+                self._error = (
+                    f"{self._error}; rollback stopped at {record.step}: {exc}; "
+                    f"undone: {', '.join(undone) or 'nothing'}; not undone: {', '.join(left)}"
+                )
+                return
+            self._steps[record.step].status = "rolled_back"
+            undone.append(record.step)
+        self._state = "rolled_back"
+        self._error = f"{self._error}; rolled back: {', '.join(undone) or 'nothing to undo'}"
+
+    async def _read(self, step_id: str, gate: GateSpec, name: str, percent: int | None) -> GateReading:
+        query = ReadGateInput(source=gate.source, endpoint=gate.endpoint, query=gate.query)
+        try:
+            raw = await workflow.execute_activity(
+                READ_ACTIVITY,
+                query,
+                activity_id=self._next_id(f"{step_id}/gate/{name}"),
+                start_to_close_timeout=timedelta(seconds=30),
+                # A failed read is a failed reading: the gate keeps polling and fails closed.
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}"[:400],
+            )
+            value, error = raw.get("value"), raw.get("error")
+        except ActivityError as exc:
+            value, error = None, _failure_message(exc)
+        passed = value is not None and error is None and compare(float(value), gate.comparator, gate.threshold)
+        return GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
+
+    async def _gate(self, step_id: str, gate: GateSpec, name: str, percent: int | None = None) -> None:
+        gate = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True)))
+        state = self._steps[step_id]
+        deadline = workflow.now() + gate.timeout
+        streak = 0
+        streak_since = None
+        while True:
+            reading = await self._read(step_id, gate, name, percent)
+            state.readings.append(reading)
+            del state.readings[:-_MAX_READINGS_KEPT]
+            if reading.passed:
+                streak += 1
+                streak_since = streak_since or reading.at
+                baked = gate.bake is None or reading.at - streak_since >= gate.bake
+                if streak >= gate.consecutive and baked:
+                    return
+            else:
+                streak, streak_since = 0, None
+            if workflow.now() + gate.interval > deadline:
+                last = reading.error or f"last value {reading.value:g}" if reading.value is not None else reading.error
+                need = f"{gate.consecutive} consecutive" + (f" over {gate.bake}" if gate.bake else "")
+                raise StepFailed(
+                    f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
+                    f"not held ({need}) within {gate.timeout} ({last or 'no value'})"
+                )
+            await self._sleep(gate.interval, f"{step_id} gate {name}: next reading")
+
+    async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None) -> ApprovalRecord:
+        state = self._steps[step_id]
+        previous = state.status
+        prompt = self._resolve(spec.prompt) if spec.prompt else ""
+        state.status = "awaiting_approval"
+        state.awaiting = str(prompt) or f"approve step {step_id}"
+        if percent is not None:
+            state.awaiting = f"{state.awaiting} (ramp to {percent}%)"
+        self._awaiting[step_id] = spec
+        self._publish(step_id)
+        workflow.set_current_details(self._details(self._specs[step_id]))
+        try:
+            await workflow.wait_condition(
+                lambda: step_id in self._granted or self._abort is not None,
+                timeout=spec.timeout,
+                timeout_summary=f"{step_id}: approval deadline",
+            )
+        except asyncio.TimeoutError:
+            self._awaiting.pop(step_id, None)
+            state.awaiting = None
+            state.status = previous
+            raise StepFailed(f"approval of {step_id} timed out after {spec.timeout}") from None
+        self._awaiting.pop(step_id, None)
+        state.awaiting = None
+        if self._abort is not None:
+            state.status = "aborted"
+            raise RunAborted()
+        record = self._granted.pop(step_id)
+        record.percent = percent
+        state.approvals.append(record)
+        state.status = "running"
+        self._publish(step_id)
+        return record
+
+    async def _ramp(self, step: RampStep, state: StepState) -> dict[str, Any]:
+        spec = step.ramp
+        action = self._inp.actions[spec.action]
+        last_good = state.last_good if state.last_good is not None else spec.baseline
+        for percent in [p for p in spec.schedule() if p > last_good]:
+            await self._checkpoint()
+            if spec.approval is not None:
+                await self._approval(step.id, spec.approval, percent=percent)
+            await self._ramp_set(step, action, percent, last_good)
+            state.percent = percent
+            self._publish(step.id)
+            workflow.set_current_details(self._details(step))
+            await self._sleep(spec.bake, f"{step.id}: bake at {percent}%")
+            try:
+                for g, gate in enumerate(spec.gates):
+                    await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent)
+            except StepFailed as exc:
+                await self._ramp_set(step, action, last_good, percent)
+                state.percent = last_good
+                raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%") from None
+            last_good = percent
+            state.last_good = percent
+        return {"percent": last_good}
+
+    async def _ramp_set(self, step: RampStep, action: ActionDefaults, percent: int, previous: int) -> None:
+        args = self._resolve(step.ramp.with_, ramp={"percent": percent, "previous": previous})
+        await _execute_action(
+            action,
+            args,
+            activity_id=self._next_id(f"{step.id}@{percent}"),
+            summary=f"{step.id}: {action.name} to {percent}% (from {previous}%)",
+        )
+
+    async def _for_each(self, step: ForEachStep, state: StepState) -> dict[str, Any]:
+        spec = step.for_each
+        items = self._resolve(spec.items)
+        if not isinstance(items, list):
+            raise StepFailed(f"for_each items of {step.id} resolved to {type(items).__name__}, not a list")
+        fan_out = FanOutInput(
+            step_id=step.id,
+            spec=spec,
+            items=items,
+            context=self._context(),
+            action=self._inp.actions[spec.action],
+            attempt=state.attempts,
+        )
+        if len(items) > FANOUT_CHILD_THRESHOLD:
+            try:
+                result = await workflow.execute_child_workflow(
+                    FanOutWorkflow.run,
+                    fan_out,
+                    id=f"{workflow.info().workflow_id}/{step.id}/{state.attempts}",
+                    static_summary=f"{step.id}: {spec.action} on {len(items)} items",
+                )
+            except ChildWorkflowError as exc:
+                raise StepFailed(f"fan-out {step.id}: {_failure_message(exc)}") from None
+        else:
+            result = await run_fan_out(fan_out)
+        allowed = spec.allowed_failures(len(items))
+        outputs = result.model_dump(mode="json")
+        state.outputs = outputs
+        if result.failed > allowed:
+            raise StepFailed(
+                f"{result.failed} of {result.total} items failed, more than the {allowed} allowed: "
+                + "; ".join(result.failures[:3])
+            )
+        return outputs
+
+    async def _parallel(self, step: ParallelStep) -> dict[str, Any]:
+        outcomes = await asyncio.gather(*(self._run_step(child) for child in step.parallel), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, RunAborted):
+                raise outcome
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise StepFailed("; ".join(str(f) for f in failed))
+        return {child.id: self._outputs.get(child.id, {}).get("outputs", {}) for child in step.parallel}
+
+    # ---- visibility ------------------------------------------------------------------------
+
+    def _publish(self, current: str | None) -> None:
+        """Upsert the Web UI search attributes when they change (not on every event)."""
+        awaiting = bool(self._awaiting)
+        if self._published == (current, awaiting):
+            return
+        self._published = (current, awaiting)
+        workflow.upsert_search_attributes(
+            [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
+        )
+
+    def _details(self, step: Any) -> str:
+        """Markdown for the Web UI's 'current details': what is happening and how to act on it."""
+        book = self._inp.runbook.metadata.name
+        if step is None:
+            if self._paused and self._state == "running":
+                return f"**{book}** paused. Resume with Update `resume` and `{json.dumps({'actor': 'you'})}`."
+            return f"**{book}** {self._state}" + (f": {self._error}" if self._error else "")
+        state = self._steps[step.id]
+        lines = [f"**{book}** on `{self._inp.target_name}`: step `{step.id}` ({state.kind}) {state.status}"]
+        if step.description:
+            lines.append(step.description)
+        if isinstance(step, ActionStep):
+            lines.append(f"Runs `{step.action}`: {self._inp.actions[step.action].description}")
+        if isinstance(step, RampStep) and state.percent is not None:
+            lines.append(f"Ramp at {state.percent}% (last good {state.last_good if state.last_good is not None else step.ramp.baseline}%).")
+        if state.status == "awaiting_approval":
+            spec = self._awaiting.get(step.id)
+            allowed = self._allowed_approvers(spec) if spec else []
+            lines.append(f"Waiting for approval: {state.awaiting}")
+            lines.append(
+                _OPERATOR_HELP
+                + "`approve`, input: "
+                + f"`{json.dumps({'step': step.id, 'approver': allowed[0] if allowed else 'your-name', 'comment': 'checked'})}`"
+            )
+            if allowed:
+                lines.append(f"Allowed approvers: {', '.join(allowed)}")
+            if spec and self._four_eyes(spec):
+                lines.append(f"Four eyes: {self._inp.initiator} (who started the run) cannot approve.")
+        if state.status == "held":
+            lines.append(f"Held after failure: {state.error}")
+            for name in ("retry", "skip", "abort"):
+                lines.append(f"Update `{name}`: `{json.dumps({'step': step.id, 'actor': 'your-name', 'reason': 'why'})}`")
+        return "\n\n".join(lines)
+
+    def _allowed_approvers(self, spec: ApprovalSpec) -> list[str]:
+        return list(spec.approvers if spec.approvers is not None else self._inp.runbook.approvers)
+
+    def _four_eyes(self, spec: ApprovalSpec) -> bool:
+        return spec.four_eyes if spec.four_eyes is not None else self._inp.runbook.four_eyes
+
+    # ---- operator controls -----------------------------------------------------------------
+
+    def _check_approve(self, req: ApproveRequest) -> None:
+        if req.step not in self._steps:
+            raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
+        spec = self._awaiting.get(req.step)
+        if spec is None or req.step in self._granted:
+            raise ValueError(f"step {req.step!r} is not awaiting approval (it is {self._steps[req.step].status})")
+        if not req.approver.strip():
+            raise ValueError("an approval needs the approver's name")
+        allowed = self._allowed_approvers(spec)
+        if allowed and req.approver not in allowed:
+            raise ValueError(f"{req.approver!r} may not approve {req.step!r} (allowed: {', '.join(allowed)})")
+        if self._four_eyes(spec) and req.approver == self._inp.initiator:
+            raise ValueError(f"four eyes: {req.approver!r} started this run and cannot approve it")
+
+    def _check_held(self, req: ControlRequest, verb: str) -> None:
+        if not req.actor.strip():
+            raise ValueError(f"{verb} needs the operator's name (actor)")
+        if req.step is None:
+            held = [s for s, st in self._steps.items() if st.status == "held"]
+            if len(held) != 1:
+                raise ValueError(f"{verb}: name the step (held: {', '.join(held) or 'none'})")
+            return
+        if req.step not in self._steps:
+            raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
+        if self._steps[req.step].status != "held" or req.step in self._decisions:
+            raise ValueError(f"step {req.step!r} is not held (it is {self._steps[req.step].status})")
+
+    def _decide(self, req: ControlRequest, verb: str) -> str:
+        step = req.step or next(s for s, st in self._steps.items() if st.status == "held")
+        self._decisions[step] = verb
+        workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": req.actor, "reason": req.reason})
+        return f"{verb} {step} by {req.actor}"
+
+    def _approve(self, req: ApproveRequest) -> ApprovalRecord:
+        record = ApprovalRecord(step=req.step, approver=req.approver, comment=req.comment, at=workflow.now())
+        self._granted[req.step] = record
+        workflow.logger.info("approved", extra={"step": req.step, "approver": req.approver})
+        return record
+
+    @workflow.update
+    def approve(self, req: ApproveRequest) -> ApprovalRecord:
+        return self._approve(req)
+
+    @approve.validator
+    def _validate_approve(self, req: ApproveRequest) -> None:
+        self._check_approve(req)
+
+    @workflow.update
+    def retry(self, req: ControlRequest) -> str:
+        return self._decide(req, "retry")
+
+    @retry.validator
+    def _validate_retry(self, req: ControlRequest) -> None:
+        self._check_held(req, "retry")
+
+    @workflow.update
+    def skip(self, req: ControlRequest) -> str:
+        return self._decide(req, "skip")
+
+    @skip.validator
+    def _validate_skip(self, req: ControlRequest) -> None:
+        self._check_held(req, "skip")
+
+    @workflow.update
+    def abort(self, req: ControlRequest) -> str:
+        self._abort = req
+        return f"abort requested by {req.actor}"
+
+    @abort.validator
+    def _validate_abort(self, req: ControlRequest) -> None:
+        if not req.actor.strip():
+            raise ValueError("abort needs the operator's name (actor)")
+        if self._abort is not None:
+            raise ValueError(f"already aborted by {self._abort.actor}")
+        if self._state != "running":
+            raise ValueError(f"the run has already {self._state}")
+
+    @workflow.update
+    def pause(self, req: ControlRequest) -> str:
+        self._paused = True
+        workflow.set_current_details(self._details(None))
+        return f"paused by {req.actor}; the current step finishes first"
+
+    @pause.validator
+    def _validate_pause(self, req: ControlRequest) -> None:
+        if not req.actor.strip():
+            raise ValueError("pause needs the operator's name (actor)")
+        if self._paused:
+            raise ValueError("the run is already paused")
+
+    @workflow.update
+    def resume(self, req: ControlRequest) -> str:
+        self._paused = False
+        return f"resumed by {req.actor}"
+
+    @resume.validator
+    def _validate_resume(self, req: ControlRequest) -> None:
+        if not req.actor.strip():
+            raise ValueError("resume needs the operator's name (actor)")
+        if not self._paused:
+            raise ValueError("the run is not paused")
+
+    # Fire-and-forget twins of the Updates: same checks, a rejection is logged and kept in status.
+    @workflow.signal(name="approve_signal")
+    def approve_signal(self, req: ApproveRequest) -> None:
+        self._signal("approve", lambda: (self._check_approve(req), self._approve(req)))
+
+    @workflow.signal(name="retry_signal")
+    def retry_signal(self, req: ControlRequest) -> None:
+        self._signal("retry", lambda: (self._check_held(req, "retry"), self._decide(req, "retry")))
+
+    @workflow.signal(name="skip_signal")
+    def skip_signal(self, req: ControlRequest) -> None:
+        self._signal("skip", lambda: (self._check_held(req, "skip"), self._decide(req, "skip")))
+
+    @workflow.signal(name="abort_signal")
+    def abort_signal(self, req: ControlRequest) -> None:
+        self._signal("abort", lambda: (self._validate_abort(req), self.abort(req)))
+
+    @workflow.signal(name="pause_signal")
+    def pause_signal(self, req: ControlRequest) -> None:
+        self._signal("pause", lambda: (self._validate_pause(req), self.pause(req)))
+
+    @workflow.signal(name="resume_signal")
+    def resume_signal(self, req: ControlRequest) -> None:
+        self._signal("resume", lambda: (self._validate_resume(req), self.resume(req)))
+
+    def _signal(self, name: str, apply: Any) -> None:
+        try:
+            apply()
+        except ValueError as exc:
+            self._rejected_signals.append(f"{name}: {exc}")
+            workflow.logger.warning("signal rejected", extra={"signal": name, "reason": str(exc)})
+
+    @workflow.query
+    def status(self) -> RunStatus:
+        running = [s.id for s in self._steps.values() if s.status in ("running", "awaiting_approval", "held")]
+        state = "paused" if self._paused and self._state == "running" else self._state
+        return RunStatus(
+            workflow_id=workflow.info().workflow_id,
+            runbook=self._inp.runbook.metadata.name,
+            target=self._inp.target_name,
+            initiator=self._inp.initiator,
+            drill=self._inp.drill,
+            state=state,
+            current_step=running[-1] if running else None,
+            awaiting_approval=sorted(self._awaiting),
+            held=[s.id for s in self._steps.values() if s.status == "held"],
+            started_at=self._started_at,
+            ended_at=self._ended_at,
+            steps=list(self._steps.values()),
+            error=self._error,
+        )
+
+    @workflow.query
+    def plan(self) -> RunInput:
+        return self._inp
+
+    @workflow.query
+    def rejected_signals(self) -> list[str]:
+        return list(self._rejected_signals)

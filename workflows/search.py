@@ -1,0 +1,24 @@
+"""Custom search attributes that make runs findable in the Temporal Web UI and `coldstart list`."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+__all__ = ["ALL", "AWAITING_APPROVAL", "CURRENT_STEP", "DRILL", "RUNBOOK", "TARGET", "dev_server_flags"]
+
+RUNBOOK = SearchAttributeKey.for_keyword("ColdstartRunbook")
+TARGET = SearchAttributeKey.for_keyword("ColdstartTarget")
+CURRENT_STEP = SearchAttributeKey.for_keyword("ColdstartStep")
+AWAITING_APPROVAL = SearchAttributeKey.for_bool("ColdstartAwaitingApproval")
+DRILL = SearchAttributeKey.for_bool("ColdstartDrill")
+
+ALL = (RUNBOOK, TARGET, CURRENT_STEP, AWAITING_APPROVAL, DRILL)
+
+
+def dev_server_flags() -> list[str]:
+    """`temporal server start-dev` flags that register the attributes."""
+    kinds = {"KEYWORD": "Keyword", "BOOL": "Bool"}
+    flags: list[str] = []
+    for key in ALL:
+        flags += ["--search-attribute", f"{key.name}={kinds[key.indexed_value_type.name]}"]
+    return flags

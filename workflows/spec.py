@@ -1,0 +1,314 @@
+"""The runbook language: pydantic models that are both the YAML contract and the workflow input."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from enum import Enum
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "ActionDefaults",
+    "ActionStep",
+    "ApprovalSpec",
+    "ApprovalStep",
+    "Comparator",
+    "Duration",
+    "ForEachSpec",
+    "ForEachStep",
+    "GateSpec",
+    "GateStep",
+    "Metadata",
+    "OnFailure",
+    "Param",
+    "ParallelStep",
+    "RampSpec",
+    "RampStep",
+    "RetrySpec",
+    "Runbook",
+    "Step",
+    "STEP_KINDS",
+    "UndoSpec",
+    "WaitStep",
+    "parse_duration",
+    "step_kind",
+]
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*(?:(\d+(?:\.\d+)?)s)?\s*(?:(\d+(?:\.\d+)?)ms)?\s*$")
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept 90, "90s", "10m", "1h30m", "250ms"; leave anything else (ISO 8601, timedelta) to pydantic."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string such as 30s, 10m, 1h")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return timedelta(seconds=value)
+    if isinstance(value, str) and not value.startswith(("P", "-P")):
+        match = _DURATION.match(value)
+        if not match or not any(match.groups()):
+            raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 10m, 1h30m, 250ms)")
+        hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+        return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+    return value
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "description": "seconds"},
+                {"type": "string", "pattern": r"^(\d+(\.\d+)?h)?(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?(\d+ms)?$|^P"},
+            ]
+        }
+    ),
+]
+
+StepId = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=False)
+
+
+class Metadata(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$", max_length=63)]
+    description: str = ""
+    owner: str = ""
+
+
+class Param(_Strict):
+    type: Literal["string", "integer", "number", "boolean", "duration", "list", "object"] = "string"
+    default: Any = None
+    description: str = ""
+
+
+class OnFailure(str, Enum):
+    abort = "abort"
+    hold = "hold"
+    rollback = "rollback"
+    retry = "retry"
+
+
+class RetrySpec(_Strict):
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    interval: Duration = timedelta(seconds=5)
+    backoff: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
+    max_interval: Duration = timedelta(minutes=5)
+
+
+class UndoSpec(_Strict):
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+
+
+class _StepBase(_Strict):
+    id: StepId
+    name: str = ""
+    description: str = ""
+    on_failure: OnFailure = OnFailure.abort
+    retry: RetrySpec | None = None
+
+
+class ActionStep(_StepBase):
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    undo: UndoSpec | None = None
+    timeout: Duration | None = None
+
+
+Comparator = Literal["<", "<=", ">", ">=", "==", "!="]
+
+
+class GateSpec(_Strict):
+    name: str = ""
+    source: Literal["prometheus", "http"] = "prometheus"
+    # Prometheus base URL, or the URL probed for source http; usually ${{ target.telemetry.prometheus }}.
+    endpoint: str
+    query: str = ""
+    comparator: Comparator
+    threshold: float
+    interval: Duration = timedelta(seconds=10)
+    consecutive: Annotated[int, Field(ge=1, le=1000)] = 1
+    bake: Duration | None = None
+    timeout: Duration = timedelta(minutes=5)
+
+    @model_validator(mode="after")
+    def _query_for_prometheus(self) -> "GateSpec":
+        if self.source == "prometheus" and not self.query.strip():
+            raise ValueError("a prometheus gate needs a query")
+        if self.interval <= timedelta(0):
+            raise ValueError("interval must be positive")
+        return self
+
+
+class GateStep(_StepBase):
+    gate: GateSpec
+
+
+class ApprovalSpec(_Strict):
+    approvers: list[str] | None = None
+    four_eyes: bool | None = None
+    prompt: str = ""
+    timeout: Duration | None = None
+
+
+class ApprovalStep(_StepBase):
+    approval: ApprovalSpec
+
+
+class WaitStep(_StepBase):
+    wait: Duration
+
+
+class RampSpec(_Strict):
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    start: Annotated[int, Field(ge=0, le=100)] = 10
+    stop: Annotated[int, Field(ge=0, le=100)] = 100
+    step: Annotated[int, Field(ge=1, le=100)] = 10
+    percentages: list[Annotated[int, Field(ge=0, le=100)]] | None = None
+    # Where to fall back if the very first percentage fails its gates.
+    baseline: Annotated[int, Field(ge=0, le=100)] = 0
+    gates: list[GateSpec] = Field(default_factory=list)
+    bake: Duration = timedelta(0)
+    approval: ApprovalSpec | None = None
+
+    def schedule(self) -> list[int]:
+        if self.percentages is not None:
+            return list(self.percentages)
+        return list(range(self.start, self.stop + 1, self.step))
+
+    @model_validator(mode="after")
+    def _increasing(self) -> "RampSpec":
+        plan = self.schedule()
+        if not plan:
+            raise ValueError("the ramp schedule is empty")
+        if any(b <= a for a, b in zip(plan, plan[1:])):
+            raise ValueError("ramp percentages must increase")
+        if plan[0] <= self.baseline:
+            raise ValueError("the first ramp percentage must be above the baseline")
+        return self
+
+
+class RampStep(_StepBase):
+    ramp: RampSpec
+    # A failed gate steps the ramp back to its last good percentage and waits for an operator.
+    on_failure: OnFailure = OnFailure.hold
+
+
+class ForEachSpec(_Strict):
+    items: list[Any] | str
+    as_: Annotated[str, Field(alias="as", pattern=r"^[a-z][a-z0-9_]*$")] = "item"
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    max_concurrency: Annotated[int, Field(ge=1, le=1000)] = 10
+    # Failures tolerated before the step fails: a count (3) or a share of the items ("1%").
+    error_threshold: int | Annotated[str, Field(pattern=r"^\d+(\.\d+)?%$")] = 0
+    timeout: Duration | None = None
+
+    def allowed_failures(self, total: int) -> int:
+        if isinstance(self.error_threshold, int):
+            return self.error_threshold
+        share = float(self.error_threshold.rstrip("%")) / 100.0
+        return int(share * total + 1e-9)
+
+
+class ForEachStep(_StepBase):
+    for_each: ForEachSpec
+
+
+class ParallelStep(_StepBase):
+    parallel: list["Step"]
+
+    @field_validator("parallel")
+    @classmethod
+    def _not_empty(cls, value: list[Any]) -> list[Any]:
+        if not value:
+            raise ValueError("a parallel group needs at least one step")
+        return value
+
+
+STEP_KINDS = ("action", "gate", "approval", "wait", "ramp", "for_each", "parallel")
+
+
+def step_kind(value: Any) -> str | None:
+    """The kind of a step is the one kind key it carries."""
+    if isinstance(value, BaseModel):
+        for kind in STEP_KINDS:
+            if kind in type(value).model_fields:
+                return kind
+        return None
+    if isinstance(value, dict):
+        kinds = [k for k in STEP_KINDS if k in value]
+        return kinds[0] if len(kinds) == 1 else None
+    return None
+
+
+Step = Annotated[
+    Union[
+        Annotated[ActionStep, Tag("action")],
+        Annotated[GateStep, Tag("gate")],
+        Annotated[ApprovalStep, Tag("approval")],
+        Annotated[WaitStep, Tag("wait")],
+        Annotated[RampStep, Tag("ramp")],
+        Annotated[ForEachStep, Tag("for_each")],
+        Annotated[ParallelStep, Tag("parallel")],
+    ],
+    Discriminator(
+        step_kind,
+        custom_error_type="step_kind",
+        custom_error_message="a step needs exactly one of: " + ", ".join(STEP_KINDS),
+    ),
+]
+ParallelStep.model_rebuild()
+
+
+class Runbook(_Strict):
+    """A runbook file."""
+
+    version: Literal[1] = 1
+    metadata: Metadata
+    target: str = Field(description="the inventory this runbook acts on, targets/<name>.yaml")
+    params: dict[str, Param] = Field(default_factory=dict)
+    approvers: list[str] = Field(default_factory=list)
+    four_eyes: bool = False
+    steps: list[Step]
+
+    @field_validator("steps")
+    @classmethod
+    def _has_steps(cls, value: list[Any]) -> list[Any]:
+        if not value:
+            raise ValueError("a runbook needs at least one step")
+        return value
+
+
+class ActionDefaults(BaseModel):
+    """Registry defaults for one action, pinned into the run input so replays see the same values."""
+
+    name: str
+    description: str = ""
+    timeout: timedelta
+    heartbeat: timedelta | None = None
+    max_attempts: int
+    initial_interval: timedelta
+    backoff: float
+    max_interval: timedelta
+    mutating: bool = False
+    undo: str | None = None
+    undo_from_output: str | None = None
