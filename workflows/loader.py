@@ -22,6 +22,7 @@ from workflows.spec import (
     ParallelStep,
     RampStep,
     Runbook,
+    Step,
     parse_duration,
 )
 
@@ -143,7 +144,7 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, source: _Sou
 def _pydantic_errors(exc: ValidationError, source: _Source, base: Path_, data: Any) -> None:
     for err in exc.errors(include_url=False):
         path = _loc_to_path(err["loc"], data)
-        message = err["msg"]
+        message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = f"unknown field {str(err['loc'][-1])!r}"
             source.error(base + path, message, key=True)
@@ -291,9 +292,10 @@ def plan_run(
         runbook = Runbook.model_validate(resolved_data)
     except ValidationError as exc:
         _pydantic_errors(exc, source, (), resolved_data)
+        _check_semantics(*_valid_parts(resolved_data), source, registry, check_target=inventory is not None)
         raise RunbookInvalid(source.formatted()) from None
 
-    actions = _check_semantics(runbook, source, registry)
+    actions = _check_semantics(runbook.steps, runbook.approvers, source, registry, check_target=inventory is not None)
     if source.errors:
         raise RunbookInvalid(source.formatted())
     return RunInput(
@@ -342,13 +344,19 @@ class _Scope:
     loop_vars: set[str]
 
 
-def _check_semantics(runbook: Runbook, source: _Source, registry: Any) -> dict[str, ActionDefaults]:
+def _check_semantics(
+    steps_in: list[Any], approvers: list[str], source: _Source, registry: Any, *, check_target: bool = True
+) -> dict[str, ActionDefaults]:
+    """Checks across steps. `steps_in` may hold None for steps that failed type checks, so that
+    the remaining ones are still checked and every error is reported in one pass."""
     ids: dict[str, Path_] = {}
     kinds: dict[str, Any] = {}
     actions: dict[str, ActionDefaults] = {}
 
     def collect(steps: list[Any], base: Path_) -> None:
         for i, step in enumerate(steps):
+            if step is None:
+                continue
             path = base + (i,)
             if step.id in ids:
                 first = source.at(ids[step.id] + ("id",))
@@ -359,7 +367,7 @@ def _check_semantics(runbook: Runbook, source: _Source, registry: Any) -> dict[s
             if isinstance(step, ParallelStep):
                 collect(step.parallel, path + ("parallel",))
 
-    collect(runbook.steps, ("steps",))
+    collect(steps_in, ("steps",))
     all_ids = set(ids)
 
     def use_action(name: str, args: dict[str, Any], path: Path_, scope: _Scope) -> None:
@@ -437,6 +445,8 @@ def _check_semantics(runbook: Runbook, source: _Source, registry: Any) -> dict[s
                     source.error(path, f"reference {ref!r}: a ramp has 'percent' and 'previous'")
                 elif root == "run" and (len(parts) != 2 or parts[1] not in ("id", "initiator", "target", "runbook", "drill")):
                     source.error(path, f"reference {ref!r}: run has id, initiator, target, runbook, drill")
+            elif root == "target" and not check_target:
+                continue  # no inventory given: target references are checked at run time
             elif root in ("params", "target"):
                 source.error(path, f"reference {ref!r} could not be resolved")
             else:
@@ -453,8 +463,10 @@ def _check_semantics(runbook: Runbook, source: _Source, registry: Any) -> dict[s
     ) -> None:
         done = set(done)
         for i, step in enumerate(steps):
+            if step is None:
+                continue
             path = base + (i + offset,)
-            later = {s.id for s in steps[i + 1 :]} | later_outer
+            later = {s.id for s in steps[i + 1 :] if s is not None} | later_outer
             scope = _Scope(done=done, later=later, siblings=set(siblings), loop_vars=loop_vars)
             if isinstance(step, ActionStep):
                 use_action(step.action, step.with_, path + ("action",), scope)
@@ -491,12 +503,26 @@ def _check_semantics(runbook: Runbook, source: _Source, registry: Any) -> dict[s
                 done |= members
             done.add(step.id)
 
-    walk(runbook.steps, ("steps",), set(), set(), set())
+    walk(steps_in, ("steps",), set(), set(), set())
 
-    for name in runbook.approvers:
+    for name in approvers:
         if not name.strip():
             source.error(("approvers",), "an approver name cannot be empty")
     return actions
+
+
+def _valid_parts(data: Any) -> tuple[list[Any], list[str]]:
+    """The steps that type-check on their own (None for the others), for a second pass of checks."""
+    raw_steps = data.get("steps") if isinstance(data, dict) else None
+    adapter = TypeAdapter(Step)
+    steps: list[Any] = []
+    for raw in raw_steps if isinstance(raw_steps, list) else []:
+        try:
+            steps.append(adapter.validate_python(raw))
+        except ValidationError:
+            steps.append(None)
+    approvers = data.get("approvers") if isinstance(data, dict) else None
+    return steps, [a for a in approvers if isinstance(a, str)] if isinstance(approvers, list) else []
 
 
 def _ids_in(steps: list[Any]) -> set[str]:

@@ -422,7 +422,7 @@ class RunbookWorkflow:
                 await _execute_action(
                     self._inp.actions[record.action],
                     record.args,
-                    activity_id=self._next_id(f"undo-{record.step}"),
+                    activity_id=self._next_id(f"undo:{record.step}"),
                     summary=f"rollback {record.step}: {record.action}",
                 )
             except StepFailed as exc:

@@ -1,0 +1,410 @@
+"""The `coldstart` command: validate, plan, run and steer runbooks.
+
+Exit codes: 0 success; 1 the run or operation failed; 2 invalid input (runbook, parameters,
+arguments; nothing was started); 3 the target is busy with another run; 4 Temporal unreachable;
+5 the run refused the request (an Update validator said no).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from cli import render
+
+__all__ = ["app", "main"]
+
+EXIT_FAILED, EXIT_INVALID, EXIT_BUSY, EXIT_UNREACHABLE, EXIT_REFUSED = 1, 2, 3, 4, 5
+
+app = typer.Typer(
+    help="Declarative runbook automation and staged recovery on Temporal.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int) -> None:
+    raise CliError(message, code)
+
+
+def _targets_dir() -> Path:
+    return Path(os.environ.get("COLDSTART_TARGETS", "targets"))
+
+
+def _whoami() -> str:
+    return os.environ.get("COLDSTART_USER") or getpass.getuser()
+
+
+def _params(pairs: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            _fail(f"--param {pair!r}: use NAME=VALUE", EXIT_INVALID)
+        name, raw = pair.split("=", 1)
+        try:
+            values[name] = json.loads(raw)
+        except ValueError:
+            values[name] = raw
+    return values
+
+
+def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool = False, placeholders: bool = False):
+    from activities.catalog import load_registry
+    from workflows.loader import RunbookInvalid, load_inventory, plan_run
+
+    inventory = None
+    if target:
+        try:
+            inventory = load_inventory(target, _targets_dir())
+        except (OSError, ValueError) as exc:
+            _fail(str(exc).splitlines()[0], EXIT_INVALID)
+    try:
+        return plan_run(
+            file,
+            registry=load_registry(),
+            params=_params(params),
+            inventory=inventory,
+            targets_dir=_targets_dir(),
+            initiator=_whoami(),
+            drill=drill,
+            placeholders=placeholders,
+        )
+    except RunbookInvalid as exc:
+        for line in exc.errors:
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+        raise CliError("", EXIT_INVALID) from None
+
+
+async def _client():
+    from cli.connection import connect
+
+    try:
+        return await connect()
+    except Exception as exc:  # noqa: BLE001 - any connection problem is the same answer for the operator
+        address = os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
+        _fail(f"cannot reach Temporal at {address}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__} "
+              f"(start one with `coldstart server` or set TEMPORAL_ADDRESS)", EXIT_UNREACHABLE)
+
+
+def _workflow_id(run: str) -> str:
+    from cli.runs import workflow_id_for
+
+    return run if run.startswith("coldstart-") else workflow_id_for(run)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+@app.command()
+def validate(
+    files: list[Path] = typer.Argument(..., help="runbook files"),
+    target: Optional[str] = typer.Option(None, help="also resolve target references against targets/NAME.yaml"),
+    json_output: bool = typer.Option(False, "--json", help="machine-readable result"),
+) -> None:
+    """Check runbooks; every problem is reported as file:line:col: message (exit 2 if any)."""
+    from activities.catalog import load_registry
+    from workflows.loader import RunbookInvalid, load_inventory, plan_run
+
+    registry = load_registry()
+    results = []
+    for file in files:
+        inventory = None
+        if target:
+            try:
+                inventory = load_inventory(target, _targets_dir())
+            except (OSError, ValueError) as exc:
+                _fail(str(exc).splitlines()[0], EXIT_INVALID)
+        try:
+            plan_run(file, registry=registry, inventory=inventory, placeholders=True)
+            results.append({"file": str(file), "ok": True, "errors": []})
+        except RunbookInvalid as exc:
+            results.append({"file": str(file), "ok": False, "errors": exc.errors})
+    if json_output:
+        _print_json(results)
+    else:
+        for result in results:
+            if result["ok"]:
+                out.print(f"{result['file']}: ok", highlight=False)
+            for line in result["errors"]:
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(EXIT_INVALID)
+
+
+@app.command()
+def plan(
+    file: Path,
+    param: list[str] = typer.Option([], "--param", "-p", help="NAME=VALUE (JSON values accepted)"),
+    target: Optional[str] = typer.Option(None, help="inventory name (default: the runbook's target)"),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """A dry run: the resolved steps, waits, gates and approvals; nothing is executed."""
+    run = _plan(file, param, target)
+    if json_output:
+        _print_json(run.model_dump(mode="json", by_alias=True))
+    else:
+        render.plan(out, run)
+
+
+@app.command()
+def run(
+    file: Path,
+    param: list[str] = typer.Option([], "--param", "-p", help="NAME=VALUE (JSON values accepted)"),
+    target: Optional[str] = typer.Option(None, help="inventory name (default: the runbook's target)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="show live progress until the run ends"),
+    drill: bool = typer.Option(False, help="mark the run as a drill (refused on a target not marked drill: true)"),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Start a run of a runbook on its target (one run per target at a time)."""
+    from cli.connection import task_queue
+    from cli.runs import TargetBusy, start_run
+
+    plan_input = _plan(file, param, target, drill=drill)
+    if drill and not plan_input.target.get("drill"):
+        _fail(f"target {plan_input.target_name} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
+
+    async def go() -> int:
+        client = await _client()
+        try:
+            handle = await start_run(client, plan_input, task_queue())
+        except TargetBusy as exc:
+            _fail(str(exc), EXIT_BUSY)
+        if json_output and not follow:
+            _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id})
+            return 0
+        err.print(f"started {handle.id} (run {handle.result_run_id}) on task queue {task_queue()}", highlight=False)
+        if follow:
+            return await render.follow(client, handle.id, out)
+        return 0
+
+    raise typer.Exit(asyncio.run(go()))
+
+
+@app.command()
+def status(
+    run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Where a run is: current step, each step's outcome and its gate readings."""
+
+    async def go() -> None:
+        client = await _client()
+        current = await _query_status(client, _workflow_id(run_ref))
+        if json_output:
+            _print_json(current.model_dump(mode="json"))
+        else:
+            render.status(out, current)
+
+    asyncio.run(go())
+
+
+async def _query_status(client, workflow_id: str):
+    from temporalio.service import RPCError
+
+    from workflows.contract import RunStatus
+
+    try:
+        return await client.get_workflow_handle(workflow_id).query("status", result_type=RunStatus)
+    except RPCError as exc:
+        _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
+
+
+@app.command("list")
+def list_runs(
+    all_runs: bool = typer.Option(False, "--all", help="include finished runs"),
+    limit: int = typer.Option(20),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Runs, newest first, with their runbook, target, current step and whether they await approval."""
+    from workflows import search
+
+    async def go() -> None:
+        client = await _client()
+        query = "WorkflowType = 'RunbookWorkflow'" + ("" if all_runs else " AND ExecutionStatus = 'Running'")
+        rows = []
+        async for execution in client.list_workflows(query, limit=limit):
+            attrs = execution.typed_search_attributes
+            rows.append(
+                {
+                    "workflow_id": execution.id,
+                    "run_id": execution.run_id,
+                    "status": execution.status.name.lower() if execution.status else "?",
+                    "runbook": attrs.get(search.RUNBOOK),
+                    "target": attrs.get(search.TARGET),
+                    "step": attrs.get(search.CURRENT_STEP),
+                    "awaiting_approval": attrs.get(search.AWAITING_APPROVAL),
+                    "drill": attrs.get(search.DRILL),
+                    "started": execution.start_time,
+                }
+            )
+        if json_output:
+            _print_json(rows)
+        else:
+            render.runs(out, rows)
+
+    asyncio.run(go())
+
+
+def _update(run_ref: str, name: str, body: Any) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    async def go() -> None:
+        client = await _client()
+        handle = client.get_workflow_handle(_workflow_id(run_ref))
+        try:
+            result = await handle.execute_update(name, body)
+        except WorkflowUpdateFailedError as exc:
+            _fail(f"{name} refused: {exc.cause.message if hasattr(exc.cause, 'message') else exc.cause}", EXIT_REFUSED)
+        except RPCError as exc:
+            _fail(f"{name}: {exc.message}", EXIT_FAILED)
+        out.print(result if isinstance(result, str) else json.dumps(result, default=str), highlight=False)
+
+    asyncio.run(go())
+
+
+@app.command()
+def approve(
+    run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
+    step: str = typer.Argument(...),
+    approver: str = typer.Option(None, "--as", help="who approves (default: $COLDSTART_USER or your login)"),
+    comment: str = typer.Option("", "--comment", "-m"),
+) -> None:
+    """Approve a step that waits for approval (the same Update the Web UI sends)."""
+    from workflows.contract import ApproveRequest
+
+    _update(run_ref, "approve", ApproveRequest(step=step, approver=approver or _whoami(), comment=comment))
+
+
+def _control(name: str):
+    def command(
+        run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
+        step: Optional[str] = typer.Argument(None, help="the held step (optional when only one is held)"),
+        actor: str = typer.Option(None, "--as", help="who decides (default: $COLDSTART_USER or your login)"),
+        reason: str = typer.Option("", "--reason", "-m"),
+    ) -> None:
+        from workflows.contract import ControlRequest
+
+        _update(run_ref, name, ControlRequest(step=step, actor=actor or _whoami(), reason=reason))
+
+    command.__doc__ = {
+        "retry": "Retry a held step.",
+        "skip": "Skip a held step and go on.",
+        "abort": "Abort the run (a held or waiting step ends it at once; a running one first finishes).",
+        "pause": "Pause before the next step.",
+        "resume": "Resume a paused run.",
+    }[name]
+    return command
+
+
+for _name in ("retry", "skip", "abort", "pause", "resume"):
+    app.command(_name)(_control(_name))
+
+
+@app.command()
+def timeline(
+    run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
+    run_id: Optional[str] = typer.Option(None, help="a specific run (default: the latest)"),
+    output_format: str = typer.Option("markdown", "--format", help="markdown or json"),
+    json_output: bool = typer.Option(False, "--json", help="same as --format json"),
+) -> None:
+    """The run's timeline from its Temporal history: steps, actors, approvals, gate readings, durations."""
+    from temporalio.service import RPCError
+
+    from cli.timeline import build_timeline, render_markdown
+
+    if output_format not in ("markdown", "json"):
+        _fail("--format is markdown or json", EXIT_INVALID)
+
+    async def go() -> None:
+        client = await _client()
+        try:
+            result = await build_timeline(client, _workflow_id(run_ref), run_id)
+        except RPCError as exc:
+            _fail(f"{_workflow_id(run_ref)}: {exc.message}", EXIT_FAILED)
+        if json_output or output_format == "json":
+            _print_json(result.to_json())
+        else:
+            sys.stdout.write(render_markdown(result))
+
+    asyncio.run(go())
+
+
+@app.command()
+def server(
+    db_file: Path = typer.Option(Path(".state/temporal.db"), help="persistent database file"),
+    port: int = typer.Option(7233),
+    ui_port: int = typer.Option(8233),
+    ip: str = typer.Option("127.0.0.1"),
+) -> None:
+    """Run a local Temporal dev server with the Web UI, our search attributes and a persistent database."""
+    from workflows.search import dev_server_flags
+
+    temporal = Path(sys.prefix) / "bin" / "temporal"
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    argv = [str(temporal), "server", "start-dev", "--db-filename", str(db_file), "--port", str(port),
+            "--ui-port", str(ui_port), "--ip", ip, *dev_server_flags(), "--log-level", "warn"]
+    err.print(f"Temporal at {ip}:{port}, Web UI http://{ip}:{ui_port}, database {db_file}", highlight=False)
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def schema(output: Path = typer.Option(Path("runbooks/runbook.schema.json"), "--output", "-o")) -> None:
+    """Write the runbook JSON Schema (for editor autocompletion)."""
+    from workflows.schema import runbook_json_schema
+
+    output.write_text(json.dumps(runbook_json_schema(), indent=2) + "\n")
+    out.print(f"wrote {output}", highlight=False)
+
+
+@app.command()
+def worker() -> None:
+    """Run a worker (same as `python worker.py`)."""
+    import worker as worker_module
+
+    sys.argv = [sys.argv[0]]
+    worker_module.main()
+
+
+def main() -> None:
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except CliError as exc:
+        if str(exc):
+            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like: one line, exit 2
+        import click
+
+        if isinstance(exc, click.ClickException):
+            err.print(f"error: {exc.format_message()}", markup=False, highlight=False)
+            sys.exit(EXIT_INVALID)
+        raise
+
+
+if __name__ == "__main__":
+    main()

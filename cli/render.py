@@ -1,0 +1,168 @@
+"""Terminal views with rich: the plan, a run's status, the run list and live follow."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from workflows.contract import RunInput, RunStatus
+from workflows.spec import ActionStep, ApprovalStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep, WaitStep
+
+__all__ = ["follow", "plan", "runs", "status"]
+
+_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "held": "yellow",
+    "awaiting_approval": "cyan",
+    "running": "bold",
+    "skipped": "dim",
+    "rolled_back": "magenta",
+    "aborted": "red",
+}
+
+
+def _gate_text(gate: GateSpec) -> str:
+    hold = f"{gate.consecutive}x" + (f" over {gate.bake}" if gate.bake else "")
+    return f"{gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} ({hold}, every {gate.interval}, timeout {gate.timeout})"
+
+
+def _describe(step: Any, run: RunInput) -> str:
+    if isinstance(step, ActionStep):
+        text = f"{step.action} {step.with_}"
+        if step.undo:
+            text += f"; undo {step.undo.action}"
+        return text
+    if isinstance(step, GateStep):
+        return "gate " + _gate_text(step.gate)
+    if isinstance(step, ApprovalStep):
+        who = step.approval.approvers if step.approval.approvers is not None else run.runbook.approvers
+        return f"approval by {', '.join(who) or 'anyone'}: {step.approval.prompt}"
+    if isinstance(step, WaitStep):
+        return f"wait {step.wait}"
+    if isinstance(step, RampStep):
+        ramp = step.ramp
+        parts = [f"ramp {ramp.schedule()} via {ramp.action}, bake {ramp.bake}"]
+        parts += ["gate " + _gate_text(g) for g in ramp.gates]
+        if ramp.approval:
+            parts.append("approval at each step")
+        return "; ".join(parts)
+    if isinstance(step, ForEachStep):
+        each = step.for_each
+        items = each.items if isinstance(each.items, str) else f"{len(each.items)} items"
+        return f"{each.action} for each of {items} (concurrency {each.max_concurrency}, tolerate {each.error_threshold})"
+    if isinstance(step, ParallelStep):
+        return "in parallel: " + ", ".join(s.id for s in step.parallel)
+    return ""
+
+
+def plan(console: Console, run: RunInput) -> None:
+    book = run.runbook
+    console.print(f"[bold]{book.metadata.name}[/] on target [bold]{run.target_name}[/] (initiator {run.initiator})")
+    if run.params:
+        console.print("params: " + ", ".join(f"{k}={v!r}" for k, v in run.params.items()), highlight=False)
+    table = Table("#", "step", "kind", "what it will do", "on failure", show_lines=False)
+
+    def add(steps: list[Any], prefix: str) -> None:
+        for i, step in enumerate(steps, 1):
+            kind = next(k for k in ("action", "gate", "approval", "wait", "ramp", "for_each", "parallel") if k in type(step).model_fields)
+            table.add_row(f"{prefix}{i}", step.id, kind, Text(_describe(step, run)), step.on_failure.value)
+            if isinstance(step, ParallelStep):
+                add(step.parallel, f"{prefix}{i}.")
+
+    add(book.steps, "")
+    console.print(table)
+    console.print("nothing was executed (dry run)", style="dim")
+
+
+def status(console: Console, current: RunStatus) -> None:
+    console.print(
+        f"[bold]{current.runbook}[/] on [bold]{current.target}[/]: {current.state}"
+        + (f" at {current.current_step}" if current.current_step else ""),
+        highlight=False,
+    )
+    if current.error:
+        console.print(f"error: {current.error}", style="red", highlight=False, markup=False)
+    table = Table("step", "kind", "status", "tries", "last reading / detail")
+    for step in current.steps:
+        detail = ""
+        if step.readings:
+            last = step.readings[-1]
+            detail = f"{last.gate}={last.value if last.value is not None else 'none'}" + (f" ({last.error})" if last.error else "")
+        if step.percent is not None:
+            detail = f"at {step.percent}% (last good {step.last_good})  " + detail
+        if step.awaiting:
+            detail = f"waiting: {step.awaiting}"
+        if step.status == "failed" and step.error:
+            detail = step.error
+        table.add_row(step.id, step.kind, Text(step.status, style=_STYLE.get(step.status, "")), str(step.attempts), Text(detail))
+    console.print(table)
+    for name in current.awaiting_approval:
+        console.print(f"approve with: coldstart approve {current.target} {name} --as YOU", highlight=False)
+    for name in current.held:
+        console.print(f"held: coldstart retry|skip|abort {current.target} {name} --as YOU", highlight=False)
+
+
+def runs(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table("workflow", "status", "runbook", "target", "step", "approval?", "drill", "started")
+    for row in rows:
+        table.add_row(row["workflow_id"], row["status"], str(row["runbook"]), str(row["target"]), str(row["step"]),
+                      "yes" if row["awaiting_approval"] else "", "yes" if row["drill"] else "", f"{row['started']:%Y-%m-%d %H:%M:%S}")
+    console.print(table)
+
+
+def _live_view(current: RunStatus) -> Group:
+    parts: list[Any] = [Text.from_markup(f"[bold]{current.runbook}[/] on {current.target}: {current.state}")]
+    for step in current.steps:
+        if step.status in ("pending",):
+            continue
+        line = Text(f"  {step.id:<28} ", style=_STYLE.get(step.status, ""))
+        line.append(step.status)
+        if step.readings:
+            last = step.readings[-1]
+            line.append(f"  {last.gate}={last.value if last.value is not None else 'none'}" + (" ok" if last.passed else " no"))
+        if step.awaiting:
+            line.append(f"  waiting: {step.awaiting}", style="cyan")
+        parts.append(line)
+        if step.kind == "ramp" and step.percent is not None:
+            parts.append(Text(f"    ramp {step.percent}% (last good {step.last_good or 0}%)"))
+            parts.append(ProgressBar(total=100, completed=step.percent, width=50))
+    return Group(*parts)
+
+
+async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 0.5) -> int:
+    """Show the run live until it ends; the exit code is 0 only if it succeeded."""
+    handle = client.get_workflow_handle(workflow_id)
+    last_line = ""
+    live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal else None
+    if live:
+        live.start()
+    try:
+        while True:
+            try:
+                current = await handle.query("status", result_type=RunStatus)
+            except Exception:  # noqa: BLE001 - the worker may be restarting; keep following
+                await asyncio.sleep(interval)
+                continue
+            if live:
+                live.update(_live_view(current))
+            else:
+                active = [s for s in current.steps if s.status not in ("pending",)]
+                line = f"{current.state} " + " ".join(f"{s.id}:{s.status}" + (f"@{s.percent}%" if s.percent is not None else "") for s in active[-3:])
+                if line != last_line:
+                    console.print(line, highlight=False, markup=False)
+                    last_line = line
+            if current.state not in ("running", "paused"):
+                return 0 if current.state == "succeeded" else 1
+            await asyncio.sleep(interval)
+    finally:
+        if live:
+            live.stop()
+        sys.stdout.flush()

@@ -1,0 +1,281 @@
+"""A run's timeline, read from its Temporal history: every step, actor, approval, gate reading and duration."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+__all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
+
+_STEP_OF_ACTIVITY = re.compile(r"^(?:undo:)?([a-z][a-z0-9_-]*)")
+_E = EventType
+
+
+@dataclass
+class Entry:
+    at: datetime
+    step: str | None
+    event: str
+    actor: str | None = None
+    detail: str = ""
+    duration_s: float | None = None
+    outcome: str | None = None
+
+
+@dataclass
+class StepSummary:
+    step: str
+    started: datetime
+    ended: datetime
+    activities: int = 0
+    readings: int = 0
+    failed_readings: int = 0
+    approvals: list[str] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.ended - self.started).total_seconds()
+
+
+@dataclass
+class Timeline:
+    workflow_id: str
+    run_ids: list[str]
+    runbook: str = ""
+    target: str = ""
+    initiator: str = ""
+    started: datetime | None = None
+    ended: datetime | None = None
+    outcome: str = "running"
+    entries: list[Entry] = field(default_factory=list)
+    steps: dict[str, StepSummary] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        def plain(value: Any) -> Any:
+            if isinstance(value, datetime):
+                return value.isoformat()
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [plain(v) for v in value]
+            return value
+
+        return plain(
+            {
+                "workflow_id": self.workflow_id,
+                "run_ids": self.run_ids,
+                "runbook": self.runbook,
+                "target": self.target,
+                "initiator": self.initiator,
+                "started": self.started,
+                "ended": self.ended,
+                "outcome": self.outcome,
+                "steps": [asdict(s) | {"duration_s": s.duration_s} for s in self.steps.values()],
+                "entries": [asdict(e) for e in self.entries],
+            }
+        )
+
+
+def _time(event: Any) -> datetime:
+    return event.event_time.ToDatetime().replace(tzinfo=None)
+
+
+def _step_of(activity_id: str) -> str | None:
+    match = _STEP_OF_ACTIVITY.match(activity_id)
+    return match.group(1) if match else None
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def _decode(client: Client, payloads: Any) -> list[Any]:
+    if not payloads or not payloads.payloads:
+        return []
+    return await client.data_converter.decode(payloads.payloads)
+
+
+async def build_timeline(client: Client, workflow_id: str, run_id: str | None = None) -> Timeline:
+    """Walk the history of a run (following continue-as-new) and turn it into timeline entries."""
+    timeline = Timeline(workflow_id=workflow_id, run_ids=[])
+    next_run: str | None = run_id
+    if next_run is None:
+        # Start from the first run of the most recent chain.
+        description = await client.get_workflow_handle(workflow_id).describe()
+        next_run = description.run_id
+        chain = [next_run]
+        first_history = await client.get_workflow_handle(workflow_id, run_id=next_run).fetch_history()
+        started = first_history.events[0].workflow_execution_started_event_attributes
+        while started.continued_execution_run_id:
+            prior = started.continued_execution_run_id
+            chain.insert(0, prior)
+            history = await client.get_workflow_handle(workflow_id, run_id=prior).fetch_history()
+            started = history.events[0].workflow_execution_started_event_attributes
+        next_run = chain[0]
+    scheduled: dict[int, tuple[str, str, datetime, Any]] = {}
+    while next_run:
+        timeline.run_ids.append(next_run)
+        history = await client.get_workflow_handle(workflow_id, run_id=next_run).fetch_history()
+        next_run = None
+        for event in history.events:
+            kind = event.event_type
+            at = _time(event)
+            if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                if timeline.started is None:
+                    timeline.started = at
+                    attrs = event.workflow_execution_started_event_attributes
+                    args = await _decode(client, attrs.input)
+                    if args and isinstance(args[0], dict):
+                        run = args[0]
+                        timeline.runbook = run.get("runbook", {}).get("metadata", {}).get("name", "")
+                        timeline.target = run.get("target_name", "")
+                        timeline.initiator = run.get("initiator", "")
+                    timeline.entries.append(Entry(at, None, "run started", timeline.initiator, f"{timeline.runbook} on {timeline.target}"))
+            elif kind == _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                attrs = event.activity_task_scheduled_event_attributes
+                args = await _decode(client, attrs.input)
+                scheduled[event.event_id] = (attrs.activity_id, attrs.activity_type.name, at, args[0] if args else None)
+            elif kind in (
+                _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+                _E.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+                _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+            ):
+                if kind == _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                    attrs = event.activity_task_completed_event_attributes
+                    result = await _decode(client, attrs.result)
+                    outcome, value = "completed", result[0] if result else None
+                elif kind == _E.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+                    attrs = event.activity_task_failed_event_attributes
+                    outcome, value = "failed", attrs.failure.message
+                else:
+                    attrs = event.activity_task_timed_out_event_attributes
+                    outcome, value = "timed out", attrs.failure.message
+                activity_id, activity_type, started_at, args = scheduled.pop(attrs.scheduled_event_id, ("?", "?", at, None))
+                step = _step_of(activity_id)
+                duration = (at - started_at).total_seconds()
+                if activity_type == "telemetry.read":
+                    value = value or {}
+                    reading = value.get("value") if isinstance(value, dict) else None
+                    error = value.get("error") if isinstance(value, dict) else value
+                    gate = activity_id.split("/gate/", 1)[-1].split("#", 1)[0]
+                    query = (args or {}).get("query") or (args or {}).get("endpoint", "")
+                    detail = f"{gate}: {query} = {reading if error is None else 'no value (' + str(error) + ')'}"
+                    timeline.entries.append(Entry(at, step, "gate reading", None, _short(detail, 240), duration, "value" if error is None else "error"))
+                    _touch(timeline, step, started_at, at, reading=error is None and reading is not None)
+                else:
+                    label = "undo" if activity_id.startswith("undo:") else "action"
+                    detail = f"{activity_type} {_short(args or {}, 120)} -> {_short(value, 120)}"
+                    timeline.entries.append(Entry(at, step, f"{label} {outcome}", None, detail, duration, outcome))
+                    _touch(timeline, step, started_at, at, activity=True)
+            elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+                attrs = event.workflow_execution_update_accepted_event_attributes
+                request = attrs.accepted_request
+                args = await _decode(client, request.input.args)
+                body = args[0] if args and isinstance(args[0], dict) else {}
+                name = request.input.name
+                actor = body.get("approver") or body.get("actor")
+                step = body.get("step")
+                text = body.get("comment") or body.get("reason") or ""
+                timeline.entries.append(Entry(at, step, f"{name} (update)", actor, text))
+                if name == "approve" and step:
+                    _touch(timeline, step, at, at)
+                    timeline.steps[step].approvals.append(f"{actor} at {at:%H:%M:%S}" + (f": {text}" if text else ""))
+            elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                attrs = event.workflow_execution_signaled_event_attributes
+                args = await _decode(client, attrs.input)
+                body = args[0] if args and isinstance(args[0], dict) else {}
+                timeline.entries.append(
+                    Entry(at, body.get("step"), f"{attrs.signal_name} (signal)", body.get("approver") or body.get("actor"),
+                          body.get("comment") or body.get("reason") or "")
+                )
+            elif kind == _E.EVENT_TYPE_TIMER_STARTED:
+                attrs = event.timer_started_event_attributes
+                summary = await _decode(client, _Wrap(event.user_metadata.summary)) if event.HasField("user_metadata") else []
+                seconds = attrs.start_to_fire_timeout.ToTimedelta().total_seconds()
+                text = summary[0] if summary else "timer"
+                step = _step_of(text) if summary else None
+                if "next reading" not in str(text):
+                    timeline.entries.append(Entry(at, step, "wait", None, f"{text} ({seconds:g}s)"))
+            elif kind == _E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+                pass
+            elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                next_run = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+                timeline.entries.append(Entry(at, None, "continued as new", None, next_run))
+            elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+                timeline.ended, timeline.outcome = at, "succeeded"
+            elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                failure = event.workflow_execution_failed_event_attributes.failure
+                timeline.ended = at
+                timeline.outcome = failure.application_failure_info.type.removeprefix("Runbook").lower() or "failed"
+                timeline.entries.append(Entry(at, None, "run ended", None, _short(failure.message, 400), outcome=timeline.outcome))
+            elif kind in (_E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED, _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+                          _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT):
+                timeline.ended, timeline.outcome = at, EventType.Name(kind).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_").lower()
+    if timeline.ended:
+        timeline.entries.append(Entry(timeline.ended, None, "run finished", None, timeline.outcome,
+                                      (timeline.ended - timeline.started).total_seconds() if timeline.started else None))
+    timeline.entries.sort(key=lambda e: e.at)
+    return timeline
+
+
+class _Wrap:
+    """Lets a single Payload go through the same decode path as a Payloads message."""
+
+    def __init__(self, payload: Any):
+        self.payloads = [payload]
+
+
+def _touch(timeline: Timeline, step: str | None, started: datetime, ended: datetime, *, activity: bool = False,
+           reading: bool | None = None) -> None:
+    if step is None:
+        return
+    summary = timeline.steps.get(step)
+    if summary is None:
+        summary = timeline.steps[step] = StepSummary(step=step, started=started, ended=ended)
+    summary.started = min(summary.started, started)
+    summary.ended = max(summary.ended, ended)
+    if activity:
+        summary.activities += 1
+    if reading is not None:
+        summary.readings += 1
+        summary.failed_readings += 0 if reading else 1
+
+
+def render_markdown(timeline: Timeline) -> str:
+    """Markdown for a retrospective: a summary per step, then every event in order."""
+    start = timeline.started
+    total = (timeline.ended - start).total_seconds() if timeline.ended and start else None
+    out = [
+        f"# Timeline: {timeline.runbook} on {timeline.target}",
+        "",
+        f"- workflow: `{timeline.workflow_id}` (runs: {', '.join(f'`{r}`' for r in timeline.run_ids)})",
+        f"- initiator: {timeline.initiator}",
+        f"- started: {start:%Y-%m-%d %H:%M:%S} UTC" if start else "- started: ?",
+        f"- outcome: **{timeline.outcome}**" + (f" after {total:.1f} s" if total is not None else ""),
+        "",
+        "## Steps",
+        "",
+        "| step | start (+s) | duration (s) | actions | gate readings (no value) | approvals |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for summary in sorted(timeline.steps.values(), key=lambda s: s.started):
+        offset = (summary.started - start).total_seconds() if start else 0.0
+        out.append(
+            f"| {summary.step} | {offset:.1f} | {summary.duration_s:.2f} | {summary.activities} | "
+            f"{summary.readings} ({summary.failed_readings}) | {'; '.join(summary.approvals) or ''} |"
+        )
+    out += ["", "## Events", "", "| time (UTC) | +s | step | event | actor | detail |", "|---|---:|---|---|---|---|"]
+    for entry in timeline.entries:
+        offset = (entry.at - start).total_seconds() if start else 0.0
+        detail = entry.detail.replace("|", "\\|").replace("\n", " ")
+        if entry.duration_s is not None and entry.event not in ("run finished",):
+            detail += f" ({entry.duration_s:.2f} s)"
+        out.append(f"| {entry.at:%H:%M:%S.%f}"[:-3] + f" | {offset:.1f} | {entry.step or ''} | {entry.event} | {entry.actor or ''} | {detail} |")
+    return "\n".join(out) + "\n"
