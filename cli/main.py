@@ -376,6 +376,25 @@ def schema(output: Path = typer.Option(Path("runbooks/runbook.schema.json"), "--
 
 
 @app.command()
+def drill(
+    runbook: str = typer.Argument("demo", help="the drill to run"),
+    interactive: bool = typer.Option(False, help="approve in the Web UI instead of the drill approver"),
+    state_dir: Path = typer.Option(Path(".state/drill"), help="where logs, databases and the report go"),
+) -> None:
+    """Run a drill end to end on this machine and print its report (exit 0 only if it succeeded)."""
+    from rich.markdown import Markdown
+
+    from cli.drill import run_demo_drill
+
+    if runbook != "demo":
+        _fail(f"no drill named {runbook!r} (available: demo)", EXIT_INVALID)
+    report = asyncio.run(run_demo_drill(state_dir, out, interactive=interactive))
+    out.print(Markdown(report.timeline_markdown.split("## Events")[0]))
+    out.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s; report written to {report.report_path}", highlight=False)
+    raise typer.Exit(0 if report.outcome == "succeeded" else EXIT_FAILED)
+
+
+@app.command()
 def worker() -> None:
     """Run a worker (same as `python worker.py`)."""
     import worker as worker_module

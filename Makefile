@@ -1,0 +1,22 @@
+# coldstart: `make drill` runs a recovery drill end to end; `make test` runs the test suite.
+# Both install what is missing first (Debian packages, a .venv): run them as root.
+
+.PHONY: bootstrap test drill bench schema clean
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+test: bootstrap
+	.venv/bin/pytest -q -p no:cacheprovider
+
+drill: bootstrap
+	.venv/bin/coldstart drill demo
+
+bench: bootstrap
+	.venv/bin/python bench/step_overhead.py
+
+schema: bootstrap
+	.venv/bin/coldstart schema
+
+clean:
+	rm -rf .state .pytest_cache
