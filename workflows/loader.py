@@ -86,13 +86,13 @@ class _Source:
         self.errors.append((line_col, message))
 
     def formatted(self) -> list[str]:
-        seen: set[str] = set()
+        # One message per location: union branches otherwise repeat the same problem.
+        seen: set[tuple[int, int]] = set()
         lines = []
         for (line, col), message in sorted(self.errors, key=lambda e: e[0]):
-            text = f"{self.file}:{line}:{col}: {message}"
-            if text not in seen:
-                seen.add(text)
-                lines.append(text)
+            if (line, col) not in seen:
+                seen.add((line, col))
+                lines.append(f"{self.file}:{line}:{col}: {' '.join(str(message).split())}")
         return lines
 
 
@@ -116,6 +116,10 @@ def _parse_yaml(text: str, source: _Source) -> None:
         where = _mark(mark) if mark else (1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
         source.error_at(where, f"invalid YAML: {problem}")
+    except yaml.reader.ReaderError as exc:
+        pos = exc.position
+        where = (text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos))
+        source.error_at(where, f"invalid YAML: character {exc.character!r} is not allowed")
     except yaml.YAMLError as exc:
         source.error_at((1, 1), f"invalid YAML: {exc}")
 
@@ -175,8 +179,10 @@ def _loc_to_path(loc: Iterable[Any], data: Any) -> Path_:
         elif isinstance(current, list) and isinstance(part, int) and part < len(current):
             path.append(part)
             current = current[part]
-        elif part in STEP_KINDS or isinstance(part, str) and part.startswith(("function-", "int", "str")):
-            continue
+        elif part in STEP_KINDS or isinstance(part, str) and (
+            part in ("int", "str", "float", "bool", "list", "dict", "none") or "-" in part or "[" in part
+        ):
+            continue  # union branch and validator tags, not places in the file
         else:
             path.append(part)
             break
@@ -286,8 +292,6 @@ def plan_run(
 
     # Resolve start-time references in the raw YAML data, so locations stay exact.
     resolved_data = _resolve_start_refs(source.data, context, source, check_target=inventory is not None)
-    if source.errors:
-        raise RunbookInvalid(source.formatted())
     try:
         runbook = Runbook.model_validate(resolved_data)
     except ValidationError as exc:
@@ -319,14 +323,12 @@ def _resolve_start_refs(data: Any, context: dict[str, Any], source: _Source, *, 
         if isinstance(value, str) and contains_refs(value):
             for ref in iter_refs(value):
                 try:
-                    root = split_path(ref)[0]
+                    split_path(ref)
                 except RefError as exc:
                     source.error(path, str(exc))
                     return value
-                if root == "target" and not check_target:
-                    return value
             try:
-                return resolve(value, context, only=_START_ROOTS)
+                return resolve(value, context, only=_START_ROOTS if check_target else {"params"})
             except RefError as exc:
                 source.error(path, f"reference does not resolve: {exc}")
         return value
@@ -445,10 +447,8 @@ def _check_semantics(
                     source.error(path, f"reference {ref!r}: a ramp has 'percent' and 'previous'")
                 elif root == "run" and (len(parts) != 2 or parts[1] not in ("id", "initiator", "target", "runbook", "drill")):
                     source.error(path, f"reference {ref!r}: run has id, initiator, target, runbook, drill")
-            elif root == "target" and not check_target:
-                continue  # no inventory given: target references are checked at run time
             elif root in ("params", "target"):
-                source.error(path, f"reference {ref!r} could not be resolved")
+                continue  # resolved before this pass, or already reported (or no inventory was given)
             else:
                 source.error(path, f"reference {ref!r}: unknown root {root!r} (use params, target, steps, run)")
 
