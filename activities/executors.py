@@ -32,9 +32,11 @@ class CommandResult(NamedTuple):
 class ExecutorError(RuntimeError):
     """The command could not be run at all (connect, auth, host key, timeout) — not a non-zero rc."""
 
-    def __init__(self, host: str, message: str) -> None:
+    def __init__(self, host: str, message: str, *, retryable: bool = True) -> None:
         super().__init__(f"{host}: {message}")
         self.host = host
+        # False when trying again cannot help: wrong host key, key refused, key file missing.
+        self.retryable = retryable
 
 
 @runtime_checkable
@@ -116,7 +118,13 @@ class SshExecutor:
                         connect_timeout=self.connect_timeout,
                     )
                 except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
-                    raise ExecutorError(self.host, f"ssh connect to {self.address}:{self.port} failed: {exc!r}") from exc
+                    permanent = isinstance(
+                        exc, (asyncssh.HostKeyNotVerifiable, asyncssh.PermissionDenied, FileNotFoundError)
+                    )
+                    raise ExecutorError(
+                        self.host, f"ssh connect to {self.address}:{self.port} failed: {exc!r}",
+                        retryable=not permanent,
+                    ) from exc
             return self._conn
 
     async def run(

@@ -16,14 +16,17 @@ from activities.executors import Executor, ExecutorError, HostTarget, executor_f
 from activities.registry import action
 
 __all__ = [
+    "DEFAULT_CHAIN",
     "AllowInput",
     "AllowOutput",
     "AllowTier",
     "BlockInput",
     "BlockOutput",
     "HostChange",
+    "HostFirewall",
     "HostStatus",
     "RevokeInput",
+    "RevokeOutput",
     "StatusInput",
     "StatusOutput",
     "UnblockInput",
@@ -105,7 +108,10 @@ class BlockInput(_Targeted):
     ports: list[int] = Field(min_length=1, max_length=MAX_PORTS)
     allow: list[AllowTier] = Field(min_length=1)
 
-    _allow_bare = field_validator("allow", mode="before")(classmethod(lambda cls, v: _tiers(v)))
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _allow_bare(cls, values: Any) -> Any:
+        return _tiers(values)
 
     @field_validator("ports")
     @classmethod
@@ -176,6 +182,7 @@ class AllowOutput(BaseModel):
 class RevokeOutput(BaseModel):
     hosts: list[HostChange]
     changed_hosts: list[str]
+    undo: AllowInput
 
 
 class HostStatus(BaseModel):
@@ -264,11 +271,12 @@ def _desired_chain(tiers: list[AllowTier]) -> list[Rule]:
     return [*rules, _reject_rule()]
 
 
+def _jump_spec(chain: str, ports: list[int]) -> str:
+    return f"-p tcp -m multiport --dports {','.join(map(str, ports))} -m comment --comment \"{TAG} block\" -j {chain}"
+
+
 def _jump_line(chain: str, ports: list[int]) -> str:
-    return (
-        f"-A INPUT -p tcp -m multiport --dports {','.join(map(str, ports))} "
-        f'-m comment --comment "{TAG} block" -j {chain}'
-    )
+    return f"-A INPUT {_jump_spec(chain, ports)}"
 
 
 def render_block(chain: str, ports: list[int], tiers: list[AllowTier]) -> list[str]:
@@ -283,10 +291,11 @@ def _parse_rule(tokens: list[str]) -> Rule:
     for tok in it:
         if tok in ("-s", "-i", "-p", "-j", "--reject-with", "--comment"):
             values[tok] = next(it, "")
-        elif tok == "-m" and (mod := next(it, "")) == "comment":
-            continue
         elif tok == "-m":
-            extra += ["-m", mod]
+            module = next(it, "")
+            # comment carries data we read; tcp is implied by -p tcp (legacy iptables prints it).
+            if module not in ("comment", "tcp"):
+                extra += ["-m", module]
         else:
             extra.append(tok)
     source = values.get("-s")
@@ -437,7 +446,7 @@ async def _converge_chain(ex: Executor, inp: _Targeted, want: Callable[[HostFire
             # Wrong ports, duplicates, or not first in INPUT (an earlier ESTABLISHED accept
             # would let existing clients through): remove them all and insert one at the top.
             lines += [_delete(j.line) for j in fw.jumps]
-            lines.append("-I" + _jump_line(chain, ports)[2:].replace("INPUT", "INPUT 1", 1))
+            lines.append(f"-I INPUT 1 {_jump_spec(chain, ports)}")
             if fw.jumps:
                 actions.append(f"replaced INPUT jump(s) with tcp dports {','.join(map(str, ports))} at position 1")
             else:
@@ -461,7 +470,8 @@ R = TypeVar("R")
 def _checked(model: type[M], inp: Any) -> M:
     """Re-validate the input so bad arguments fail once, clearly, and are never retried."""
     try:
-        data = inp.model_dump() if isinstance(inp, BaseModel) else inp
+        # warnings=False: a model_construct-ed input may hold raw dicts; validation reports them.
+        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
         return model.model_validate(data)
     except ValidationError as exc:
         raise ApplicationError(
@@ -485,6 +495,8 @@ async def _fan_out(name: str, inp: _Targeted, per_host: Callable[[Executor], Awa
                     results[target.name] = await per_host(ex)
             except (HostFailure, ExecutorError) as exc:
                 failures[target.name] = exc
+            except Exception as exc:  # noqa: BLE001 - one host's surprise must not hide the others' results
+                failures[target.name] = HostFailure(f"unexpected error: {exc!r}")
             if activity.in_activity():
                 activity.heartbeat(target.name)
 
@@ -521,7 +533,11 @@ def _changed(results: list[HostChange]) -> list[str]:
 
 @action("firewall.block", mutating=True, undo="firewall.unblock", undo_from_output="undo", timeout=120)
 async def block(inp: BlockInput) -> BlockOutput:
-    """Reject TCP to the given ports on each host except from the allow-list (loopback always allowed)."""
+    """Reject TCP to the given ports on each host except from the allow-list (loopback always allowed).
+
+    Declarative: the chain ends up holding exactly `allow`, so re-running it after
+    firewall.allow calls takes those tiers back out (each removal is reported).
+    """
     inp = _checked(BlockInput, inp)
     rules = _desired_chain(inp.allow)
     results = await _fan_out(
@@ -563,6 +579,9 @@ def _require_block(fw: HostFirewall, chain: str) -> None:
     if not fw.rules or fw.rules[-1] != _reject_rule():
         raise HostFailure(f"chain {chain} does not end in the block's reject rule; re-run firewall.block",
                           retryable=False)
+    if any(r.extra for r in fw.rules):
+        # Rewriting the chain would drop the options we do not model; let a human look first.
+        raise HostFailure(f"chain {chain} has rules the block did not write: {fw.lines}", retryable=False)
 
 
 @action("firewall.allow", mutating=True, undo="firewall.revoke", undo_from_output="undo", timeout=120)
@@ -585,7 +604,7 @@ async def allow(inp: AllowInput) -> AllowOutput:
     )
 
 
-@action("firewall.revoke", mutating=True, undo="firewall.allow", timeout=120)
+@action("firewall.revoke", mutating=True, undo="firewall.allow", undo_from_output="undo", timeout=120)
 async def revoke(inp: RevokeInput) -> RevokeOutput:
     """Take one tier's sources back out of an existing block (only rules tagged with that tier)."""
     inp = _checked(RevokeInput, inp)
@@ -596,7 +615,11 @@ async def revoke(inp: RevokeInput) -> RevokeOutput:
         return [r for r in fw.rules if not (r.source in drop and r.tier == inp.tier.name)]
 
     results = await _fan_out("firewall.revoke", inp, lambda ex: _converge_chain(ex, inp, want, None))
-    return RevokeOutput(hosts=results, changed_hosts=_changed(results))
+    return RevokeOutput(
+        hosts=results,
+        changed_hosts=_changed(results),
+        undo=AllowInput(hosts=inp.hosts, chain=inp.chain, tier=inp.tier, max_parallel=inp.max_parallel),
+    )
 
 
 @action("firewall.status", timeout=60)

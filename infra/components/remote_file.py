@@ -1,0 +1,56 @@
+"""Copies one rendered file to a host over SSH; re-runs only when the content's sha256 changes."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+
+import pulumi
+from pulumi_command import remote
+
+__all__ = ["deploy_file", "sha256_of", "sudo_prefix"]
+
+
+def sha256_of(content: pulumi.Input[str]) -> pulumi.Output[str]:
+    """sha256 of the text; stays secret when the content is (the hash would not leak much, but be strict)."""
+    return pulumi.Output.from_input(content).apply(lambda c: hashlib.sha256(c.encode()).hexdigest())
+
+
+def sudo_prefix(user: str) -> str:
+    return "" if user == "root" else "sudo -n "
+
+
+def deploy_file(
+    name: str,
+    *,
+    connection: remote.ConnectionArgs,
+    user: str,
+    path: str,
+    content: pulumi.Input[str],
+    owner: str = "root:root",
+    mode: str = "0644",
+    opts: pulumi.ResourceOptions,
+) -> tuple[remote.Command, pulumi.Output[str]]:
+    """Write `content` to `path` atomically (temp file + rename) so a daemon never reads half a file."""
+    s = sudo_prefix(user)
+    q = shlex.quote
+    directory = path.rsplit("/", 1)[0] or "/"
+    script = (
+        "set -eu; umask 077; "
+        f"{s}mkdir -p {q(directory)}; "
+        f'tmp=$({s}mktemp {q(directory + "/.coldstart.XXXXXX")}); '
+        f'{s}tee "$tmp" >/dev/null; '
+        f'{s}chown {q(owner)} "$tmp"; {s}chmod {q(mode)} "$tmp"; '
+        f'{s}mv -f "$tmp" {q(path)}'
+    )
+    digest = sha256_of(content)
+    cmd = remote.Command(
+        name,
+        connection=connection,
+        create=script,
+        # Content goes over stdin, not the command line: no quoting bugs, no secret in `ps`.
+        stdin=content,
+        triggers=[digest, path, owner, mode],
+        opts=opts,
+    )
+    return cmd, digest

@@ -1,0 +1,252 @@
+"""Recording and alert rules for the coldstart telemetry stack (metric names per infra/METRICS.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infra.telemetry.thresholds import AlertThresholds
+
+__all__ = [
+    "RULES_FILENAME",
+    "Alert",
+    "RecordingRule",
+    "alert_rules",
+    "recording_rules",
+    "render_rules",
+    "runbook_anchor",
+]
+
+RULES_FILENAME = "coldstart.rules.yml"
+DEFAULT_RUNBOOK_BASE = "infra/README.md"
+
+
+@dataclass(frozen=True)
+class RecordingRule:
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    group: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def recording_rules() -> list[RecordingRule]:
+    """The series gates query. Aggregations drop instance labels so a gate reads one number."""
+    return [
+        RecordingRule("coldstart:consul_kvs_apply_p50_ms", 'max(consul_kvs_apply{quantile="0.5"})'),
+        RecordingRule("coldstart:consul_leader_last_contact_ms", 'max(consul_raft_leader_lastContact{quantile="0.5"})'),
+        RecordingRule("coldstart:consul_raft_commit_p50_ms", 'max(consul_raft_commitTime{quantile="0.5"})'),
+        RecordingRule("coldstart:consul_autopilot_healthy", "min(consul_autopilot_healthy)"),
+        RecordingRule("coldstart:consul_boltdb_freelist_bytes", "max(consul_raft_boltdb_freelistBytes)"),
+        # deriv over 30m: snapshots make the freelist saw-tooth; a shorter window pages on noise.
+        RecordingRule(
+            "coldstart:consul_boltdb_freelist_growth_bytes_per_hour",
+            "max(deriv(consul_raft_boltdb_freelistBytes[30m])) * 3600",
+        ),
+        # increase() tolerates the counter-like gauge resetting when a Nomad client restarts.
+        RecordingRule(
+            "coldstart:nomad_eligible_node_failed_allocs_10m",
+            "sum by (node_id) (increase(nomad_client_allocations_failed"
+            '{node_status="ready",node_scheduling_eligibility="eligible"}[10m]))',
+        ),
+        RecordingRule(
+            "coldstart:cache_hit_ratio",
+            'sum(rate(game_cache_requests_total{result="hit"}[1m]))'
+            ' / sum(rate(game_cache_requests_total{result=~"hit|miss"}[1m]))',
+        ),
+        RecordingRule("coldstart:db_queries_per_second", "sum(rate(game_db_queries_total[1m]))"),
+        RecordingRule(
+            "coldstart:db_query_p99_seconds",
+            "histogram_quantile(0.99, sum by (le) (rate(game_db_query_duration_seconds_bucket[1m])))",
+        ),
+        RecordingRule(
+            "coldstart:edge_error_ratio",
+            'sum(rate(game_requests_total{code=~"5.."}[1m])) / sum(rate(game_requests_total[1m]))',
+        ),
+        RecordingRule("coldstart:players_admitted_fraction", "max(coldstart_players_admitted_fraction)"),
+        RecordingRule(
+            "coldstart:players_admitted_error_points",
+            "abs(max(coldstart_players_admitted_fraction) * 100 - max(coldstart_players_target_percent))",
+        ),
+    ]
+
+
+def alert_rules(t: AlertThresholds | None = None) -> list[Alert]:
+    """Alerts from the postmortem plus the telemetry stack's own health. `for:` filters flaps."""
+    t = t or AlertThresholds()
+    return [
+        # --- Consul: the signals that were visible (or should have been) during the outage.
+        Alert(
+            "ConsulKVApplySlow", "coldstart-consul",
+            f"coldstart:consul_kvs_apply_p50_ms > {_num(t.kv_apply_p50_ms)}", "5m", "critical",
+            "Consul KV apply p50 is {{ $value | humanize }} ms (normal < %s ms)" % _num(t.kv_apply_p50_ms),
+            "KV writes are queueing on the Raft leader. In Oct 2021 this sat at ~2 s for days: "
+            "check streaming, the leader's BoltDB freelist and write load before replacing hardware.",
+        ),
+        Alert(
+            "ConsulLeaderLastContactHigh", "coldstart-consul",
+            f"coldstart:consul_leader_last_contact_ms > {_num(t.leader_last_contact_ms)}", "5m", "warning",
+            "Consul leader last contact is {{ $value | humanize }} ms",
+            "The leader is slow to reach its followers; a slow leader that keeps being re-elected "
+            "was the BoltDB freelist symptom. Consider transferring leadership off that server.",
+        ),
+        Alert(
+            "ConsulRaftCommitSlow", "coldstart-consul",
+            f"coldstart:consul_raft_commit_p50_ms > {_num(t.raft_commit_p50_ms)}", "5m", "warning",
+            "Consul Raft commit p50 is {{ $value | humanize }} ms",
+            "Raft commits are slow: disk, freelist maintenance or contention on the leader.",
+        ),
+        Alert(
+            "ConsulBoltDBFreelistGrowing", "coldstart-consul",
+            "coldstart:consul_boltdb_freelist_growth_bytes_per_hour"
+            f" > {_num(t.boltdb_freelist_growth_bytes_per_hour)}", "15m", "warning",
+            "Consul BoltDB freelist growing {{ $value | humanize1024 }}B/hour",
+            "The Raft log store's freelist keeps growing; every write pays to maintain it. "
+            "This is the slow-leader cause found after the Oct 2021 outage.",
+        ),
+        Alert(
+            "ConsulBoltDBFreelistLarge", "coldstart-consul",
+            f"coldstart:consul_boltdb_freelist_bytes > {_num(t.boltdb_freelist_bytes)}", "10m", "warning",
+            "Consul BoltDB freelist is {{ $value | humanize1024 }}B",
+            "A large freelist makes Raft log writes expensive on that server; plan a rotation "
+            "of its raft.db (or a bbolt-based Consul) before it becomes leader under load.",
+        ),
+        Alert(
+            "ConsulAutopilotUnhealthy", "coldstart-consul",
+            "coldstart:consul_autopilot_healthy < 1", "2m", "critical",
+            "Consul autopilot reports the cluster unhealthy",
+            "At least one server is not keeping up with the leader (autopilot health).",
+        ),
+        Alert(
+            "ConsulNoLeader", "coldstart-consul",
+            "sum(consul_server_isLeader) < 1", "1m", "critical",
+            "No Consul server reports itself leader",
+            "Without a leader Consul accepts no writes; Nomad and Vault stall behind it.",
+        ),
+        Alert(
+            "ConsulFailureToleranceZero", "coldstart-consul",
+            "min(consul_autopilot_failure_tolerance) < 1", "10m", "warning",
+            "Consul can lose no more servers without losing quorum",
+            "Autopilot failure tolerance is 0: replace or recover a server before touching another.",
+        ),
+        # --- Nomad: the node the scheduler saw as "completely open" while every alloc on it failed.
+        Alert(
+            "NomadEligibleNodeFailingAllocations", "coldstart-nomad",
+            f"coldstart:nomad_eligible_node_failed_allocs_10m > {_num(t.nomad_failed_allocs_10m)}", "5m", "warning",
+            "Nomad node {{ $labels.node_id }} is ready and eligible but allocations keep failing",
+            "The scheduler keeps placing work on this node and it keeps failing. "
+            "Mark it ineligible and drain it; do not retry the deploy onto it.",
+        ),
+        # --- Return to service: what the team checked before every 10% ramp step.
+        Alert(
+            "CacheHitRatioLow", "coldstart-return-to-service",
+            f"coldstart:cache_hit_ratio < {_num(t.cache_hit_ratio_min)}", "10m", "warning",
+            "Cache hit ratio is {{ $value | humanizePercentage }}",
+            "Cold or misdeployed caches push load onto the databases; hold the player ramp.",
+        ),
+        Alert(
+            "DatabaseQueryRateHigh", "coldstart-return-to-service",
+            f"coldstart:db_queries_per_second > {_num(t.db_queries_per_second_max)}", "5m", "warning",
+            "Database load is {{ $value | humanize }} queries/s",
+            "Database query rate is above the safe ceiling; hold or step back the player ramp.",
+        ),
+        Alert(
+            "DatabaseQueryLatencyHigh", "coldstart-return-to-service",
+            f"coldstart:db_query_p99_seconds > {_num(t.db_query_p99_seconds_max)}", "5m", "warning",
+            "Database p99 query latency is {{ $value | humanizeDuration }}",
+            "Databases are saturating; hold or step back the player ramp.",
+        ),
+        Alert(
+            "EdgeErrorRatioHigh", "coldstart-return-to-service",
+            f"coldstart:edge_error_ratio > {_num(t.edge_error_ratio_max)}", "5m", "critical",
+            "Game edge 5xx ratio is {{ $value | humanizePercentage }}",
+            "Admitted players are seeing errors; step the DNS steering percentage back.",
+        ),
+        Alert(
+            "PlayersAdmittedOffTarget", "coldstart-return-to-service",
+            f"coldstart:players_admitted_error_points > {_num(t.admitted_error_points_max)}", "10m", "warning",
+            "Admitted players are {{ $value | humanize }} points off the steering target",
+            "DNS steering is not admitting the fraction the runbook set: stale TTLs, a steering "
+            "server not reloaded, or players sharing the bypass.",
+        ),
+        # --- coldstart itself.
+        Alert(
+            "ColdstartGateFailing", "coldstart-worker",
+            "min by (runbook, gate) (coldstart_gate_last_result) < 1", t.gate_failing_for, "warning",
+            "coldstart gate {{ $labels.gate }} in {{ $labels.runbook }} has been failing",
+            "The recovery is holding at this gate. Read the gate's query on the recovery dashboard "
+            "before overriding it.",
+        ),
+        Alert(
+            "ColdstartStepFailed", "coldstart-worker",
+            'sum by (runbook, step) (increase(coldstart_step_runs_total{outcome="failed"}[15m])) > 0', "0m",
+            "warning",
+            "coldstart step {{ $labels.step }} in {{ $labels.runbook }} failed",
+            "A runbook step failed after its retries; the workflow is compensating or waiting.",
+        ),
+        # --- The telemetry stack: it must say when it is blind.
+        Alert(
+            "Watchdog", "coldstart-telemetry",
+            "vector(1)", "0m", "none",
+            "Always firing: proves Prometheus -> Alertmanager -> pager works",
+            "Routed to the heartbeat receiver; its absence upstream means alerting is broken.",
+        ),
+        Alert(
+            "ScrapeTargetDown", "coldstart-telemetry",
+            "up == 0", "3m", "warning",
+            "{{ $labels.job }} target {{ $labels.instance }} is not being scraped",
+            "Prometheus cannot scrape this target: the process is down or the network path is. "
+            "Its gates and alerts are blind until it is back.",
+        ),
+        Alert(
+            "BlackboxProbeFailed", "coldstart-telemetry",
+            "probe_success == 0", "3m", "critical",
+            "Probe {{ $labels.job }} {{ $labels.instance }} is failing",
+            "An endpoint checked from outside (players' view) is unreachable.",
+        ),
+    ]
+
+
+def _num(x: float) -> str:
+    """Exact PromQL literal: `:g` would turn 1 MiB into 1.04858e+06."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def runbook_anchor(alert_name: str) -> str:
+    """GitHub-style anchor of the alert's section in infra/README.md."""
+    return alert_name.lower()
+
+
+def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: str = DEFAULT_RUNBOOK_BASE) -> dict:
+    """The Prometheus rules file as a dict: one recording group, one group per alert area."""
+    groups: list[dict] = [
+        {
+            "name": "coldstart-recording",
+            "interval": "15s",
+            "rules": [{"record": r.record, "expr": r.expr} for r in recording_rules()],
+        }
+    ]
+    by_group: dict[str, list[dict]] = {}
+    for a in alert_rules(thresholds):
+        rule = {
+            "alert": a.name,
+            "expr": a.expr,
+            **({"for": a.for_} if a.for_ not in ("0m", "0s") else {}),
+            "labels": {"severity": a.severity, "team": "platform", **a.extra_labels},
+            "annotations": {
+                "summary": a.summary,
+                "description": a.description,
+                "runbook_url": f"{runbook_base_url}#{runbook_anchor(a.name)}",
+            },
+        }
+        by_group.setdefault(a.group, []).append(rule)
+    groups.extend({"name": name, "rules": rules} for name, rules in by_group.items())
+    return {"groups": groups}

@@ -1,0 +1,63 @@
+"""The lab's state file: what was (about to be) created, so destroy works after a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+__all__ = ["DaemonRecord", "LabState", "load_state", "save_state", "state_path"]
+
+STATE_FILE = "lab.json"
+
+
+class DaemonRecord(BaseModel):
+    """A process started in a host; starttime guards against killing a recycled PID."""
+
+    host: str
+    name: str
+    pid: int
+    starttime: int
+    argv: list[str]
+    log: str
+
+
+class LabState(BaseModel):
+    """Resources are recorded *before* they are created; destroy tolerates missing ones."""
+
+    bridge: str | None = None
+    netns: list[str] = Field(default_factory=list)
+    veths: list[str] = Field(default_factory=list)
+    forward_chain: str | None = None
+    daemons: dict[str, DaemonRecord] = Field(default_factory=dict)
+    created_privsep_dir: bool = False
+
+    def remember(self, field: str, value: str) -> None:
+        items = getattr(self, field)
+        if value not in items:
+            items.append(value)
+
+
+def state_path(state_dir: Path) -> Path:
+    return Path(state_dir) / STATE_FILE
+
+
+def load_state(state_dir: Path) -> LabState:
+    path = state_path(state_dir)
+    if not path.exists():
+        return LabState()
+    try:
+        return LabState.model_validate_json(path.read_text())
+    except ValueError:
+        # A half-written or foreign file must not stop a cleanup; the prefix sweep still runs.
+        return LabState()
+
+
+def save_state(state_dir: Path, state: LabState) -> None:
+    path = state_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state.model_dump(), indent=2))
+    os.replace(tmp, path)  # atomic: a crash leaves the old or the new file, never half of one

@@ -1,0 +1,1 @@
+"""Lab hosts (network namespaces, sshd) and the firewall actions run against them."""

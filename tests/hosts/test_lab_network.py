@@ -1,0 +1,49 @@
+"""Lab create/destroy: idempotent create, clean destroy, and recovery after a lost state file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lab.hosts import create, destroy, leftovers, list_netns, start_daemon
+from lab.hosts.processes import pid_alive
+from lab.hosts.shell import ip_json, iptables
+from lab.hosts.state import load_state, state_path
+from tests.hosts.labkit import lab_spec, require_lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(60)]
+
+
+def test_destroy_after_crash_sweeps_by_prefix(tmp_path: Path) -> None:
+    require_lab()
+    spec = lab_spec(tmp_path / "state", prefix="cs-crash", bridge="cscrashbr0", veth_prefix="cscv",
+                    subnet="10.213.249.0/24", ssh_hosts=())  # no sshd: /run/sshd stays untouched
+    try:
+        create(spec)
+        create(spec)  # idempotent: everything is reused
+        assert sorted(n for n in list_netns() if spec.owns_netns(n)) == sorted(spec.netns(h) for h in spec.hosts)
+        sleeper = start_daemon(spec, "nomad", "sleep", ["sleep", "300"])
+        assert pid_alive(sleeper.pid)
+        # Simulate a crash that also lost the state file: destroy must still find everything.
+        state_path(spec.state_dir).unlink()
+        removed = destroy(spec)
+        assert any(r.startswith("process") for r in removed)
+        assert leftovers(spec) == []
+        assert not pid_alive(sleeper.pid, sleeper.starttime)
+    finally:
+        destroy(spec)
+
+
+def test_destroy_leaves_nothing(lab) -> None:  # runs last: it tears the shared module lab down
+    state = load_state(lab.state_dir)
+    pids = [(d.pid, d.starttime) for d in state.daemons.values()]
+    assert any(d.name == "sshd" for d in state.daemons.values())
+    destroy(lab)
+    assert leftovers(lab) == []
+    assert not [n for n in list_netns() if n.startswith(f"{lab.prefix}-")]
+    assert not [link["ifname"] for link in ip_json("link", "show") if link["ifname"] == lab.bridge]
+    assert not any(pid_alive(pid, start) for pid, start in pids)
+    assert iptables("-S", lab.forward_chain, check=False).returncode != 0
+    assert not state_path(lab.state_dir).exists()
+    assert not (Path(lab.state_dir) / "ssh").exists()

@@ -1,0 +1,179 @@
+"""Durability: a killed worker resumes with no step done twice; single flight per target; continue-as-new."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from cli.runs import TargetBusy
+from tests import support
+from tests.conftest import TEMPORAL_CLI
+from workflows import search
+from workflows.contract import ApproveRequest, ControlRequest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spawn_worker(address: str, queue: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.worker_process", address, queue],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert "worker ready" in line, line
+    return process
+
+
+async def test_worker_killed_mid_run_resumes_without_repeating_steps(env, task_queue, tmp_path):
+    out = tmp_path / "executions.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: durable}}
+        target: t
+        steps:
+          - id: a
+            action: test.append
+            with: {{path: "{out}", label: a}}
+          - id: b
+            action: test.append
+            with: {{path: "{out}", label: b}}
+          - id: settle
+            wait: 3s
+          - id: c
+            action: test.append
+            with: {{path: "{out}", label: c}}
+          - id: d
+            action: test.append
+            with: {{path: "{out}", label: d}}
+    """)
+    address = env.client.service_client.config.target_host
+    first = _spawn_worker(address, task_queue)
+    try:
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _step_status(handle, "settle", "running"))
+        os.killpg(first.pid, signal.SIGKILL)  # no graceful shutdown: the process just dies
+        first.wait()
+        assert [line.split()[-1] for line in support.lines(out)] == ["a", "b"]
+        second = _spawn_worker(address, task_queue)
+        try:
+            await handle.result()
+        finally:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    labels = [line.split()[-1] for line in support.lines(out)]
+    assert labels == ["a", "b", "c", "d"], labels
+
+
+async def _step_status(handle, step, wanted):
+    status = await support.status(handle)
+    return next(s for s in status.steps if s.id == step).status == wanted
+
+
+async def test_single_flight_per_target(env, task_queue, tmp_path):
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: gatekeeper}
+        target: t
+        steps:
+          - id: ok
+            approval: {prompt: "go?"}
+    """)
+    other = support.write_runbook(tmp_path, """
+        metadata: {name: other-book}
+        target: t
+        steps:
+          - id: w
+            wait: 1s
+    """, name="other")
+    target = {"name": f"busy-{task_queue}"}
+    async with support.worker(env.client, task_queue):
+        first = await support.start(env.client, book, task_queue, target=target)
+        with pytest.raises(TargetBusy) as busy:
+            await support.start(env.client, other, task_queue, target=target)
+        message = str(busy.value)
+        assert first.id in message and first.result_run_id in message and "gatekeeper" in message
+        await support.wait_for(lambda: _awaiting(first, "ok"))
+        await first.execute_update("approve", ApproveRequest(step="ok", approver="someone"))
+        await first.result()
+        # Once the target is free, a new run starts under the same workflow id.
+        second = await support.start(env.client, other, task_queue, target=target)
+        assert second.id == first.id and second.result_run_id != first.result_run_id
+        await second.result()
+
+
+async def _awaiting(handle, step):
+    return step in (await support.status(handle)).awaiting_approval
+
+
+async def test_pause_and_resume_between_steps(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: pausing}}
+        target: t
+        steps:
+          - id: ok
+            approval: {{prompt: "go?"}}
+          - id: a
+            action: test.append
+            with: {{path: "{out}", label: a}}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _awaiting(handle, "ok"))
+        await handle.execute_update("pause", ControlRequest(actor="op"))
+        await handle.execute_update("approve", ApproveRequest(step="ok", approver="x"))
+        await support.wait_for(lambda: _state(handle, "paused"))
+        assert not out.exists()
+        await handle.execute_update("resume", ControlRequest(actor="op"))
+        await handle.result()
+    assert len(support.lines(out)) == 1
+
+
+async def _state(handle, wanted):
+    return (await support.status(handle)).state == wanted
+
+
+async def test_continue_as_new_keeps_outputs_and_state(task_queue, tmp_path):
+    """With the server suggesting continue-as-new early, a long runbook spans several runs and still resolves references."""
+    out = tmp_path / "out.txt"
+    steps = "\n".join(
+        f"""
+          - id: s{i}
+            action: test.append
+            with: {{path: "{out}", label: "s{i} after ${{{{ steps.s0.outputs.line }}}}"}}"""
+        for i in range(12)
+    ).replace("s0 after ${{ steps.s0.outputs.line }}", "s0")
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: long}}
+        target: t
+        steps:{steps}
+    """)
+    environment = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_CLI),
+        data_converter=pydantic_data_converter,
+        search_attributes=search.ALL,
+        dev_server_log_level="error",
+        dev_server_extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=20"],
+    )
+    try:
+        async with support.worker(environment.client, task_queue):
+            handle = await support.start(environment.client, book, task_queue)
+            await handle.result(follow_runs=True)
+            runs = [e async for e in environment.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+            assert len(runs) >= 3, "expected the run to continue as new at least twice"
+            status = await support.status(environment.client.get_workflow_handle(handle.id))
+            assert all(s.status == "succeeded" for s in status.steps)
+    finally:
+        await environment.shutdown()
+    labels = support.lines(out)
+    assert len(labels) == 12
+    assert labels[-1].endswith(f"s11 after {labels[0]}")
