@@ -1,0 +1,117 @@
+"""The `coldstart` command against a real dev server: run, status, approve, busy target, list, timeline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import support
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def prom():
+    server = await support.ScriptedPrometheus().start()
+    yield server
+    await server.stop()
+
+
+def cli(env_vars: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, **env_vars},
+    )
+
+
+async def acli(env_vars, *args):
+    return await asyncio.to_thread(cli, env_vars, *args)
+
+
+async def test_operator_session(env, task_queue, tmp_path, prom):
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    (targets / "cli-t.yaml").write_text(f"name: cli-t\ndrill: true\ntelemetry: {{prometheus: '{prom.url}'}}\n")
+    journal = tmp_path / "journal.jsonl"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: cli-demo, owner: sre}}
+        target: cli-t
+        approvers: [alice, bob, carol]
+        four_eyes: true
+        steps:
+          - id: hello
+            action: core.note
+            with: {{message: "hello from ${{{{ run.initiator }}}}", journal: "{journal}"}}
+          - id: healthy
+            gate: {{name: up, endpoint: "${{{{ target.telemetry.prometheus }}}}", query: up, comparator: ">=", threshold: 1, interval: 0.2s, consecutive: 2, timeout: 10s}}
+          - id: ok
+            approval: {{prompt: "continue after ${{{{ steps.hello.outputs.key }}}}?"}}
+          - id: bye
+            action: core.note
+            with: {{message: bye, journal: "{journal}"}}
+    """)
+    env_vars = {
+        "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+        "COLDSTART_TASK_QUEUE": task_queue,
+        "COLDSTART_TARGETS": str(targets),
+        "COLDSTART_USER": "alice",
+    }
+    planned = await acli(env_vars, "plan", str(book), "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["runbook"]["steps"][1]["gate"]["endpoint"] == prom.url
+
+    async with support.worker(env.client, task_queue):
+        started = await acli(env_vars, "run", str(book), "--json")
+        assert started.returncode == 0, started.stderr
+        workflow_id = json.loads(started.stdout)["workflow_id"]
+        assert workflow_id == "coldstart-cli-t"
+
+        busy = await acli(env_vars, "run", str(book))
+        assert busy.returncode == 3
+        assert busy.stderr.count("\n") == 1 and "coldstart-cli-t" in busy.stderr and "is still running" in busy.stderr
+
+        async def awaiting():
+            result = await acli(env_vars, "status", "cli-t", "--json")
+            return result.returncode == 0 and json.loads(result.stdout)["awaiting_approval"] == ["ok"]
+
+        await support.wait_for(awaiting, timeout=30, interval=0.3)
+        refused = await acli(env_vars, "approve", "cli-t", "ok", "--as", "mallory")
+        assert refused.returncode == 5 and "may not approve" in refused.stderr
+        own = await acli(env_vars, "approve", "cli-t", "ok")  # alice started the run: four eyes
+        assert own.returncode == 5 and "four eyes" in own.stderr
+        approved = await acli(env_vars, "approve", "cli-t", "ok", "--as", "bob", "-m", "gate looked fine")
+        assert approved.returncode == 0, approved.stderr
+        await env.client.get_workflow_handle(workflow_id).result()
+
+    listed = await acli(env_vars, "list", "--all", "--json")
+    rows = [r for r in json.loads(listed.stdout) if r["workflow_id"] == workflow_id]
+    assert rows and rows[0]["runbook"] == "cli-demo" and rows[0]["status"] == "completed"
+
+    timeline = await acli(env_vars, "timeline", "cli-t", "--format", "json")
+    assert timeline.returncode == 0, timeline.stderr
+    data = json.loads(timeline.stdout)
+    assert data["outcome"] == "succeeded" and data["initiator"] == "alice"
+    approvals = [e for e in data["entries"] if e["event"] == "approve (update)"]
+    assert approvals == [pytest.approx(approvals[0])] and approvals[0]["actor"] == "bob"
+    assert approvals[0]["detail"] == "gate looked fine"
+    readings = [e for e in data["entries"] if e["event"] == "gate reading"]
+    assert len(readings) >= 2 and all(e["step"] == "healthy" for e in readings)
+    steps = {s["step"]: s for s in data["steps"]}
+    assert set(steps) >= {"hello", "healthy", "ok", "bye"}
+    assert all(s["duration_s"] >= 0 for s in steps.values())
+
+    markdown = await acli(env_vars, "timeline", "cli-t")
+    assert "| ok |" in markdown.stdout and "bob" in markdown.stdout and "up: up = 1.0" in markdown.stdout
+
+
+def test_unreachable_temporal_is_exit_4(tmp_path):
+    result = cli({"TEMPORAL_ADDRESS": "127.0.0.1:1"}, "status", "nothing")
+    assert result.returncode == 4
+    assert result.stderr.startswith("error: cannot reach Temporal at 127.0.0.1:1")
+    assert "Traceback" not in result.stderr
