@@ -255,3 +255,41 @@ async def test_fan_out_error_threshold(env, task_queue, tmp_path):
             await handle.result()
         assert "more than the 2 allowed" in str(failure.value.cause)
     del result
+
+
+async def test_ramp_steps_back_holds_and_resumes_after_retry(env, task_queue, tmp_path, prom):
+    out = tmp_path / "out.txt"
+    prom.script("errors", 0, 0, 5, 0)  # 10 and 20 pass; 30 fails; the fallback reading at 20 passes
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: ramping}}
+        target: t
+        steps:
+          - id: ramp
+            ramp:
+              action: test.append
+              with: {{path: "{out}", label: "${{{{ ramp.percent }}}} from ${{{{ ramp.previous }}}}"}}
+              start: 10
+              stop: 50
+              step: 10
+              bake: 0.1s
+              gates:
+                - {{name: errors, endpoint: "{prom.url}", query: errors, comparator: "<", threshold: 1, interval: 1s, timeout: 0.5s}}
+    """)
+    # The timeout is shorter than the interval: exactly one reading per percentage.
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        held = await support.wait_for(lambda: _held_status(handle, "ramp"))
+        ramp = held.steps[0]
+        assert ramp.percent == 20 and ramp.last_good == 20
+        assert "stepped back to 20%" in ramp.error and "gates at 20%: passing" in ramp.error
+        assert [line.split(" ", 1)[1] for line in support.lines(out)] == [
+            "10 from 0", "20 from 10", "30 from 20", "20 from 30"]
+        prom.script("errors", 0)
+        await handle.execute_update("retry", ControlRequest(step="ramp", actor="op", reason="db index added"))
+        await handle.result()
+    assert [line.split(" ", 1)[1] for line in support.lines(out)][4:] == ["30 from 20", "40 from 30", "50 from 40"]
+
+
+async def _held_status(handle, step):
+    status = await support.status(handle)
+    return status if step in status.held else None

@@ -536,10 +536,26 @@ class RunbookWorkflow:
             except StepFailed as exc:
                 await self._ramp_set(step, action, last_good, percent)
                 state.percent = last_good
-                raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%") from None
+                fallback = ""
+                # Added after the first recorded histories: runs already in flight replay without it.
+                if workflow.patched("ramp-confirm-step-back"):
+                    fallback = await self._confirm_fallback(step, last_good)
+                raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%{fallback}") from None
             last_good = percent
             state.last_good = percent
         return {"percent": last_good}
+
+    async def _confirm_fallback(self, step: RampStep, percent: int) -> str:
+        """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""
+        failing = []
+        for g, gate in enumerate(step.ramp.gates):
+            resolved = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True)))
+            name = gate.name or f"gate{g + 1}"
+            reading = await self._read(step.id, resolved, name, percent)
+            self._steps[step.id].readings.append(reading)
+            if not reading.passed:
+                failing.append(name)
+        return f" (gates at {percent}%: " + (f"still failing: {', '.join(failing)})" if failing else "passing)")
 
     async def _ramp_set(self, step: RampStep, action: ActionDefaults, percent: int, previous: int) -> None:
         args = self._resolve(step.ramp.with_, ramp={"percent": percent, "previous": previous})

@@ -1,0 +1,118 @@
+"""Records the histories replayed by tests/test_replay.py: `python -m tests.histories.record`.
+
+Re-record only on purpose: a replay failure means the workflow code changed in a way that
+would break runs already in flight; guard such a change with `workflow.patched` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests import support
+from tests.conftest import TEMPORAL_CLI
+from workflows import search
+from workflows.contract import ApproveRequest, ControlRequest
+
+HERE = Path(__file__).parent
+
+EVERYTHING = """
+metadata: {{name: replay-everything}}
+target: t
+approvers: [bob]
+params:
+  items: {{type: list, default: [a, b, c, d, e]}}
+steps:
+  - id: first
+    action: test.append
+    with: {{path: "{out}", label: first}}
+  - id: healthy
+    gate: {{endpoint: "{prom}", query: healthy, comparator: ">=", threshold: 1, interval: 0.1s, consecutive: 2, timeout: 10s}}
+  - id: ok
+    approval: {{prompt: "go after ${{{{ steps.first.outputs.line }}}}?"}}
+  - id: both
+    parallel:
+      - id: left
+        action: test.append
+        with: {{path: "{out}", label: left}}
+      - id: pause
+        wait: 0.2s
+  - id: each
+    for_each:
+      items: ${{{{ params.items }}}}
+      action: test.maybe_fail
+      with: {{path: "{out}", label: "${{{{ item }}}}", fail_items: [c]}}
+      max_concurrency: 2
+      error_threshold: 1
+  - id: ramp
+    ramp:
+      action: test.append
+      with: {{path: "{out}", label: "ramp ${{{{ ramp.percent }}}}"}}
+      start: 10
+      stop: 40
+      step: 10
+      gates:
+        - {{name: errors, endpoint: "{prom}", query: errors, comparator: "<", threshold: 1, interval: 0.1s, timeout: 0.5s}}
+"""
+
+ROLLBACK = """
+metadata: {{name: replay-rollback}}
+target: t
+steps:
+  - id: one
+    action: test.append
+    with: {{path: "{out}", label: one}}
+  - id: two
+    action: test.maybe_fail
+    with: {{path: "{out}", label: two, fail_items: [two]}}
+    on_failure: rollback
+"""
+
+
+async def _record() -> None:
+    environment = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(TEMPORAL_CLI), data_converter=pydantic_data_converter,
+        search_attributes=search.ALL, dev_server_log_level="error",
+    )
+    prom = await support.ScriptedPrometheus().start()
+    work = Path(tempfile.mkdtemp())
+    try:
+        async with support.worker(environment.client, "record"):
+            prom.script("healthy", 0, 1, 1)
+            prom.script("errors", 0, 0, 5)  # 10 % and 20 % pass, 30 % fails and steps back
+            book = support.write_runbook(work, EVERYTHING.format(out=work / "out.txt", prom=prom.url), "everything")
+            handle = await support.start(environment.client, book, "record", target={"name": "replay-everything"})
+            await support.wait_for(lambda: _awaiting(handle))
+            await handle.execute_update("approve", ApproveRequest(step="ok", approver="bob", comment="recorded"))
+            await support.wait_for(lambda: _held(handle))
+            prom.script("errors", 0)
+            await handle.execute_update("retry", ControlRequest(step="ramp", actor="bob", reason="fixed"))
+            await handle.result()
+            (HERE / "everything.json").write_text((await handle.fetch_history()).to_json())
+
+            book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), "rollback")
+            handle = await support.start(environment.client, book, "record", target={"name": "replay-rollback"})
+            try:
+                await handle.result()
+            except Exception:  # noqa: BLE001 - this run is meant to fail and roll back
+                pass
+            (HERE / "rollback.json").write_text((await handle.fetch_history()).to_json())
+    finally:
+        await prom.stop()
+        await environment.shutdown()
+
+
+async def _awaiting(handle):
+    return "ok" in (await support.status(handle)).awaiting_approval
+
+
+async def _held(handle):
+    return "ramp" in (await support.status(handle)).held
+
+
+if __name__ == "__main__":
+    asyncio.run(_record())
