@@ -8,7 +8,7 @@ from activities.registry import Registry, default_registry
 
 __all__ = ["ACTION_MODULES", "load_registry"]
 
-ACTION_MODULES = ["activities.core", "activities.telemetry", "activities.firewall"]
+ACTION_MODULES = ["activities.core", "activities.telemetry", "activities.firewall", "activities.dns"]
 
 
 def load_registry() -> Registry:

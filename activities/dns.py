@@ -1,10 +1,11 @@
-"""DNS steering actions: let players back in by moving a hashed share of clients from the maintenance IP to the game IP."""
+"""DNS steering actions: admit a hashed share of players to the game IP, the rest to the maintenance IP."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,6 +53,7 @@ __all__ = [
     "steer_sample",
     "steer_set",
     "steering_code",
+    "steering_update",
 ]
 
 # PowerDNS's private LUA record type; dnspython has no class for it, so it travels as generic rdata.
@@ -152,10 +154,12 @@ def _validated(model: type[M], inp: Any) -> M:
     # Re-validate whatever arrived (a dict, or a model built with model_construct) so bad
     # arguments become one non-retryable error instead of five retried crashes.
     try:
-        data = inp.model_dump() if isinstance(inp, BaseModel) else inp
+        # warnings=False: a model_construct-ed input may hold raw dicts; validation reports them.
+        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _bad(f"invalid {model.__name__}: {exc}") from None
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors())
+        raise _bad(f"bad arguments for {model.__name__}: {problems}") from None
 
 
 def parse_server(server: str) -> tuple[str, int]:
@@ -275,6 +279,9 @@ class SteerSetOutput(BaseModel):
     verified_servers: list[str]
     updated_servers: list[str]
     previous: list[ServerState]
+    undo: SteerSetInput = Field(
+        description="this input at the lowest previous percent (0 if absent): rolling back admits no one new"
+    )
 
 
 class SteerGetInput(_Target):
@@ -391,13 +398,25 @@ async def read_state(server: str, zone: str, fqdn: str, timeout: float = 3.0) ->
         ) from None
 
 
+def steering_update(
+    zone: str, fqdn: str, *, game_ip: str, maint_ip: str, percent: float, ttl: int, key: dns.tsig.Key | None
+) -> dns.update.UpdateMessage:
+    """The signed UPDATE that replaces the steering record at `fqdn`."""
+    upd = dns.update.UpdateMessage(
+        zone, keyring=key, keyname=key.name if key else None, keyalgorithm=dns.tsig.HMAC_SHA256
+    )
+    # Delete-rrset then add in one message: pdns applies it as one transaction.
+    upd.delete(fqdn, LUA_RDTYPE)
+    upd.add(fqdn, ttl, encode_lua_rdata("A", steering_code(game_ip, maint_ip, percent)))
+    return upd
+
+
 async def _send_update(inp: SteerSetInput, server: str, key: dns.tsig.Key) -> str | None:
     """Send the UPDATE; return None on NOERROR, else what went wrong (never the secret)."""
     host, port = parse_server(server)
-    upd = dns.update.UpdateMessage(inp.zone, keyring=key, keyname=key.name, keyalgorithm=dns.tsig.HMAC_SHA256)
-    # Delete-rrset then add in one message: pdns applies it as one transaction.
-    upd.delete(inp.fqdn, LUA_RDTYPE)
-    upd.add(inp.fqdn, inp.ttl, encode_lua_rdata("A", steering_code(inp.game_ip, inp.maint_ip, inp.percent)))
+    upd = steering_update(
+        inp.zone, inp.fqdn, game_ip=inp.game_ip, maint_ip=inp.maint_ip, percent=inp.percent, ttl=inp.ttl, key=key
+    )
     try:
         reply = await dns.asyncquery.tcp(upd, host, port=port, timeout=inp.timeout_s)
     except dns.exception.Timeout:
@@ -409,6 +428,21 @@ async def _send_update(inp: SteerSetInput, server: str, key: dns.tsig.Key) -> st
     if reply.rcode() != dns.rcode.NOERROR:
         return f"rcode {dns.rcode.to_text(reply.rcode())}"
     return None
+
+
+def _why(state: ServerState, problems: dict[str, str | None]) -> str:
+    if state.server not in problems:
+        # It was at target when read, so something else wrote it meanwhile.
+        return f"{state.server} changed by someone else during this update: now at {_fmt(state.percent)}"
+    problem = problems[state.server] or "NOERROR reply, but not applied: the server's update policy rejected it"
+    return f"update refused by {state.server}: record still at {_fmt(state.percent)} ({problem})"
+
+
+def _undo_input(inp: SteerSetInput, before: list[ServerState]) -> SteerSetInput:
+    # Servers may have disagreed; going back to the lowest share never admits anyone who
+    # was not admitted somewhere before.
+    percents = [s.percent if s.percent is not None else 0.0 for s in before]
+    return inp.model_copy(update={"percent": int(math.floor(min(percents)))})
 
 
 def _at_target(state: ServerState, inp: SteerSetInput) -> bool:
@@ -439,7 +473,11 @@ async def _tsig_key(inp: SteerSetInput) -> dns.tsig.Key:
     "dns.steer.set",
     timeout=60,
     mutating=True,
-    retry=RetryDefaults(max_attempts=5, initial_interval=timedelta(seconds=1), max_interval=timedelta(seconds=10)),
+    undo="dns.steer.set",
+    undo_from_output="undo",
+    retry=RetryDefaults(
+        max_attempts=5, initial_interval=timedelta(seconds=1), max_interval=timedelta(seconds=10)
+    ),
 )
 async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
     """Steer `percent` of players to the game IP on every authoritative server, and verify it took."""
@@ -449,7 +487,8 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
     for state in before:
         if state.foreign_code is not None:
             raise ApplicationError(
-                f"{inp.fqdn} on {state.server} is not a steering record ({state.foreign_code}); refusing to overwrite",
+                f"{inp.fqdn} on {state.server} is not a steering record ({state.foreign_code});"
+                " refusing to overwrite",
                 type="NotSteering",
                 non_retryable=True,
             )
@@ -463,6 +502,7 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
             verified_servers=list(inp.servers),
             updated_servers=[],
             previous=before,
+            undo=_undo_input(inp, before),
         )
 
     # Only now fetch the key: a no-op retry needs neither Vault nor the secret.
@@ -480,14 +520,11 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
     failed = [s for s in after if not _at_target(s, inp)]
     if failed:
         unreachable_only = all((problems.get(s.server) or "").startswith("no reply") for s in failed)
-        details = "; ".join(
-            f"update refused by {s.server}: record still at {_fmt(s.percent)}"
-            f" ({problems.get(s.server) or 'NOERROR reply, but the change was not applied: the update policy rejected it'})"
-            for s in failed
-        )
+        details = "; ".join(_why(s, problems) for s in failed)
         done = [s.server for s in after if _at_target(s, inp)]
         raise ApplicationError(
-            f"{inp.fqdn} not at {inp.percent}%: {details}" + (f"; already at target: {', '.join(done)}" if done else ""),
+            f"{inp.fqdn} not at {inp.percent}%: {details}"
+            + (f"; at target: {', '.join(done)}" if done else ""),
             type="UpdateNotApplied",
             # A lost reply may be a server restarting: retry. A refusal (key, policy) won't heal.
             non_retryable=not unreachable_only,
@@ -499,6 +536,7 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
         verified_servers=[s.server for s in after],
         updated_servers=pending,
         previous=before,
+        undo=_undo_input(inp, before),
     )
 
 

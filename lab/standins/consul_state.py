@@ -1,0 +1,689 @@
+"""State of the modelled Consul cluster: raft membership, KV, agent services/checks, faults and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import random
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .clock import Clock, RealClock
+from .consul_load import LoadModel, LoadParams
+from .consul_snapshot import build_archive, read_archive
+from .persist import load_json, save_json
+from .promtext import SampleWindow, Series
+
+__all__ = [
+    "ConsulCluster",
+    "ServerMember",
+    "CasError",
+    "LeaderError",
+    "STREAMING_KEY",
+    "go_duration",
+    "ci_get",
+    "parse_duration",
+    "public_check",
+]
+
+STREAMING_KEY = "coldstart/flags/streaming"
+CONSUL_VERSION = "1.10.3"  # the release Roblox ran when streaming shipped
+LAST_CONTACT_THRESHOLD_MS = 200.0  # autopilot default LastContactThreshold
+SUMMARY_EXPIRY_S = 60.0  # go-metrics drops a summary not updated for a minute
+_NS = uuid.UUID("6ba7b812-9dad-11d1-80b4-00c04fd430c8")
+
+
+class CasError(Exception):
+    """A check-and-set did not match."""
+
+
+class LeaderError(Exception):
+    """A raft leadership operation was refused."""
+
+
+def ci_get(data: dict[str, Any], name: str, default: Any = None) -> Any:
+    """Consul decodes request bodies case-insensitively and accepts snake_case
+    (lib.TranslateKeys), so py-consul's lower-case keys must match too."""
+    want = name.lower().replace("_", "")
+    for key, value in data.items():
+        if key.lower().replace("_", "") == want:
+            return value
+    return default
+
+
+def go_duration(ms: float) -> str:
+    """Format like Go's time.Duration.String(), which Consul uses for LastContact."""
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms:.6f}".rstrip("0").rstrip(".") + "ms"
+    return f"{ms / 1000:.6f}".rstrip("0").rstrip(".") + "s"
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class ServerMember:
+    name: str
+    address: str
+    raft_addr: str
+    node_id: str = ""
+    freelist_bytes: float = 0.0
+    kvs_apply: SampleWindow = field(default_factory=SampleWindow)
+    last_contact: SampleWindow = field(default_factory=SampleWindow)
+    commit_time: SampleWindow = field(default_factory=SampleWindow)
+    synth_at: float = 0.0
+    stable_since: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            self.node_id = str(uuid.uuid5(_NS, f"consul-server:{self.name}"))
+
+
+class ConsulCluster:
+    """One object models every server; HTTP listeners pick which member answers."""
+
+    def __init__(
+        self,
+        servers: list[tuple[str, str, str]],
+        datacenter: str = "dc1",
+        clock: Clock | None = None,
+        params: LoadParams | None = None,
+        seed: int = 0,
+        acl_token: str | None = None,
+        state_dir: Path | None = None,
+        streaming_key: str = STREAMING_KEY,
+    ) -> None:
+        if not servers:
+            raise ValueError("a cluster needs at least one server")
+        self.clock = clock or RealClock()
+        self.model = LoadModel(params, seed)
+        self.params = self.model.params
+        self.datacenter = datacenter
+        self.acl_token = acl_token
+        self.state_dir = Path(state_dir) if state_dir else None
+        self.streaming_key = streaming_key
+        self._rng = random.Random(seed + 1)
+        now = self.clock.time()
+        self.members: dict[str, ServerMember] = {}
+        for name, address, raft_addr in servers:
+            m = ServerMember(name, address, raft_addr, synth_at=now, stable_since=now)
+            m.freelist_bytes = self.params.freelist_base_bytes
+            self.members[name] = m
+        self.leader = servers[0][0]
+        self.term = 2
+        self.index = 1  # raft index: every write advances it
+        self.kv_index = 1
+        self.catalog_index = 1
+        self.kv: dict[str, dict[str, Any]] = {}
+        self.tombstones: dict[str, int] = {}
+        # Agent-local services/checks per node; the catalog is their union (anti-entropy).
+        self.services: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in self.members}
+        self.checks: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in self.members}
+        self.slow_server: str | None = None
+        self.background_rps = 0.0
+        self.generation = 0  # bumped by snapshot restore to abandon blocking queries
+        self._event: asyncio.Event | None = None
+        self.dirty = False
+        self._load_state()
+
+    # ---- persistence -------------------------------------------------------------
+    @property
+    def state_file(self) -> Path | None:
+        return self.state_dir / "consul-state.json" if self.state_dir else None
+
+    def _load_state(self) -> None:
+        if self.state_file is None:
+            return
+        data = load_json(self.state_file)
+        if not data:
+            return
+        self.index = data["index"]
+        self.term = data["term"]
+        self.kv_index = data["kv_index"]
+        self.catalog_index = data["catalog_index"]
+        self.kv = data["kv"]
+        self.tombstones = data["tombstones"]
+        if data.get("leader") in self.members:
+            self.leader = data["leader"]
+        for node in self.members:
+            self.services[node] = data["services"].get(node, {})
+            self.checks[node] = data["checks"].get(node, {})
+
+    def save_state(self) -> None:
+        if self.state_file is None or not self.dirty:
+            return
+        self.dirty = False
+        save_json(
+            self.state_file,
+            {
+                "index": self.index,
+                "term": self.term,
+                "leader": self.leader,
+                "kv_index": self.kv_index,
+                "catalog_index": self.catalog_index,
+                "kv": self.kv,
+                "tombstones": self.tombstones,
+                "services": self.services,
+                "checks": self.checks,
+            },
+        )
+
+    # ---- change notification / blocking queries ---------------------------------
+    def _changed(self) -> None:
+        self.dirty = True
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait_change(self, timeout: float) -> None:
+        if self._event is None:
+            self._event = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _next_index(self) -> int:
+        self.index += 1
+        return self.index
+
+    # ---- model inputs ------------------------------------------------------------
+    def streaming(self) -> bool:
+        entry = self.kv.get(self.streaming_key)
+        if not entry or entry["Value"] is None:
+            return False
+        return base64.b64decode(entry["Value"]).decode(errors="replace").strip().lower() == "true"
+
+    def note_request(self) -> None:
+        self.model.note_request(self.clock.time())
+
+    def load(self, now: float | None = None) -> float:
+        now = self.clock.time() if now is None else now
+        return self.model.effective_load(now, self.streaming(), self.background_rps)
+
+    def leader_slow(self) -> bool:
+        return self.slow_server is not None and self.slow_server == self.leader
+
+    # ---- faults (lab admin API) --------------------------------------------------
+    def fault_contention(self, background_rps: float | None = None) -> None:
+        self.synthesize()
+        self._kv_write_internal(self.streaming_key, b"true")
+        self.background_rps = (
+            self.params.default_background_rps if background_rps is None else float(background_rps)
+        )
+
+    def fault_slow_leader(self, server: str) -> None:
+        if server not in self.members:
+            raise KeyError(server)
+        self.synthesize()
+        self.slow_server = server
+
+    def set_background(self, rps: float) -> None:
+        self.synthesize()
+        self.background_rps = float(rps)
+
+    def clear_faults(self) -> None:
+        self.synthesize()
+        if self.streaming():
+            self._kv_write_internal(self.streaming_key, b"false")
+        self.background_rps = 0.0
+        self.slow_server = None
+        for m in self.members.values():
+            m.freelist_bytes = self.params.freelist_base_bytes
+
+    def faults(self) -> dict[str, Any]:
+        now = self.clock.time()
+        return {
+            "streaming": self.streaming(),
+            "background_rps": self.background_rps,
+            "slow_server": self.slow_server,
+            "leader": self.leader,
+            "client_rps": self.model.client_rate(now),
+            "effective_load": self.load(now),
+            "apply_ms_now": self.model.apply_ms(self.load(now), self.leader_slow(), jitter=False),
+        }
+
+    # ---- synthetic raft telemetry ------------------------------------------------
+    def synthesize(self) -> None:
+        """Emit the telemetry raft produces on its own between scrapes: one leader
+        contact/commit sample per second and the background load's applies."""
+        now = self.clock.time()
+        load = self.load(now)
+        slow = self.leader_slow()
+        window = self.params.rate_window_s
+        for m in self.members.values():
+            elapsed = now - m.synth_at
+            if elapsed < 1.0:
+                continue
+            span = min(elapsed, m.last_contact.max_age)
+            n = max(1, min(int(span), 20))
+            for i in range(n):
+                t = now - span + span * (i + 1) / n
+                m.last_contact.observe(t, self.model.contact_ms(load, slow))
+                m.commit_time.observe(t, self.model.commit_ms(load, slow))
+            if m.name == self.leader and self.background_rps > 0:
+                nb = max(1, min(int(self.background_rps * min(elapsed, window)), 50))
+                for i in range(nb):
+                    t = now - span + span * (i + 1) / nb
+                    m.kvs_apply.observe(t, self.model.apply_ms(load, slow))
+            if m.name == self.slow_server:
+                m.freelist_bytes += self.params.freelist_growth_per_s * elapsed
+            m.synth_at = now
+
+    def begin_apply(self) -> float:
+        """Modelled latency (ms) of a KV apply starting now."""
+        self.synthesize()
+        return self.model.apply_ms(self.load(), self.leader_slow())
+
+    def finish_apply(self, latency_ms: float) -> None:
+        now = self.clock.time()
+        self.members[self.leader].kvs_apply.observe(now, latency_ms)
+        if self.slow_server is not None:
+            self.members[self.slow_server].freelist_bytes += self.params.freelist_growth_per_apply
+
+    # ---- raft / autopilot --------------------------------------------------------
+    def member_by_id(self, node_id: str) -> ServerMember | None:
+        for m in self.members.values():
+            if m.node_id == node_id:
+                return m
+        return None
+
+    def transfer_leader(self, target_id: str | None) -> ServerMember:
+        self.synthesize()
+        current = self.members[self.leader]
+        if target_id:
+            target = self.member_by_id(target_id)
+            if target is None:
+                raise LeaderError(f"cannot find peer {target_id}")
+            if target.name == self.leader:
+                raise LeaderError("cannot transfer leadership to itself")
+        else:
+            # Raft picks the most up-to-date follower; a slow disk lags, so prefer healthy ones.
+            others = [m for m in self.members.values() if m.name != current.name]
+            if not others:
+                raise LeaderError("cannot find a peer to transfer leadership to")
+            others.sort(key=lambda m: (m.name == self.slow_server, m.name))
+            target = others[0]
+        self.leader = target.name
+        self.term += 1
+        self._next_index()  # the new leader commits a no-op entry
+        now = self.clock.time()
+        for m in self.members.values():
+            m.stable_since = now
+        self._changed()
+        return target
+
+    def raft_configuration(self) -> dict[str, Any]:
+        return {
+            "Servers": [
+                {
+                    "ID": m.node_id,
+                    "Node": m.name,
+                    "Address": m.raft_addr,
+                    "Leader": m.name == self.leader,
+                    "ProtocolVersion": "3",
+                    "Voter": True,
+                }
+                for m in self.members.values()
+            ],
+            "Index": self.index,
+        }
+
+    def follower_contact_ms(self) -> float:
+        return self.model.contact_ms(self.load(), self.leader_slow(), jitter=False)
+
+    def autopilot_health(self) -> dict[str, Any]:
+        contact = self.follower_contact_ms()
+        servers = []
+        for m in self.members.values():
+            is_leader = m.name == self.leader
+            last = 0.0 if is_leader else contact
+            servers.append(
+                {
+                    "ID": m.node_id,
+                    "Name": m.name,
+                    "Address": m.raft_addr,
+                    "SerfStatus": "alive",
+                    "Version": CONSUL_VERSION,
+                    "Leader": is_leader,
+                    "LastContact": go_duration(last),
+                    "LastTerm": self.term,
+                    "LastIndex": self.index,
+                    "Healthy": last <= LAST_CONTACT_THRESHOLD_MS,
+                    "Voter": True,
+                    "StableSince": rfc3339(m.stable_since),
+                }
+            )
+        healthy_voters = sum(1 for s in servers if s["Healthy"])
+        quorum = len(servers) // 2 + 1
+        return {
+            "Healthy": all(s["Healthy"] for s in servers),
+            "FailureTolerance": max(0, healthy_voters - quorum),
+            "Servers": servers,
+        }
+
+    # ---- KV ------------------------------------------------------------------------
+    def _kv_write_internal(self, key: str, value: bytes | None, flags: int = 0) -> None:
+        idx = self._next_index()
+        old = self.kv.get(key)
+        self.kv[key] = {
+            "Key": key,
+            "Flags": flags,
+            "Value": None if value is None else base64.b64encode(value).decode(),
+            "LockIndex": old["LockIndex"] if old else 0,
+            "CreateIndex": old["CreateIndex"] if old else idx,
+            "ModifyIndex": idx,
+        }
+        self.tombstones.pop(key, None)
+        self.kv_index = idx
+        self._changed()
+
+    def kv_set(self, key: str, value: bytes | None, flags: int = 0, cas: int | None = None) -> bool:
+        old = self.kv.get(key)
+        if cas is not None:
+            if cas == 0 and old is not None:
+                return False
+            if cas != 0 and (old is None or old["ModifyIndex"] != cas):
+                return False
+        self._kv_write_internal(key, value, flags)
+        return True
+
+    def kv_delete(self, key: str, recurse: bool = False, cas: int | None = None) -> bool:
+        if cas is not None and not recurse:
+            old = self.kv.get(key)
+            if cas == 0 or old is None or old["ModifyIndex"] != cas:
+                return False
+        victims = [k for k in self.kv if k.startswith(key)] if recurse else [key]
+        idx = self._next_index()
+        for k in victims:
+            if self.kv.pop(k, None) is not None:
+                self.tombstones[k] = idx
+        self.kv_index = idx
+        self._changed()
+        return True
+
+    def kv_get_index(self) -> int:
+        return max(1, self.kv_index)
+
+    def kv_list_index(self, prefix: str) -> int:
+        # Mirrors kvsListTxn: highest index among the prefix's entries and
+        # tombstones, falling back to the table index.
+        if prefix == "":
+            return self.kv_get_index()
+        idx = max((e["ModifyIndex"] for k, e in self.kv.items() if k.startswith(prefix)), default=0)
+        idx = max([idx] + [i for k, i in self.tombstones.items() if k.startswith(prefix)])
+        return idx or self.kv_get_index()
+
+    # ---- snapshots -------------------------------------------------------------------
+    def snapshot_save(self) -> tuple[bytes, int]:
+        now = self.clock.time()
+        meta = {
+            "Version": 1,
+            "ID": f"{self.term}-{self.index}-{int(now * 1000)}",
+            "Index": self.index,
+            "Term": self.term,
+            "Configuration": self.raft_configuration(),
+            "ConfigurationIndex": self.index,
+            "ConsulVersion": CONSUL_VERSION,
+            "Datacenter": self.datacenter,
+        }
+        state = {"kv": self.kv, "tombstones": self.tombstones, "kv_index": self.kv_index}
+        body = build_archive(meta, state, now)
+        if self.state_dir is not None:
+            snaps = self.state_dir / "snapshots"
+            snaps.mkdir(parents=True, exist_ok=True)
+            (snaps / f"{meta['ID']}.snap").write_bytes(body)
+        return body, self.index
+
+    def snapshot_restore(self, body: bytes) -> None:
+        """Replace KV state; raises SnapshotError on a bad archive."""
+        meta, state = read_archive(body)
+        self.kv = dict(state.get("kv", {}))
+        self.tombstones = dict(state.get("tombstones", {}))
+        # The raft index keeps moving forward across a restore, as in real Consul.
+        self.index = max(self.index, int(meta.get("Index", 0))) + 1
+        self.kv_index = self.index
+        self.generation += 1
+        self._changed()
+
+    # ---- agent services and checks ----------------------------------------------------
+    def _touch_catalog(self) -> int:
+        idx = self._next_index()
+        self.catalog_index = idx
+        self._changed()
+        return idx
+
+    def register_service(self, node: str, body: dict[str, Any], replace_checks: bool = False) -> None:
+        name = ci_get(body, "Name")
+        if not name:
+            raise ValueError("Missing service name")
+        sid = ci_get(body, "ID") or name
+        old = self.services[node].get(sid)
+        idx = self._touch_catalog()
+        weights = ci_get(body, "Weights") or {"Passing": 1, "Warning": 1}
+        self.services[node][sid] = {
+            "ID": sid,
+            "Service": name,
+            "Tags": list(ci_get(body, "Tags") or []),
+            "Meta": dict(ci_get(body, "Meta") or {}),
+            "Port": int(ci_get(body, "Port") or 0),
+            "Address": ci_get(body, "Address") or "",
+            "TaggedAddresses": ci_get(body, "TaggedAddresses") or {},
+            "Weights": {"Passing": ci_get(weights, "Passing", 1), "Warning": ci_get(weights, "Warning", 1)},
+            "EnableTagOverride": bool(ci_get(body, "EnableTagOverride", False)),
+            "Kind": ci_get(body, "Kind") or "",
+            "Datacenter": self.datacenter,
+            "CreateIndex": old["CreateIndex"] if old else idx,
+            "ModifyIndex": idx,
+        }
+        defs = list(ci_get(body, "Checks") or [])
+        single = ci_get(body, "Check")
+        if single:
+            defs.insert(0, single)
+        if replace_checks:
+            for cid in [c for c, v in self.checks[node].items() if v["ServiceID"] == sid]:
+                del self.checks[node][cid]
+        for i, chk in enumerate(defs):
+            default_id = f"service:{sid}" if len(defs) == 1 else f"service:{sid}:{i + 1}"
+            self.register_check(
+                node,
+                dict(chk, ServiceID=sid),
+                default_id=default_id,
+                default_name=f"Service '{name}' check",
+            )
+
+    def deregister_service(self, node: str, sid: str) -> bool:
+        if sid not in self.services[node]:
+            return False
+        del self.services[node][sid]
+        for cid in [c for c, v in self.checks[node].items() if v["ServiceID"] == sid]:
+            del self.checks[node][cid]
+        self._touch_catalog()
+        return True
+
+    def register_check(
+        self,
+        node: str,
+        body: dict[str, Any],
+        default_id: str | None = None,
+        default_name: str | None = None,
+    ) -> None:
+        name = ci_get(body, "Name") or default_name
+        if not name:
+            raise ValueError("Missing check name")
+        cid = ci_get(body, "CheckID") or ci_get(body, "ID") or default_id or name
+        sid = ci_get(body, "ServiceID") or ""
+        if sid and sid not in self.services[node]:
+            raise LookupError(f'ServiceID "{sid}" does not exist')
+        ttl = ci_get(body, "TTL")
+        if ttl:
+            ctype = "ttl"
+        elif ci_get(body, "HTTP"):
+            ctype = "http"
+        elif ci_get(body, "TCP"):
+            ctype = "tcp"
+        elif ci_get(body, "Args") or ci_get(body, "Script"):
+            ctype = "script"
+        elif ci_get(body, "GRPC"):
+            ctype = "grpc"
+        else:
+            raise ValueError("Must provide TTL or Script/DockerContainerID/HTTP/TCP/GRPC")
+        svc = self.services[node].get(sid) if sid else None
+        old = self.checks[node].get(cid)
+        idx = self._touch_catalog()
+        definition = {k: v for k, v in body.items() if k.lower() not in ("name", "id", "checkid", "serviceid")}
+        self.checks[node][cid] = {
+            "Node": node,
+            "CheckID": cid,
+            "Name": name,
+            # Consul starts every check critical unless the definition sets Status.
+            "Status": ci_get(body, "Status") or "critical",
+            "Notes": ci_get(body, "Notes") or "",
+            "Output": "",
+            "ServiceID": sid,
+            "ServiceName": svc["Service"] if svc else "",
+            "ServiceTags": list(svc["Tags"]) if svc else [],
+            "Type": ctype,
+            "Definition": definition,
+            "TTLSeconds": parse_duration(ttl) if ttl else None,
+            "UpdatedAt": self.clock.time(),
+            "CreateIndex": old["CreateIndex"] if old else idx,
+            "ModifyIndex": idx,
+        }
+
+    def deregister_check(self, node: str, cid: str) -> bool:
+        if cid not in self.checks[node]:
+            return False
+        del self.checks[node][cid]
+        self._touch_catalog()
+        return True
+
+    def update_check(self, node: str, cid: str, status: str, output: str | None) -> None:
+        chk = self.checks[node].get(cid)
+        if chk is None:
+            raise LookupError(f'Unknown check ID "{cid}". Ensure that the check ID is passed, not the check name.')
+        if chk["Type"] != "ttl":
+            raise ValueError(f'CheckID "{cid}" does not have associated TTL')
+        chk["UpdatedAt"] = self.clock.time()
+        if chk["Status"] != status or (output is not None and chk["Output"] != output):
+            chk["Status"] = status
+            chk["Output"] = output or ""
+            chk["ModifyIndex"] = self._touch_catalog()
+
+    def expire_ttls(self) -> None:
+        now = self.clock.time()
+        for node_checks in self.checks.values():
+            for chk in node_checks.values():
+                ttl = chk.get("TTLSeconds")
+                if ttl and chk["Status"] != "critical" and now - chk["UpdatedAt"] > ttl:
+                    chk["Status"] = "critical"
+                    chk["Output"] = "TTL expired"
+                    chk["ModifyIndex"] = self._touch_catalog()
+
+    # ---- catalog views ---------------------------------------------------------------
+    def node_view(self, node: str) -> dict[str, Any]:
+        m = self.members[node]
+        return {
+            "ID": m.node_id,
+            "Node": m.name,
+            "Address": m.address,
+            "Datacenter": self.datacenter,
+            "TaggedAddresses": {"lan": m.address, "lan_ipv4": m.address, "wan": m.address, "wan_ipv4": m.address},
+            "Meta": {"consul-network-segment": ""},
+            "CreateIndex": 1,
+            "ModifyIndex": 1,
+        }
+
+    def all_services(self) -> list[tuple[str, dict[str, Any]]]:
+        """(node, service) pairs including the built-in `consul` service of each server."""
+        out = []
+        for node, m in self.members.items():
+            port = int(m.raft_addr.rsplit(":", 1)[1])
+            out.append(
+                (
+                    node,
+                    {
+                        "ID": "consul",
+                        "Service": "consul",
+                        "Tags": [],
+                        "Meta": {"raft_version": "3", "serf_protocol_current": "2", "version": CONSUL_VERSION},
+                        "Port": port,
+                        "Address": "",
+                        "TaggedAddresses": {},
+                        "Weights": {"Passing": 1, "Warning": 1},
+                        "EnableTagOverride": False,
+                        "Kind": "",
+                        "Datacenter": self.datacenter,
+                        "CreateIndex": 1,
+                        "ModifyIndex": 1,
+                    },
+                )
+            )
+            out.extend((node, svc) for svc in self.services[node].values())
+        return out
+
+    def serf_check(self, node: str) -> dict[str, Any]:
+        return {
+            "Node": node,
+            "CheckID": "serfHealth",
+            "Name": "Serf Health Status",
+            "Status": "passing",
+            "Notes": "",
+            "Output": "Agent alive and reachable",
+            "ServiceID": "",
+            "ServiceName": "",
+            "ServiceTags": [],
+            "Type": "",
+            "Definition": {},
+            "CreateIndex": 1,
+            "ModifyIndex": 1,
+        }
+
+    def node_checks(self, node: str) -> list[dict[str, Any]]:
+        return [self.serf_check(node)] + [public_check(c) for c in self.checks[node].values()]
+
+    # ---- metrics ----------------------------------------------------------------------
+    def metric_series(self, server: str) -> list[Series]:
+        self.synthesize()
+        now = self.clock.time()
+        m = self.members[server]
+        health = self.autopilot_health()
+        out: list[Series] = []
+        for name, window in (
+            ("consul_kvs_apply", m.kvs_apply),
+            ("consul_raft_leader_lastContact", m.last_contact),
+            ("consul_raft_commitTime", m.commit_time),
+        ):
+            if window.last_update is None or now - window.last_update > SUMMARY_EXPIRY_S:
+                continue
+            out.append(
+                Series(name, "summary", quantiles=window.quantiles(now), count=window.count, total=window.total)
+            )
+        out.append(Series("consul_raft_boltdb_freelistBytes", "gauge", m.freelist_bytes))
+        out.append(Series("consul_autopilot_healthy", "gauge", 1.0 if health["Healthy"] else 0.0))
+        out.append(Series("consul_autopilot_failure_tolerance", "gauge", float(health["FailureTolerance"])))
+        out.append(Series("consul_server_isLeader", "gauge", 1.0 if server == self.leader else 0.0))
+        out.append(Series("consul_raft_state_term", "gauge", float(self.term)))
+        return out
+
+
+def public_check(chk: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in chk.items() if k not in ("TTLSeconds", "UpdatedAt")}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Go duration ("10s", "1m30s", "250ms") to seconds; bare numbers are nanoseconds as in Go JSON."""
+    if isinstance(text, (int, float)):
+        return float(text) / 1e9
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"([\d.]+)(ns|us|µs|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise ValueError(f"invalid duration {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
