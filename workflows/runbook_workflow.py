@@ -176,6 +176,23 @@ class FanOutWorkflow:
         return await run_fan_out(inp)
 
 
+def _metrics_step(runbook: str, step: str, outcome: str | None) -> None:
+    """Worker metrics for infra's rules (replay-safe: the SDK drops them during replay)."""
+    meter = workflow.metric_meter()
+    labels = {"runbook": runbook, "step": step}
+    meter.create_gauge("coldstart_step_in_progress", "1 while the step runs").set(0 if outcome else 1, labels)
+    if outcome:
+        meter.create_counter("coldstart_step_runs_total", "steps finished, by outcome").add(1, {**labels, "outcome": outcome})
+
+
+def _metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
+    meter = workflow.metric_meter()
+    result = "error" if reading.error else ("pass" if reading.passed else "fail")
+    labels = {"runbook": runbook, "gate": gate}
+    meter.create_counter("coldstart_gate_evaluations_total", "gate readings, by result").add(1, {**labels, "result": result})
+    meter.create_gauge("coldstart_gate_last_result", "1 if the gate's last reading passed").set(1 if reading.passed else 0, labels)
+
+
 @workflow.defn
 class RunbookWorkflow:
     """Interprets one runbook run. Operators steer it with Updates (or Signals) and read it with Queries."""
@@ -325,6 +342,7 @@ class RunbookWorkflow:
             self._publish(step.id)
             workflow.set_current_details(self._details(step))
             workflow.logger.info("step started", extra={"step": step.id, "attempt": state.attempts})
+            _metrics_step(self._inp.runbook.metadata.name, step.id, None)
             try:
                 outputs = await self._execute(step, state)
             except StepFailed as exc:
@@ -341,14 +359,17 @@ class RunbookWorkflow:
                         continue
                     state.status = "skipped"
                     state.ended_at = workflow.now()
+                    _metrics_step(self._inp.runbook.metadata.name, step.id, "skipped")
                     self._outputs[step.id] = {"outputs": {}, "status": "skipped"}
                     return
                 state.status = "failed"
                 state.ended_at = workflow.now()
+                _metrics_step(self._inp.runbook.metadata.name, step.id, "failed")
                 raise StepFailed(f"step {step.id} failed: {exc}", rollback=step.on_failure == OnFailure.rollback) from None
             state.status = "succeeded"
             state.outputs = outputs
             state.ended_at = workflow.now()
+            _metrics_step(self._inp.runbook.metadata.name, step.id, "ok")
             self._outputs[step.id] = {"outputs": outputs, "status": "succeeded"}
             self._publish(step.id)
             return
@@ -454,7 +475,9 @@ class RunbookWorkflow:
         except ActivityError as exc:
             value, error = None, _failure_message(exc)
         passed = value is not None and error is None and compare(float(value), gate.comparator, gate.threshold)
-        return GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
+        reading = GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
+        _metrics_gate(self._inp.runbook.metadata.name, name, reading)
+        return reading
 
     async def _gate(self, step_id: str, gate: GateSpec, name: str, percent: int | None = None) -> None:
         gate = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True)))

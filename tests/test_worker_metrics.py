@@ -1,0 +1,35 @@
+"""The worker exports the step and gate series that infra's alert rules read."""
+
+from __future__ import annotations
+
+import httpx
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from cli.connection import connect
+from tests import support
+from tests.conftest import free_port
+
+
+async def test_step_and_gate_metrics_are_exported(env, task_queue, tmp_path):
+    prom = await support.ScriptedPrometheus().start()
+    port = free_port()
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{port}")))
+    client = await connect(runtime=runtime, target_host=env.client.service_client.config.target_host)
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: metered}}
+        target: t
+        steps:
+          - id: g
+            gate: {{name: up, endpoint: "{prom.url}", query: up, comparator: ">=", threshold: 1, interval: 0.1s}}
+    """)
+    try:
+        async with support.worker(client, task_queue):
+            handle = await support.start(client, book, task_queue)
+            await handle.result()
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        await prom.stop()
+    assert 'coldstart_step_runs_total{' in text and 'outcome="ok"' in text and 'step="g"' in text
+    assert 'coldstart_gate_evaluations_total{' in text and 'result="pass"' in text
+    assert 'coldstart_gate_last_result{' in text and 'gate="up"' in text
+    assert "coldstart_step_in_progress{" in text
