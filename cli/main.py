@@ -377,21 +377,52 @@ def schema(output: Path = typer.Option(Path("runbooks/runbook.schema.json"), "--
 
 @app.command()
 def drill(
-    runbook: str = typer.Argument("demo", help="the drill to run"),
+    args: list[str] = typer.Argument(..., metavar="NAME | schedule NAME", help="run a drill now, or `schedule NAME --cron ...`"),
     interactive: bool = typer.Option(False, help="approve in the Web UI instead of the drill approver"),
     state_dir: Path = typer.Option(Path(".state/drill"), help="where logs, databases and the report go"),
+    cron: Optional[str] = typer.Option(None, help="with `schedule`: a cron expression, e.g. '0 14 * * 3'"),
+    file: Optional[Path] = typer.Option(None, "--runbook", help="with `schedule`: the runbook file (default runbooks/NAME.yaml)"),
+    target: Optional[str] = typer.Option(None, help="with `schedule`: the inventory (default: the runbook's target)"),
+    paused: bool = typer.Option(False, help="with `schedule`: create it paused"),
 ) -> None:
-    """Run a drill end to end on this machine and print its report (exit 0 only if it succeeded)."""
+    """Run a drill end to end on this machine and report (exit 0 only if it succeeded), or schedule one."""
+    if args[0] == "schedule":
+        if len(args) != 2 or not cron:
+            _fail("usage: coldstart drill schedule NAME --cron 'MIN HOUR DOM MON DOW'", EXIT_INVALID)
+        _schedule(args[1], cron, file, target, paused)
+        return
+    if len(args) != 1:
+        _fail("usage: coldstart drill NAME", EXIT_INVALID)
     from rich.markdown import Markdown
 
     from cli.drill import run_demo_drill
 
-    if runbook != "demo":
-        _fail(f"no drill named {runbook!r} (available: demo)", EXIT_INVALID)
+    if args[0] != "demo":
+        _fail(f"no drill named {args[0]!r} (available: demo)", EXIT_INVALID)
     report = asyncio.run(run_demo_drill(state_dir, out, interactive=interactive))
     out.print(Markdown(report.timeline_markdown.split("## Events")[0]))
     out.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s; report written to {report.report_path}", highlight=False)
     raise typer.Exit(0 if report.outcome == "succeeded" else EXIT_FAILED)
+
+
+def _schedule(name: str, cron: str, file: Optional[Path], target: Optional[str], paused: bool) -> None:
+    from cli.connection import task_queue
+    from cli.schedules import DrillTargetRefused, schedule_drill
+
+    run = _plan(file or Path("runbooks") / f"{name}.yaml", [], target, drill=True)
+
+    async def go() -> None:
+        client = await _client()
+        try:
+            handle = await schedule_drill(client, run, task_queue(), cron, paused=paused)
+        except DrillTargetRefused as exc:
+            _fail(str(exc), EXIT_INVALID)
+        except Exception as exc:  # noqa: BLE001 - e.g. a cron expression the server rejects
+            _fail(f"cannot create the schedule: {str(exc).splitlines()[0]}", EXIT_INVALID)
+        out.print(f"schedule {handle.id}: {run.runbook.metadata.name} on {run.target_name} at '{cron}'"
+                  f"{' (paused)' if paused else ''}; see it under Schedules in the Web UI", highlight=False)
+
+    asyncio.run(go())
 
 
 @app.command()

@@ -1,0 +1,72 @@
+"""Game-day drills on Temporal Schedules: a runbook started on a cron, always as a drill."""
+
+from __future__ import annotations
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleHandle,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleState,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+from cli.runs import workflow_id_for
+from workflows import search
+from workflows.contract import RunInput
+from workflows.runbook_workflow import RunbookWorkflow
+
+__all__ = ["DrillTargetRefused", "schedule_drill", "schedule_id_for"]
+
+
+class DrillTargetRefused(Exception):
+    """The target is not marked as a drill target."""
+
+
+def schedule_id_for(runbook: str, target: str) -> str:
+    return f"drill-{runbook}-{target}"
+
+
+async def schedule_drill(client: Client, run: RunInput, task_queue: str, cron: str, *, paused: bool = False) -> ScheduleHandle:
+    """Create (or replace) the schedule; overlapping drills are skipped, never queued."""
+    if not run.target.get("drill"):
+        raise DrillTargetRefused(f"target {run.target_name} is not marked as a drill target (drill: true); refusing to schedule a drill")
+    run = run.model_copy(update={"drill": True})
+    schedule_id = schedule_id_for(run.runbook.metadata.name, run.target_name)
+    schedule = Schedule(
+        action=ScheduleActionStartWorkflow(
+            RunbookWorkflow.run,
+            run,
+            # Temporal appends the scheduled time to this id; SKIP keeps one drill at a time.
+            id=workflow_id_for(run.target_name),
+            task_queue=task_queue,
+            typed_search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(search.RUNBOOK, run.runbook.metadata.name),
+                    SearchAttributePair(search.TARGET, run.target_name),
+                    SearchAttributePair(search.CURRENT_STEP, "starting"),
+                    SearchAttributePair(search.AWAITING_APPROVAL, False),
+                    SearchAttributePair(search.DRILL, True),
+                ]
+            ),
+        ),
+        spec=ScheduleSpec(cron_expressions=[cron]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+        state=ScheduleState(paused=paused, note=f"game-day drill of {run.runbook.metadata.name} on {run.target_name}"),
+    )
+    try:
+        return await client.create_schedule(schedule_id, schedule)
+    except ScheduleAlreadyRunningError:
+        handle = client.get_schedule_handle(schedule_id)
+        await handle.update(lambda _: _replace(schedule))
+        return handle
+
+
+def _replace(schedule: Schedule):
+    from temporalio.client import ScheduleUpdate
+
+    return ScheduleUpdate(schedule=schedule)
