@@ -434,6 +434,15 @@ def worker() -> None:
     worker_module.main()
 
 
+def _mount_lab() -> None:
+    from lab.cli import lab_app
+
+    app.add_typer(lab_app, name="lab", help="The drill lab: a platform to recover on this machine.")
+
+
+_mount_lab()
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)

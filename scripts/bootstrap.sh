@@ -8,7 +8,7 @@ DEBIAN_PACKAGES=(
   prometheus                         # telemetry the gates read, promtool
   prometheus-blackbox-exporter
   redis-server postgresql            # cache and database (lab)
-  openssh-server iptables iproute2   # lab hosts and firewalls
+  openssh-server iptables iproute2 util-linux   # lab hosts, firewalls, PID namespaces
   chromium                           # browser test of the Temporal Web UI
 )
 

@@ -1,0 +1,374 @@
+"""`lab up` / `lab down` / `lab status`: build the whole drill platform in order, write the inventory, remove it all."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lab.hosts import create, destroy, leftovers, netns_usable, setup_ssh, ssh_target
+from lab.hosts.processes import pid_alive, start_daemon, wait_for_port
+from lab.hosts.shell import LabError, sh
+from lab.hosts.state import load_state
+from lab.inventory import (
+    DnsSteering, Endpoints, Executor, Host, Inventory, SecretRef, Telemetry, VaultLogin, write_inventory,
+)
+from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+from lab.services import (
+    STEER_NAME, STEER_ZONE, Secrets, consul_argv, edge_argv, internal_argv, node_agent_argv, nomad_argv,
+    players_argv, redis_args, vault_argv,
+)
+
+__all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "saved_config", "status", "up"]
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = "lab-files.json"
+CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down see the same ports
+# What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
+STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres")
+KV_SECRETS = {
+    "dns_tsig": ("coldstart/dns-tsig", "secret"),
+    "consul_token": ("coldstart/consul", "token"),
+    "nomad_token": ("coldstart/nomad", "token"),
+}
+
+
+def _env() -> None:
+    # Daemons run `python -m lab.*`; make that work whatever the caller's cwd is.
+    parts = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+
+
+def _wait_http(url: str, timeout: float = 15.0, headers: dict | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(url, timeout=1.0, headers=headers)
+            if r.status_code < 500:
+                return
+            last = r.status_code
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise LabError(f"{url} not answering after {timeout}s: {last!r}")
+
+
+def _write_manifest(cfg: LabConfig) -> None:
+    data = {"inventory": str(Path(cfg.inventory_path).resolve()), "subdirs": list(STATE_SUBDIRS)}
+    cfg.path(MANIFEST).write_text(json.dumps(data))
+
+
+# ---- pieces of `up` --------------------------------------------------------------------------
+def _maintenance_address(cfg: LabConfig) -> None:
+    ns = cfg.spec.netns("edge")
+    sh(["ip", "netns", "exec", ns, "ip", "addr", "replace", f"{cfg.maint_ip}/{cfg.subnet.prefixlen}", "dev", "eth0"])
+
+
+def _dns(cfg: LabConfig):
+    from lab.dns import PdnsPaths, PdnsSettings, prepare
+    from lab.dns.server import PdnsLab
+
+    settings = PdnsSettings(
+        zone=STEER_ZONE, steering_names=(STEER_NAME,), game_ip=cfg.ip("edge"), maint_ip=cfg.maint_ip,
+        start_percent=0, bind_address=cfg.ip("dns"), port=cfg.ports.dns,
+        axfr_from=(str(cfg.subnet), "127.0.0.0/8"),
+        # pdns' built-in webserver serves /metrics in Prometheus format; only the lab may ask.
+        extra={"webserver": "yes", "webserver-address": cfg.ip("dns"), "webserver-port": str(cfg.ports.pdns_web),
+               "webserver-allow-from": str(cfg.subnet)},
+    )
+    dns_dir = cfg.path("dns")
+    paths = PdnsPaths(dns_dir)
+    if paths.database.exists():
+        lab = PdnsLab(settings=settings, paths=paths)  # keep the zone: steering may have moved
+        paths.conf.write_text(lab.launch().conf_text)
+        return lab, None
+    lab = prepare(dns_dir, settings)
+    return lab, lab.key
+
+
+def _prometheus(cfg: LabConfig, sec: Secrets) -> Path:
+    from infra.telemetry import ScrapeTargets, write_prometheus_files
+
+    p = cfg.ports
+    targets = ScrapeTargets(
+        consul=[f"{cfg.ip(h)}:{p.consul_http}" for h in CONSUL_HOSTS],
+        nomad=[f"{cfg.ip('nomad')}:{p.nomad_http}"],
+        dns=[f"{cfg.ip('dns')}:{p.pdns_web}"],
+        cache=[f"{cfg.ip(h)}:{p.node_agent}" for h in CACHE_HOSTS],
+        game_edge=[f"{cfg.ip('edge')}:{p.edge_http}"],
+        players=[f"{cfg.ip('players')}:{p.players_metrics}"],
+        internal_load=[f"{cfg.ip('internal')}:{p.internal_metrics}"],
+        coldstart_worker=[cfg.worker_metrics] if cfg.worker_metrics else [],
+        telemetry=[f"{cfg.ip('prom')}:{p.prometheus}"],
+    )
+    prom_dir = cfg.path("prometheus")
+    # infra renders a fixed 10 s global scrape_timeout, so the global interval can't go below it;
+    # the lab scrapes faster per job (drills are short) and keeps rules at the global interval.
+    fast = {"scrape_interval": cfg.scrape_interval, "scrape_timeout": cfg.scrape_interval}
+    overrides: dict[str, dict] = {job: dict(fast) for job in targets.jobs()}
+    overrides["consul"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("consul-token"))}
+    files = write_prometheus_files(
+        prom_dir, targets, scrape_interval="10s", external_labels={"lab": cfg.prefix}, job_overrides=overrides,
+    )
+    return files["config"]
+
+
+def _seed_vault(cfg: LabConfig, sec: Secrets, tsig: Any) -> None:
+    headers = {"X-Vault-Token": sec.read("vault-root-token")}
+    values = {"consul_token": {"token": sec.read("consul-token")}, "nomad_token": {"token": sec.read("nomad-token")}}
+    if tsig is not None:
+        values["dns_tsig"] = tsig.as_dict()
+    for key, data in values.items():
+        path, _ = KV_SECRETS[key]
+        r = httpx.post(f"{cfg.vault_url}/v1/secret/data/{path}", json={"data": data}, headers=headers, timeout=5)
+        r.raise_for_status()
+
+
+def _register_cache_job(cfg: LabConfig) -> None:
+    import nomad
+
+    job = {
+        "ID": "cache", "Name": "cache", "Type": "service", "Datacenters": ["dc1"],
+        "TaskGroups": [{
+            "Name": "redis", "Count": len(CACHE_HOSTS),
+            "Tasks": [{"Name": "redis", "Driver": "raw_exec",
+                       "Config": {"command": shutil.which("redis-server") or "/usr/bin/redis-server",
+                                  "args": redis_args(cfg)}}],
+        }],
+    }
+    client = nomad.Nomad(host=cfg.ip("nomad"), port=cfg.ports.nomad_http, timeout=5)
+    client.job.register_job("cache", {"Job": job})
+
+
+def _scheduling_kv(cfg: LabConfig, sec: Secrets) -> None:
+    headers = {"X-Consul-Token": sec.read("consul-token")}
+    nodes = [f"{cfg.ip(h)}:{cfg.ports.redis}" for h in CACHE_HOSTS]
+    from lab.edge import SCHEDULING_KEY
+
+    r = httpx.put(f"{cfg.consul_url}/v1/kv/{SCHEDULING_KEY}", content=json.dumps({"nodes": nodes}),
+                  headers=headers, timeout=5)
+    r.raise_for_status()
+
+
+def up(cfg: LabConfig) -> dict[str, Any]:
+    """Create or complete the lab; safe to run again (running pieces are kept)."""
+    if reason := netns_usable():
+        raise LabError(f"cannot run the lab: {reason}")
+    from lab.postgres import initdb, postgres_argv, seed
+
+    _env()
+    t0 = time.monotonic()
+    spec = cfg.spec
+    cfg.path().mkdir(parents=True, exist_ok=True)
+    _write_manifest(cfg)  # before anything else: a crash from here on is still cleaned by `down`
+    create(spec)
+    _write_manifest(cfg)
+    cfg.path(CONFIG).write_text(cfg.model_dump_json())  # create() may have started from an empty dir
+    setup_ssh(spec)
+    _maintenance_address(cfg)
+    sec = Secrets(cfg)
+    sec.ensure()
+    for host in spec.ssh_hosts:
+        start_daemon(spec, host, "sshd", ["/usr/sbin/sshd", "-D", "-e", "-f",
+                                          str(cfg.path("ssh", host, "sshd_config"))])
+    # Launch everything that has no dependency at once, then wait.
+    consul = start_daemon(spec, "consul1", "consul", consul_argv(cfg, sec))
+    nomad_d = start_daemon(spec, "nomad", "nomad", nomad_argv(cfg))
+    vault = start_daemon(spec, "vault", "vault", vault_argv(cfg, sec))
+    dns_lab, tsig = _dns(cfg)
+    pdns = start_daemon(spec, "dns", "pdns", dns_lab.launch().argv)
+    pg_dir = cfg.path("postgres", "data")
+    initdb(pg_dir, str(cfg.subnet))
+    pg = start_daemon(spec, cfg.db_host, "postgres", postgres_argv(pg_dir, cfg.ip(cfg.db_host), cfg.ports.postgres))
+    prom_conf = _prometheus(cfg, sec)
+    prom_args = ["/usr/bin/prometheus", f"--config.file={prom_conf}",
+                 f"--storage.tsdb.path={cfg.path('prometheus', 'data')}",
+                 f"--web.listen-address={cfg.ip('prom')}:{cfg.ports.prometheus}",
+                 "--storage.tsdb.retention.time=1d", "--web.enable-lifecycle"]
+    old = load_state(cfg.state_dir).daemons.get("prom/prometheus")
+    prom = start_daemon(spec, "prom", "prometheus", prom_args)
+    if old is not None and old.pid == prom.pid:
+        os.kill(prom.pid, signal.SIGHUP)  # already running: pick up a re-rendered config
+
+    for host in spec.ssh_hosts:
+        wait_for_port(str(spec.address(host)), 22, timeout=10)
+    for host in CONSUL_HOSTS:
+        wait_for_port(cfg.ip(host), cfg.ports.consul_http, timeout=15, pid=consul.pid)
+    wait_for_port(cfg.ip("nomad"), cfg.ports.nomad_http, timeout=15, pid=nomad_d.pid)
+    wait_for_port(cfg.ip("vault"), cfg.ports.vault_http, timeout=15, pid=vault.pid)
+    _seed_vault(cfg, sec, tsig)
+    if tsig is not None:
+        dns_lab.paths.key.unlink(missing_ok=True)  # the secret now lives in Vault (and pdns' db) only
+    _register_cache_job(cfg)
+    _scheduling_kv(cfg, sec)
+    wait_for_port(cfg.ip(cfg.db_host), cfg.ports.postgres, timeout=20, pid=pg.pid)
+    added = seed(f"postgresql://postgres@{cfg.ip(cfg.db_host)}:{cfg.ports.postgres}/postgres", cfg.seed_players)
+    for host in CACHE_HOSTS:
+        wait_for_port(cfg.ip(host), cfg.ports.redis, timeout=15)
+
+    edge = start_daemon(spec, "edge", "edge", edge_argv(cfg, sec))
+    agents = [start_daemon(spec, h, "node-agent", node_agent_argv(cfg, h)) for h in CACHE_HOSTS]
+    players = start_daemon(spec, "players", "players",
+                           players_argv(cfg, cfg.players_rps, cfg.load_duration_s, cfg.players_clients))
+    internal = start_daemon(spec, "internal", "internal-load",
+                            internal_argv(cfg, sec, cfg.internal_rps, cfg.load_duration_s))
+    from lab.dns import wait_until_answering
+
+    wait_until_answering(dns_lab, timeout=15)
+    wait_for_port(cfg.ip("edge"), cfg.ports.edge_http, timeout=15, pid=edge.pid)
+    wait_for_port(cfg.maint_ip, cfg.ports.edge_http, timeout=5, pid=edge.pid)
+    for host, agent in zip(CACHE_HOSTS, agents):
+        wait_for_port(cfg.ip(host), cfg.ports.node_agent, timeout=15, pid=agent.pid)
+    wait_for_port(cfg.ip("players"), cfg.ports.players_metrics, timeout=15, pid=players.pid)
+    wait_for_port(cfg.ip("internal"), cfg.ports.internal_metrics, timeout=15, pid=internal.pid)
+    _wait_http(f"{cfg.prometheus_url}/-/ready", timeout=20)
+    if not pid_alive(pdns.pid):
+        raise LabError(f"pdns exited; see {pdns.log}")
+
+    inventory = build_inventory(cfg, sec)
+    path = write_inventory(inventory, cfg.inventory_path)
+    info = {
+        "seconds": round(time.monotonic() - t0, 2),
+        "inventory": str(path.resolve()),
+        "state_dir": str(cfg.path()),
+        "players_seeded": added,
+        "prometheus": cfg.prometheus_url,
+        "consul": [cfg.url(h, cfg.ports.consul_http) for h in CONSUL_HOSTS],
+        "nomad": cfg.nomad_url,
+        "vault": cfg.vault_url,
+        "dns": cfg.dns_server,
+        "game": f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}",
+        "maintenance": f"http://{cfg.maint_ip}:{cfg.ports.edge_http}",
+        "postgres": f"{cfg.ip(cfg.db_host)}:{cfg.ports.postgres}",
+        "ssh": [f"root@{spec.address(h)} (key {cfg.path('ssh', 'client_ed25519')})" for h in spec.ssh_hosts],
+        # Real agents are not driven yet (none is installed here to build against): always stand-ins.
+        "agents": "stand-ins" + (f" (found {', '.join(_real_agents())} on PATH: not used)" if _real_agents() else ""),
+    }
+    return info
+
+
+def _real_agents() -> list[str]:
+    return [b for b in ("consul", "nomad", "vault") if shutil.which(b)]
+
+
+def build_inventory(cfg: LabConfig, sec: Secrets) -> Inventory:
+    spec = cfg.spec
+    roles = {h: [h.rstrip("0123456789")] for h in spec.hosts}
+    roles.update({h: ["consul-server"] for h in CONSUL_HOSTS})
+    roles.update({h: ["cache", "nomad-client"] for h in CACHE_HOSTS})
+    roles[cfg.container_host].append("containers")
+    roles["db"] = ["database"]
+    hosts: dict[str, Host] = {}
+    for name in spec.hosts:
+        if name in spec.ssh_hosts:
+            t = ssh_target(spec, name)
+            ex = Executor(kind="ssh", address=t.address, port=t.port, user=t.user, key_path=t.key_path,
+                          known_hosts=t.known_hosts)
+        else:
+            ex = Executor(kind="netns", netns=spec.netns(name))
+        hosts[name] = Host(address=cfg.ip(name), roles=roles[name], executor=ex)
+    secret_refs = {k: SecretRef(address=cfg.vault_url, path=p, field=f) for k, (p, f) in KV_SECRETS.items()}
+    p = cfg.ports
+    return Inventory(
+        name="lab", drill=True,
+        description=f"coldstart drill lab on {cfg.subnet} (state {cfg.path()})",
+        telemetry=Telemetry(prometheus=cfg.prometheus_url),
+        endpoints=Endpoints(
+            consul=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], nomad=[cfg.nomad_url], vault=[cfg.vault_url],
+            dns=[cfg.dns_server], game=[f"http://{cfg.ip('edge')}:{p.edge_http}"],
+            maintenance=[f"http://{cfg.maint_ip}:{p.edge_http}"],
+            cache=[f"{cfg.ip(h)}:{p.redis}" for h in CACHE_HOSTS],
+            database=[f"postgresql://postgres@{cfg.ip(cfg.db_host)}:{p.postgres}/postgres"],
+            extra={"node_agents": [f"http://{cfg.ip(h)}:{p.node_agent}" for h in CACHE_HOSTS]},
+        ),
+        hosts=hosts,
+        ports={"consul": [p.consul_http], "nomad": [p.nomad_http], "vault": [p.vault_http]},
+        secrets=secret_refs,
+        vault=VaultLogin(address=cfg.vault_url, approle_role_id_file=str(sec.file("worker-role-id")),
+                         approle_secret_id_file=str(sec.file("worker-secret-id"))),
+        dns=DnsSteering(zone=STEER_ZONE, name=STEER_NAME, servers=[cfg.dns_server], game_ip=cfg.ip("edge"),
+                        maint_ip=cfg.maint_ip, tsig_key_name="coldstart-steer.", tsig_secret=secret_refs["dns_tsig"]),
+        facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
+               "nomad_job": "cache", "real_agents": _real_agents()},
+    )
+
+
+# ---- down / status -------------------------------------------------------------------------------
+def _signal_daemons(cfg: LabConfig) -> None:
+    """Ask every recorded daemon to stop at once (postgres: fast shutdown) and wait a little;
+    destroy() then SIGKILLs whatever is left, so `down` stays quick even with a stuck daemon."""
+    state = load_state(cfg.state_dir)
+    live = [(r.pid, r.starttime) for r in state.daemons.values() if pid_alive(r.pid, r.starttime)]
+    for key, r in state.daemons.items():
+        if pid_alive(r.pid, r.starttime):
+            try:
+                os.kill(r.pid, signal.SIGINT if r.name == "postgres" else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and any(pid_alive(p, s) for p, s in live):
+        time.sleep(0.05)
+
+
+def down(cfg: LabConfig) -> list[str]:
+    """Remove processes, namespaces, rules and files of the lab; works after a crash."""
+    removed: list[str] = []
+    manifest: dict[str, Any] = {}
+    try:
+        manifest = json.loads(cfg.path(MANIFEST).read_text())
+    except (OSError, ValueError):
+        pass
+    _signal_daemons(cfg)
+    removed += destroy(cfg.spec)
+    for sub in manifest.get("subdirs", STATE_SUBDIRS):
+        path = cfg.path(sub)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(f"dir {path}")
+    inv = Path(manifest.get("inventory") or cfg.inventory_path)
+    if inv.exists() and _is_our_inventory(inv, cfg):
+        inv.unlink()
+        removed.append(f"file {inv}")
+    cfg.path(MANIFEST).unlink(missing_ok=True)
+    cfg.path(CONFIG).unlink(missing_ok=True)
+    return removed
+
+
+def saved_config(state_dir: Path) -> LabConfig | None:
+    """The config the running lab was built with, if any."""
+    try:
+        return LabConfig.model_validate_json((Path(state_dir) / CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_our_inventory(path: Path, cfg: LabConfig) -> bool:
+    # Never delete a hand-written or production inventory that happens to share the path.
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, ValueError):
+        return False
+    return data.get("drill") is True and (data.get("facts") or {}).get("state_dir") == str(cfg.path())
+
+
+def status(cfg: LabConfig) -> dict[str, Any]:
+    state = load_state(cfg.state_dir)
+    daemons = {k: {"pid": r.pid, "alive": pid_alive(r.pid, r.starttime), "log": r.log} for k, r in state.daemons.items()}
+    return {
+        "state_dir": str(cfg.path()),
+        "inventory": str(Path(cfg.inventory_path).resolve()) if Path(cfg.inventory_path).exists() else None,
+        "daemons": daemons,
+        "netns": state.netns,
+        "leftovers": leftovers(cfg.spec),
+        "prometheus": cfg.prometheus_url,
+    }
+

@@ -1,0 +1,1 @@
+"""Drill lab tests (root only)."""

@@ -1,0 +1,48 @@
+"""One lab per test session on its own prefix/bridge/subnet, always torn down."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab.hosts import netns_usable
+from lab.settings import LabConfig
+
+__all__ = ["lab"]
+
+# Not the default names: a developer's running lab (cs/csbr0/10.213.0.0/24) is left alone.
+TEST_LAB = dict(prefix="cst", bridge="cstbr0", veth_prefix="cstv", subnet="10.214.0.0/24")
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the drill lab needs root"
+    for tool in ("redis-server", "prometheus", "pdns_server", "setpriv", "unshare"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            return f"{tool} not installed"
+    if not Path("/usr/lib/postgresql/15/bin/initdb").exists():
+        return "postgresql-15 not installed"
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return "asyncpg not installed"
+    return netns_usable()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    if reason := _skip_reason():
+        pytest.skip(reason)
+    from lab.lifecycle import down, up
+
+    root = tmp_path_factory.mktemp("lab")
+    cfg = LabConfig(state_dir=root / "state", inventory_path=root / "targets" / "lab.yaml",
+                    players_rps=40, internal_rps=30, preempt_notice_s=2.0, **TEST_LAB)
+    try:
+        info = up(cfg)
+        yield cfg, info
+    finally:
+        down(cfg)

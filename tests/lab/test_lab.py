@@ -1,0 +1,240 @@
+"""The lab end to end: inventory, scrapes, cache-aside, faults in metrics, firewall vs internal load, clean teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from lab.inventory import load_inventory_file
+from lab.services import Secrets
+
+pytestmark = pytest.mark.timeout(150)
+
+JOBS = {"consul", "nomad", "dns", "cache", "game_edge", "players", "internal_load", "telemetry"}
+
+
+def scrape(url: str, headers: dict | None = None) -> dict[str, float]:
+    """Parse a /metrics page into {'name{labels}': value}."""
+    out = {}
+    for line in httpx.get(url, headers=headers, timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def eventually(check, timeout: float = 20.0, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout}s (last: {value!r})")
+        time.sleep(every)
+
+
+def test_inventory_written_and_valid(lab):
+    cfg, info = lab
+    inv = load_inventory_file(cfg.inventory_path)
+    assert inv.drill is True and inv.name == "lab"
+    assert inv.telemetry.prometheus == cfg.prometheus_url
+    for host in ("consul1", "consul2", "consul3"):
+        ex = inv.hosts[host].executor
+        assert ex.kind == "ssh" and ex.key_path and ex.known_hosts
+    assert inv.dns.tsig_secret.path == "coldstart/dns-tsig"
+    # The secrets the inventory names really are in the lab's Vault.
+    token = Secrets(cfg).read("vault-root-token")
+    for ref in inv.secrets.values():
+        r = httpx.get(f"{ref.address}/v1/{ref.mount}/data/{ref.path}", headers={"X-Vault-Token": token})
+        assert r.status_code == 200 and ref.field in r.json()["data"]["data"]
+    # The worker's approle logs in.
+    login = httpx.post(f"{cfg.vault_url}/v1/auth/approle/login", json={
+        "role_id": open(inv.vault.approle_role_id_file).read().strip(),
+        "secret_id": open(inv.vault.approle_secret_id_file).read().strip()})
+    assert login.status_code == 200 and login.json()["auth"]["client_token"]
+
+
+def test_ssh_executor_reaches_consul_host(lab):
+    from activities.executors import HostTarget, executor_for
+
+    cfg, _ = lab
+    inv = load_inventory_file(cfg.inventory_path)
+    target = HostTarget(name="consul1", **inv.hosts["consul1"].executor.model_dump(exclude_none=True))
+
+    async def run():
+        async with executor_for(target) as ex:
+            return await ex.run(["ip", "-4", "-o", "addr", "show", "dev", "eth0"])
+
+    rc, out, _ = asyncio.run(run())
+    assert rc == 0 and cfg.ip("consul1") in out
+
+
+def test_prometheus_scrapes_all_targets(lab):
+    cfg, _ = lab
+
+    def all_up():
+        res = httpx.get(f"{cfg.prometheus_url}/api/v1/query", params={"query": "up"}).json()["data"]["result"]
+        jobs = {r["metric"]["job"] for r in res}
+        return jobs >= JOBS and all(r["value"][1] == "1" for r in res) and res
+
+    result = eventually(all_up, timeout=30)
+    assert len(result) == 12  # 3 consul, nomad, dns, 3 cache agents, edge, players, internal, prometheus
+
+
+def test_game_edge_miss_then_hit(lab):
+    cfg, _ = lab
+    metrics = f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}/metrics"
+    before = scrape(metrics)
+    # Players are at 0 % (maintenance), so this player id is only read here.
+    for _ in range(2):
+        r = httpx.get(f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}/play", params={"player": "1999"})
+        assert r.status_code == 200 and r.json()["id"] == 1999
+    after = scrape(metrics)
+    assert after['game_cache_requests_total{result="miss"}'] - before['game_cache_requests_total{result="miss"}'] >= 1
+    assert after['game_cache_requests_total{result="hit"}'] - before['game_cache_requests_total{result="hit"}'] >= 1
+    assert after["game_db_queries_total"] > before["game_db_queries_total"]
+    maint = httpx.get(f"http://{cfg.maint_ip}:{cfg.ports.edge_http}/")
+    assert maint.status_code == 503 and "maintenance" in maint.text
+
+
+def test_players_see_maintenance_at_zero_percent(lab):
+    cfg, _ = lab
+    url = f"http://{cfg.ip('players')}:{cfg.ports.players_metrics}/metrics"
+    m = eventually(lambda: (m := scrape(url))['coldstart_players_requests_total{outcome="maintenance"}'] > 0 and m)
+    assert m["coldstart_players_admitted_fraction"] == 0.0
+    assert m["coldstart_players_target_percent"] == 0.0
+
+
+def _consul_metrics(cfg, server="consul1"):
+    token = Secrets(cfg).read("consul-token")
+    return scrape(f"{cfg.url(server, cfg.ports.consul_http)}/v1/agent/metrics?format=prometheus",
+                  headers={"X-Consul-Token": token})
+
+
+def _q(metrics: dict, name: str) -> float:
+    return max(v for k, v in metrics.items() if k.startswith(name) and 'quantile="0.5"' in k)
+
+
+def test_fault_consul_contention_and_slow_leader(lab):
+    from lab.faults import inject
+
+    cfg, _ = lab
+    base = _q(_consul_metrics(cfg), "consul_kvs_apply")
+    inject(cfg, "consul-contention")
+    try:
+        eventually(lambda: _q(_consul_metrics(cfg), "consul_kvs_apply") > max(300.0, 5 * base), timeout=20)
+    finally:
+        inject(cfg, "clear")
+    base_contact = _q(_consul_metrics(cfg), "consul_raft_leader_lastContact")
+    inject(cfg, "slow-leader")
+    try:
+        eventually(lambda: _q(_consul_metrics(cfg), "consul_raft_leader_lastContact") > 5 * base_contact, timeout=20)
+    finally:
+        inject(cfg, "clear")
+
+
+def test_fault_cold_cache_and_stale_scheduling(lab):
+    from lab.faults import inject
+
+    cfg, _ = lab
+    agent = lambda h: scrape(f"http://{cfg.ip(h)}:{cfg.ports.node_agent}/metrics")  # noqa: E731
+    play = lambda p: httpx.get(f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}/play", params={"player": str(p)})  # noqa: E731
+    for p in range(1, 30):
+        play(p)
+    assert sum(agent(h)["coldstart_lab_redis_keys"] for h in ("cache1", "cache2", "cache3")) > 0
+    inject(cfg, "cold-cache")
+    assert sum(agent(h)["coldstart_lab_redis_keys"] for h in ("cache1", "cache2", "cache3")) == 0
+
+    edge = f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}"
+    result = inject(cfg, "stale-scheduling-data")
+    # The edge follows Consul within its 2 s refresh; then every read fails over to the database.
+    eventually(lambda: httpx.get(f"{edge}/healthz").json()["cache_nodes"] == result["restored_nodes"], timeout=10)
+    before = scrape(f"{edge}/metrics")
+    for _ in range(2):
+        assert play(5).status_code == 200
+    after = scrape(f"{edge}/metrics")
+    assert after['game_cache_requests_total{result="hit"}'] == before['game_cache_requests_total{result="hit"}']
+    assert after["game_db_queries_total"] - before["game_db_queries_total"] >= 2
+    errors = sum(v for k, v in after.items() if k.startswith("game_cache_errors_total"))
+    assert errors > 0
+    # Put the right placement back for the tests after this one.
+    from lab.lifecycle import _scheduling_kv
+
+    _scheduling_kv(cfg, Secrets(cfg))
+
+
+def test_fault_unhealthy_node_eligible(lab):
+    from lab.faults import inject
+
+    cfg, _ = lab
+    url = f"{cfg.nomad_url}/v1/metrics?format=prometheus"
+    inject(cfg, "unhealthy-node-eligible", target="cache2")
+    try:
+        def failed():
+            m = scrape(url)
+            return [k for k, v in m.items() if k.startswith("nomad_client_allocations_failed") and v > 0
+                    and 'node_scheduling_eligibility="eligible"' in k and 'node_status="ready"' in k]
+        assert eventually(failed, timeout=15)
+    finally:
+        inject(cfg, "clear")
+
+
+def test_fault_preempted_host(lab):
+    from lab.faults import inject
+
+    cfg, _ = lab
+    url = f"http://{cfg.ip(cfg.container_host)}:{cfg.ports.node_agent}/metrics"
+    before = scrape(url)
+    assert before["coldstart_lab_containers_running"] == cfg.containers
+    inject(cfg, "preempted-host", notice_s=2.0)
+    assert 0 <= scrape(url)["coldstart_lab_preemption_notice_seconds"] <= 2.0
+    after = eventually(lambda: (m := scrape(url))["coldstart_lab_containers_running"] == 0 and m, timeout=10)
+    assert after['coldstart_lab_containers_stopped_total{how="forced"}'] == cfg.containers
+    # Killing each PID namespace's init took everything inside with it, at once.
+    assert after['coldstart_lab_container_stop_seconds{how="forced"}'] < 2.0
+
+
+def test_firewall_block_stops_internal_consul_traffic(lab):
+    from activities.executors import HostTarget
+    from activities.firewall import BlockInput, UnblockInput, block, unblock
+
+    cfg, _ = lab
+    url = f"http://{cfg.ip('internal')}:{cfg.ports.internal_metrics}/metrics"
+    hosts = [HostTarget(name=h, kind="netns", netns=cfg.spec.netns(h)) for h in ("consul1", "consul2", "consul3")]
+    err = 'coldstart_internal_consul_requests_total{outcome="error"}'
+    ok = 'coldstart_internal_consul_requests_total{outcome="ok"}'
+    before = scrape(url)
+    asyncio.run(block(BlockInput(hosts=hosts, ports=[cfg.ports.consul_http],
+                                 allow=[{"name": "controller", "cidrs": [f"{cfg.spec.gateway}/32"]}])))
+    try:
+        blocked = eventually(lambda: (m := scrape(url))[err] - before[err] >= 10 and m, timeout=15)
+        time.sleep(1.0)
+        still = scrape(url)
+        assert still[ok] - blocked[ok] <= 2  # nothing (beyond in-flight calls) gets through
+    finally:
+        asyncio.run(unblock(UnblockInput(hosts=hosts)))
+    eventually(lambda: scrape(url)[ok] > still[ok] + 10, timeout=15)
+
+
+def test_steering_admits_players(lab):
+    """dns.steer.set to 50 % through the lab's Vault-held TSIG key: about half the clients play."""
+    from activities.dns import SteerSetInput, steer_set
+
+    cfg, _ = lab
+    inv = load_inventory_file(cfg.inventory_path)
+    ref = inv.dns.tsig_secret.model_dump() | {"token_file": str(Secrets(cfg).file("vault-root-token"))}
+    inp = SteerSetInput(zone=inv.dns.zone, name=inv.dns.name, servers=inv.dns.servers, game_ip=inv.dns.game_ip,
+                        maint_ip=inv.dns.maint_ip, percent=50, tsig_key_name=inv.dns.tsig_key_name, tsig_secret=ref)
+    out = asyncio.run(steer_set(inp))
+    assert out.percent == 50
+    url = f"http://{cfg.ip('players')}:{cfg.ports.players_metrics}/metrics"
+    eventually(lambda: scrape(url)["coldstart_players_target_percent"] == 50, timeout=15)
+    # pdns' packet cache (20 s) can answer part of a sweep with the old record: allow it to settle.
+    eventually(lambda: 0.4 < scrape(url)["coldstart_players_admitted_fraction"] < 0.6, timeout=30)
+    eventually(lambda: scrape(url)['coldstart_players_requests_total{outcome="admitted"}'] > 0, timeout=10)
+    asyncio.run(steer_set(inp.model_copy(update={"percent": 0})))

@@ -1,0 +1,63 @@
+"""`down` leaves nothing behind, also after a crash mid-`up`."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lab.settings import LabConfig
+from tests.lab.conftest import _skip_reason
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _pids_in(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{prefix}-")]
+
+
+def test_up_down_leaves_nothing(tmp_path):
+    if reason := _skip_reason():
+        pytest.skip(reason)
+    from lab.hosts.state import load_state
+    from lab.hosts.processes import pid_alive
+    from lab.lifecycle import down, up
+
+    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="csd",
+                    bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
+    try:
+        up(cfg)
+        daemons = list(load_state(cfg.state_dir).daemons.values())
+        assert len(daemons) == 15  # 3 sshd, 3 stand-ins, pdns, postgres, prometheus, edge, 3 agents, 2 loads
+        up(cfg)  # idempotent: a second up keeps the same daemons
+        assert {d.pid for d in load_state(cfg.state_dir).daemons.values()} == {d.pid for d in daemons}
+    finally:
+        removed = down(cfg)
+    assert removed
+    assert not _pids_in("csd")
+    assert not any(pid_alive(d.pid, d.starttime) for d in daemons)
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    assert "csdbr0" not in rules and "CSLAB-csdbr0" not in rules
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "csdbr0" not in links and "csdv" not in links
+    assert not cfg.inventory_path.exists()
+    # Only the documented leftovers: the logs for the post-mortem.
+    assert sorted(p.name for p in cfg.state_dir.iterdir()) == ["logs"]
+
+
+def test_down_after_crash_without_state_file(tmp_path):
+    if reason := _skip_reason():
+        pytest.skip(reason)
+    from lab.hosts.state import state_path
+    from lab.lifecycle import down, up
+
+    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="cse",
+                    bridge="csebr0", veth_prefix="csev", subnet="10.216.0.0/24")
+    try:
+        up(cfg)
+        state_path(cfg.state_dir).unlink()  # the crash lost the record of what runs
+    finally:
+        down(cfg)
+    assert not _pids_in("cse")
+    assert "csebr0" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
