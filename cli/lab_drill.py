@@ -1,0 +1,239 @@
+"""Drills against the lab: bring it up, inject the outage, run the runbook as a drill, report, tear down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from activities.catalog import load_registry
+from cli import render
+from cli.connection import connect
+from cli.drill import _auto_approve, free_port, start_process
+from cli.runs import start_run
+from cli.timeline import build_timeline, render_markdown
+from workflows.contract import RunStatus
+from workflows.loader import plan_run
+from workflows.search import dev_server_flags
+
+__all__ = ["DRILLS", "DrillSpec", "LabDrillReport", "run_lab_drill"]
+
+
+@dataclass(frozen=True)
+class DrillSpec:
+    """A drill: the runbook, the outage injected before it, and the parameters that shrink its waits."""
+
+    runbook: Path
+    faults: tuple[str, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+DRILLS: dict[str, DrillSpec] = {
+    "consul-cold-start": DrillSpec(
+        runbook=Path("runbooks/consul-cold-start.yaml"),
+        faults=("consul-contention", "slow-leader", "stale-scheduling-data", "unhealthy-node-eligible", "cold-cache"),
+        params={},  # filled from runbooks/consul-cold-start.drill.yaml when present
+    ),
+}
+
+
+@dataclass
+class LabDrillReport:
+    outcome: str
+    wall_seconds: float
+    configured_wait_seconds: float
+    phases: list[tuple[str, float]]
+    gates: list[tuple[str, str, int, int, str]]
+    ramp: list[tuple[int, float | None]]
+    timeline_markdown: str
+    report_path: Path
+    plot_path: Path | None
+
+
+def _vault_token(inventory: dict[str, Any]) -> str:
+    """Log the worker in with the lab's AppRole: the token lives in the worker's environment only."""
+    import hvac
+
+    login = inventory["vault"]
+    client = hvac.Client(url=login["address"])
+    role_id = Path(login["approle_role_id_file"]).read_text().strip()
+    secret_id = Path(login["approle_secret_id_file"]).read_text().strip()
+    return client.auth.approle.login(role_id=role_id, secret_id=secret_id)["auth"]["client_token"]
+
+
+def _admitted_curve(prometheus: str, start: float, end: float) -> list[tuple[float, float, float]]:
+    """(time, target %, admitted %) from the players generator, read back from Prometheus."""
+    series: dict[str, dict[float, float]] = {}
+    for name, query in (("target", "max(coldstart_players_target_percent)"),
+                        ("admitted", "max(coldstart_players_admitted_fraction) * 100")):
+        response = httpx.get(f"{prometheus}/api/v1/query_range",
+                             params={"query": query, "start": start, "end": end, "step": "2s"}, timeout=10)
+        result = response.json().get("data", {}).get("result", [])
+        series[name] = {float(t): float(v) for t, v in result[0]["values"]} if result else {}
+    return [(t, series["target"][t], series["admitted"].get(t, float("nan"))) for t in sorted(series["target"])]
+
+
+def _plot(curve: list[tuple[float, float, float]], path: Path) -> Path | None:
+    if not curve:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = curve[0][0]
+    figure, axis = plt.subplots(figsize=(8, 4))
+    axis.step([t - t0 for t, _, _ in curve], [c[1] for c in curve], where="post", label="target %")
+    axis.plot([t - t0 for t, _, _ in curve], [c[2] for c in curve], marker=".", label="admitted %")
+    axis.set_xlabel("seconds into the drill")
+    axis.set_ylabel("players %")
+    axis.set_ylim(0, 105)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    axis.set_title("Player ramp: admitted players against the DNS steering target")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interactive: bool = False,
+                        keep: bool = False) -> LabDrillReport:
+    import yaml
+
+    from lab import faults as lab_faults
+    from lab import lifecycle
+    from lab.settings import LabConfig
+    from worker import build_worker
+
+    spec = DRILLS[name]
+    overrides = spec.runbook.with_suffix(".drill.yaml")
+    params = dict(spec.params)
+    if overrides.exists():
+        params.update((yaml.safe_load(overrides.read_text()) or {}).get("params", {}))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    targets = state_dir / "targets"
+    metrics_port = free_port()
+    cfg = LabConfig(state_dir=state_dir / "lab", inventory_path=targets / "lab.yaml")
+    cfg = cfg.model_copy(update={"worker_metrics": f"{cfg.spec.gateway}:{metrics_port}"})
+    started = time.monotonic()
+    console.print("lab: bringing up the platform (network namespaces, stand-ins, PowerDNS, Prometheus, Redis, PostgreSQL)")
+    info = await asyncio.to_thread(lifecycle.up, cfg)
+    try:
+        console.print(f"lab up in {info['seconds']} s; inventory {info['inventory']}", highlight=False)
+        for fault in spec.faults:
+            await asyncio.to_thread(lab_faults.inject, cfg, fault)
+            console.print(f"injected {fault}", highlight=False)
+        inventory = yaml.safe_load(Path(info["inventory"]).read_text())
+        os.environ["VAULT_TOKEN"] = await asyncio.to_thread(_vault_token, inventory)
+        temporal_port, ui_port = free_port(), free_port()
+        temporal = str(Path(sys.prefix) / "bin" / "temporal")
+        with start_process(
+            [temporal, "server", "start-dev", "--db-filename", str(state_dir / "temporal.db"), "--port", str(temporal_port),
+             "--ui-port", str(ui_port), "--ip", "127.0.0.1", *dev_server_flags(), "--log-level", "error"],
+            log=state_dir / "temporal.log", port=temporal_port,
+        ):
+            runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=cfg.worker_metrics)))
+            client = await connect(runtime=runtime, target_host=f"127.0.0.1:{temporal_port}", namespace="default")
+            run = plan_run(spec.runbook, registry=load_registry(), targets_dir=targets, params=params,
+                           initiator=os.environ.get("COLDSTART_USER", "drill"), drill=True)
+            if not run.target.get("drill"):
+                raise RuntimeError(f"target {run.target_name} is not a drill target")
+            queue = f"coldstart-drill-{os.getpid()}"
+            ramp_started = time.time()
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(build_worker(client, queue))
+                handle = await start_run(client, run, queue)
+                console.print(f"drill run {handle.id}; Web UI http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
+                              highlight=False)
+                approver = None if interactive else asyncio.create_task(_auto_approve(client, handle.id, console))
+                code = await render.follow(client, handle.id, console)
+                if approver:
+                    approver.cancel()
+                status = await handle.query("status", result_type=RunStatus)
+            timeline = await build_timeline(client, handle.id)
+        curve = await asyncio.to_thread(_admitted_curve, inventory["telemetry"]["prometheus"], ramp_started, time.time())
+    finally:
+        if not keep:
+            await asyncio.to_thread(lifecycle.down, cfg)
+            console.print("lab down")
+    wall = time.monotonic() - started
+    markdown = render_markdown(timeline)
+    report_path = state_dir / "report.md"
+    plot_path = _plot(curve, state_dir / "ramp.png")
+    phases = [(s.id, ((s.ended_at or s.started_at) - s.started_at).total_seconds()) for s in status.steps if s.started_at]
+    gates = []
+    for step in status.steps:
+        by_gate: dict[str, list[Any]] = {}
+        for reading in step.readings:
+            by_gate.setdefault(reading.gate, []).append(reading)
+        for gate, readings in by_gate.items():
+            values = ", ".join("none" if r.value is None else f"{r.value:g}" for r in readings[-6:])
+            gates.append((step.id, gate, len(readings), sum(r.passed for r in readings), values))
+    ramp = []
+    for t, target, admitted in curve:
+        if not ramp or ramp[-1][0] != int(target):
+            ramp.append((int(target), admitted))
+        else:
+            ramp[-1] = (int(target), admitted)
+    verified = code == 0 and any(s.kind == "ramp" and s.percent == 100 for s in status.steps)
+    report_path.write_text(markdown)
+    return LabDrillReport(
+        outcome="succeeded" if verified else status.state,
+        wall_seconds=wall,
+        configured_wait_seconds=_configured_waits(run),
+        phases=phases,
+        gates=gates,
+        ramp=ramp,
+        timeline_markdown=markdown,
+        report_path=report_path,
+        plot_path=plot_path,
+    )
+
+
+def _configured_waits(run: Any) -> float:
+    """The sum of the waits the runbook asks for (waits, bakes, ramp bakes), for the overhead ratio."""
+    from workflows.spec import ParallelStep, RampStep, WaitStep
+
+    total = 0.0
+    for step in run.runbook.steps:
+        if isinstance(step, WaitStep):
+            total += step.wait.total_seconds()
+        elif isinstance(step, RampStep):
+            total += step.ramp.bake.total_seconds() * len(step.ramp.schedule())
+        elif isinstance(step, ParallelStep):
+            total += max((s.wait.total_seconds() for s in step.parallel if isinstance(s, WaitStep)), default=0.0)
+        gate = getattr(step, "gate", None)
+        if gate is not None and gate.bake:
+            total += gate.bake.total_seconds()
+    return total
+
+
+def print_report(console: Console, report: LabDrillReport) -> None:
+    phases = Table("phase (step)", "seconds")
+    for step, seconds in report.phases:
+        phases.add_row(step, f"{seconds:.1f}")
+    console.print(phases)
+    gates = Table("step", "gate", "readings", "passed", "last values")
+    for row in report.gates:
+        gates.add_row(row[0], row[1], str(row[2]), str(row[3]), row[4])
+    console.print(gates)
+    if report.ramp:
+        ramp = Table("target %", "admitted %", "")
+        for target, admitted in report.ramp:
+            bar = "#" * int((admitted if admitted == admitted else 0) / 2)
+            ramp.add_row(str(target), "n/a" if admitted != admitted else f"{admitted:.1f}", bar)
+        console.print(ramp)
+    console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s (configured waits {report.configured_wait_seconds:.1f} s); "
+                  f"timeline {report.report_path}" + (f"; ramp plot {report.plot_path}" if report.plot_path else ""),
+                  highlight=False)
