@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -177,3 +178,21 @@ async def test_continue_as_new_keeps_outputs_and_state(task_queue, tmp_path):
     labels = support.lines(out)
     assert len(labels) == 12
     assert labels[-1].endswith(f"s11 after {labels[0]}")
+
+
+async def test_abort_cancels_a_long_running_action(env, task_queue, tmp_path):
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: long-action}
+        target: t
+        steps:
+          - id: slow
+            action: core.wait
+            with: {seconds: 120, heartbeat_every: 0.2}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _step_status(handle, "slow", "running"))
+        await handle.execute_update("abort", ControlRequest(actor="op", reason="wrong target"))
+        with pytest.raises(Exception) as failure:
+            await asyncio.wait_for(handle.result(), timeout=20)
+        assert "aborted by op: wrong target" in str(failure.value.cause)

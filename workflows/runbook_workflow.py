@@ -409,14 +409,26 @@ class RunbookWorkflow:
     async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
         action = self._inp.actions[step.action]
         args = self._resolve(step.with_)
-        outputs = await _execute_action(
-            action,
-            args,
-            activity_id=self._next_id(step.id),
-            summary=f"{step.id}: {step.action} {json.dumps(args, default=str)[:200]}",
-            timeout=step.timeout,
-            retry=step.retry if step.on_failure == OnFailure.retry else None,
+        running = asyncio.ensure_future(
+            _execute_action(
+                action,
+                args,
+                activity_id=self._next_id(step.id),
+                summary=f"{step.id}: {step.action} {json.dumps(args, default=str)[:200]}",
+                timeout=step.timeout,
+                retry=step.retry if step.on_failure == OnFailure.retry else None,
+            )
         )
+        # An abort does not wait for a long action: the activity is cancelled (it sees it at its next heartbeat).
+        await workflow.wait_condition(lambda: running.done() or self._abort is not None)
+        if not running.done():
+            running.cancel()
+            try:
+                await running
+            except (asyncio.CancelledError, StepFailed):
+                pass
+            raise RunAborted()
+        outputs = running.result()
         self._remember_undo(step, action, args, outputs)
         return outputs
 
