@@ -8,7 +8,15 @@ from activities.registry import Registry, default_registry
 
 __all__ = ["ACTION_MODULES", "load_registry"]
 
-ACTION_MODULES = ["activities.core", "activities.telemetry", "activities.firewall", "activities.dns"]
+ACTION_MODULES = [
+    "activities.core",
+    "activities.telemetry",
+    "activities.firewall",
+    "activities.dns",
+    "activities.consul",
+    "activities.nomad",
+    "activities.vault",
+]
 
 
 def load_registry() -> Registry:

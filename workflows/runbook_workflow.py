@@ -409,16 +409,21 @@ class RunbookWorkflow:
     async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
         action = self._inp.actions[step.action]
         args = self._resolve(step.with_)
-        running = asyncio.ensure_future(
-            _execute_action(
-                action,
-                args,
-                activity_id=self._next_id(step.id),
-                summary=f"{step.id}: {step.action} {json.dumps(args, default=str)[:200]}",
-                timeout=step.timeout,
-                retry=step.retry if step.on_failure == OnFailure.retry else None,
-            )
+        execution = _execute_action(
+            action,
+            args,
+            activity_id=self._next_id(step.id),
+            summary=f"{step.id}: {step.action} {json.dumps(args, default=str)[:200]}",
+            timeout=step.timeout,
+            retry=step.retry if step.on_failure == OnFailure.retry else None,
         )
+        # Scheduling the action as a task reorders commands within a parallel group: runs
+        # recorded before this change replay the old, direct way.
+        if not workflow.patched("abortable-actions"):
+            outputs = await execution
+            self._remember_undo(step, action, args, outputs)
+            return outputs
+        running = asyncio.ensure_future(execution)
         # An abort does not wait for a long action: the activity is cancelled (it sees it at its next heartbeat).
         await workflow.wait_condition(lambda: running.done() or self._abort is not None)
         if not running.done():

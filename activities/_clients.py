@@ -1,0 +1,237 @@
+"""Shared plumbing for the Consul, Nomad and Vault actions: targets, tokens from Vault, argument checks."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable, TypeVar
+from urllib.parse import urlsplit
+
+import consul
+import consul.exceptions as cex
+import nomad
+import nomad.api.exceptions as nex
+import requests
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.secrets import VaultSecretRef, read_kv_secret
+
+__all__ = [
+    "ConsulTarget",
+    "NomadTarget",
+    "CLIENT_ERRORS",
+    "bad",
+    "call",
+    "translate",
+    "consul_client",
+    "consul_get",
+    "consul_token",
+    "describe",
+    "dumps",
+    "go_duration_seconds",
+    "heartbeat",
+    "nomad_client",
+    "resume_details",
+    "secret_of",
+    "unavailable",
+    "validated",
+]
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+def bad(message: str) -> ApplicationError:
+    """A bad-argument error: retrying cannot help, so it is never retried."""
+    return ApplicationError(message, type="InvalidArgument", non_retryable=True)
+
+
+def unavailable(message: str, *, retryable: bool = True, details: Any = None) -> ApplicationError:
+    """The cluster could not do what was asked; retryable unless the caller knows better."""
+    args = (details,) if details is not None else ()
+    return ApplicationError(message, *args, type="Unavailable", non_retryable=not retryable)
+
+
+def validated(model: type[M], inp: Any) -> M:
+    """Re-validate whatever arrived (dict or model) so bad arguments fail once, clearly."""
+    try:
+        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors())
+        raise bad(f"bad arguments for {model.__name__}: {problems}") from None
+
+
+def heartbeat(*details: Any) -> None:
+    # Plain calls (tests, scripts) run outside an activity; heartbeating there is a no-op.
+    if activity.in_activity():
+        activity.heartbeat(*details)
+
+
+def resume_details() -> Any:
+    """The last heartbeat's first detail from a previous attempt, or None."""
+    if not activity.in_activity():
+        return None
+    details = activity.info().heartbeat_details
+    return details[0] if details else None
+
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration_seconds(value: Any) -> float:
+    """Go duration text ("1m0s", "250ms") or integer nanoseconds (Go JSON) to seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) / 1e9
+    text = str(value).strip()
+    parts = re.findall(r"([\d.]+)(ns|us|µs|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a Go duration: {value!r}")
+    return sum(float(n) * _GO_UNITS[u] for n, u in parts)
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _url(value: str) -> str:
+    value = value.strip().rstrip("/")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    if parts.path not in ("", "/"):
+        raise ValueError(f"{value!r}: give the agent's base URL, without a path")
+    return value
+
+
+class ConsulTarget(BaseModel):
+    """How to reach a Consul cluster; the ACL token is a Vault reference, read inside the activity."""
+
+    address: str = Field(description="an agent's HTTP API base URL, e.g. http://10.0.0.5:8500")
+    servers: list[str] = Field(
+        default_factory=list,
+        description="every server's HTTP API URL (health/leader actions read metrics from the leader's agent)",
+    )
+    token: VaultSecretRef | None = Field(default=None, description="where the Consul ACL token lives in Vault")
+    datacenter: str | None = None
+    ca_cert: str | None = Field(default=None, description="CA bundle for https; default system trust")
+    timeout_seconds: float = Field(default=15.0, gt=0, le=600)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return _url(value)
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, values: list[str]) -> list[str]:
+        return list(dict.fromkeys(_url(v) for v in values))
+
+
+class NomadTarget(BaseModel):
+    """How to reach a Nomad cluster; the ACL token is a Vault reference, read inside the activity."""
+
+    address: str = Field(description="Nomad HTTP API base URL, e.g. http://10.0.0.6:4646")
+    token: VaultSecretRef | None = Field(default=None, description="where the Nomad ACL token lives in Vault")
+    region: str | None = None
+    ca_cert: str | None = None
+    timeout_seconds: float = Field(default=15.0, gt=0, le=600)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return _url(value)
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def secret_of(ref: VaultSecretRef | None) -> str | None:
+    return read_kv_secret(ref) if ref is not None else None
+
+
+def consul_client(target: ConsulTarget, address: str | None = None, token: str | None = None) -> consul.Consul:
+    """A py-consul client for one agent; `token` lets callers reuse one Vault read for many agents."""
+    parts = urlsplit(address or target.address)
+    secret = token if token is not None else secret_of(target.token)
+    client = consul.Consul(
+        host=parts.hostname,
+        port=parts.port or (443 if parts.scheme == "https" else 80),
+        scheme=parts.scheme,
+        dc=target.datacenter,
+        verify=target.ca_cert or True,
+        connections_timeout=target.timeout_seconds,
+    )
+    # py-consul lets $CONSUL_HTTP_TOKEN override the constructor's token; the Vault one must win.
+    client.token = secret
+    return client
+
+
+def consul_token(target: ConsulTarget) -> str | None:
+    return secret_of(target.token)
+
+
+def consul_get(client: consul.Consul, path: str, params: list[tuple[str, Any]] | None = None) -> Any:
+    """GET a documented JSON endpoint py-consul has no token-aware wrapper for (raft config, agent self)."""
+    from consul.callback import CB
+
+    return client.http.get(CB.json(), path, params=params or [], headers=client.prepare_headers())
+
+
+def nomad_client(target: NomadTarget, token: str | None = None) -> nomad.Nomad:
+    parts = urlsplit(target.address)
+    secret = token if token is not None else secret_of(target.token)
+    client = nomad.Nomad(
+        host=parts.hostname,
+        port=parts.port or (443 if parts.scheme == "https" else 80),
+        secure=parts.scheme == "https",
+        verify=target.ca_cert or (parts.scheme == "https"),
+        timeout=target.timeout_seconds,
+        region=target.region,
+        token=secret or None,
+    )
+    # python-nomad falls back to $NOMAD_TOKEN when given none; pin every endpoint to ours (None = anonymous).
+    for endpoint in vars(client).values():
+        if hasattr(endpoint, "token") and hasattr(endpoint, "request"):
+            endpoint.token = secret or None
+    return client
+
+
+def describe(exc: BaseException) -> str:
+    """One line about a client error; never includes request headers (where tokens travel)."""
+    resp = getattr(exc, "nomad_resp", None)
+    if resp is not None and hasattr(resp, "status_code"):
+        text = (getattr(resp, "text", "") or "").strip().replace("\n", " ")
+        return f"HTTP {resp.status_code}: {text[:300]}"
+    if resp is not None:
+        return f"{type(resp).__name__}: {str(resp)[:300]}"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def translate(what: str, exc: BaseException, not_found: str | None = None) -> ApplicationError:
+    """A client library error as an ApplicationError: 4xx are not retryable, transport trouble and 5xx are."""
+    if isinstance(exc, (cex.ACLPermissionDenied, nex.URLNotAuthorizedNomadException)):
+        return ApplicationError(f"{what}: permission denied ({describe(exc)})", type="PermissionDenied",
+                                non_retryable=True)
+    if isinstance(exc, (cex.NotFound, nex.URLNotFoundNomadException)):
+        return ApplicationError(not_found or f"{what}: not found ({describe(exc)})", type="NotFound",
+                                non_retryable=True)
+    if isinstance(exc, (cex.BadRequest, cex.ClientError, nex.BadRequestNomadException)):
+        return ApplicationError(f"{what}: rejected ({describe(exc)})", type="Rejected", non_retryable=True)
+    return unavailable(f"{what}: {describe(exc)}")
+
+
+CLIENT_ERRORS = (cex.ConsulException, nex.BaseNomadException, requests.RequestException)
+
+
+def call(what: str, fn: Callable[[], T], *, not_found: str | None = None) -> T:
+    """Run one client call, turning library errors into clear ApplicationErrors."""
+    try:
+        return fn()
+    except CLIENT_ERRORS as exc:
+        raise translate(what, exc, not_found) from None
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

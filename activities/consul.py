@@ -1,0 +1,1207 @@
+"""Consul actions: snapshots, health, leadership, KV (with undo), the streaming flag and non-essential usage."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import consul
+from consul.callback import CB
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, Field, field_validator, model_validator
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities._clients import (
+    ConsulTarget,
+    NomadTarget,
+    bad,
+    call,
+    consul_client,
+    consul_get,
+    consul_token,
+    describe,
+    go_duration_seconds,
+    heartbeat,
+    nomad_client,
+    resume_details,
+    secret_of,
+    unavailable,
+    validated,
+)
+from activities._consul_snapshot import ArchiveError, kv_diff, normalize, read_meta, read_snapshot, taken_at
+from activities.registry import RetryDefaults, action
+
+__all__ = [
+    "HealthInput",
+    "HealthOutput",
+    "KvDeletePrefixInput",
+    "KvDeletePrefixOutput",
+    "KvEntry",
+    "KvRestoreInput",
+    "KvRestoreOutput",
+    "KvSetInput",
+    "KvSetOutput",
+    "LeaderTransferInput",
+    "LeaderTransferOutput",
+    "ServiceRecord",
+    "SnapshotPreview",
+    "SnapshotPreviewInput",
+    "SnapshotRestoreInput",
+    "SnapshotRestoreOutput",
+    "SnapshotSaveInput",
+    "SnapshotSaveOutput",
+    "SnapshotSelectInput",
+    "SnapshotSelectOutput",
+    "StreamingSetInput",
+    "StreamingSetOutput",
+    "UserDisableInput",
+    "UserDisableOutput",
+    "UserEnableInput",
+    "UserEnableOutput",
+    "UserService",
+    "UsersDisableInput",
+    "UsersDisableOutput",
+    "UsersEnableInput",
+    "UsersEnableOutput",
+    "health",
+    "kv_delete_prefix",
+    "kv_restore",
+    "kv_set",
+    "leader_transfer",
+    "snapshot_preview",
+    "snapshot_restore",
+    "snapshot_save",
+    "snapshot_select",
+    "streaming_set",
+    "user_disable",
+    "user_enable",
+    "users_disable",
+    "users_enable",
+]
+
+STREAMING_KEY = "coldstart/flags/streaming"
+JOURNAL_PREFIX = "coldstart/journal/users/"
+CAS_ATTEMPTS = 8
+
+
+# =========================================================================== KV core
+
+
+class KvEntry(BaseModel):
+    """One key exactly as stored: value as base64 (None = empty/null) and flags."""
+
+    key: str
+    value_base64: str | None = None
+    flags: int = 0
+
+    def raw(self) -> bytes | None:
+        return base64.b64decode(self.value_base64) if self.value_base64 is not None else None
+
+
+def _entry(raw: dict[str, Any]) -> KvEntry:
+    # py-consul hands values back already base64-decoded.
+    return KvEntry(key=raw["Key"], value_base64=normalize(raw.get("Value")), flags=int(raw.get("Flags") or 0))
+
+
+def _text(entry: KvEntry | None) -> str | None:
+    if entry is None or entry.value_base64 is None:
+        return None
+    return entry.raw().decode("utf-8", errors="replace")
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or any(c in key for c in "\n\r\0"):
+        raise ValueError(f"bad KV key {key!r}: non-empty, no leading slash, no control characters")
+    return key
+
+
+class _Absent:
+    """Desired state: the key does not exist."""
+
+
+ABSENT = _Absent()
+
+
+def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, flags: int = 0,
+              expect_index: int | None = None) -> tuple[KvEntry | None, bool, int]:
+    """Make `key` hold `want` with check-and-set; returns (previous, changed, modify index after).
+
+    expect_index guards undo steps: when the key no longer has the ModifyIndex we left it at,
+    someone changed it since, and overwriting their value silently would be wrong.
+    """
+    for _ in range(CAS_ATTEMPTS):
+        index, cur = call(f"read KV {key}", lambda: client.kv.get(key))
+        previous = _entry(cur) if cur else None
+        if isinstance(want, _Absent):
+            if cur is None:
+                return previous, False, int(index or 0)
+        elif cur is not None and normalize(cur.get("Value")) == normalize(want) and int(cur.get("Flags") or 0) == flags:
+            return previous, False, int(cur["ModifyIndex"])
+        current_index = int(cur["ModifyIndex"]) if cur else 0
+        if expect_index is not None and current_index != expect_index:
+            raise ApplicationError(
+                f"KV {key} changed since it was recorded (ModifyIndex {current_index}, expected {expect_index}); "
+                "not overwriting it", type="Conflict", non_retryable=True)
+        if isinstance(want, _Absent):
+            ok = call(f"delete KV {key}", lambda: client.kv.delete(key, cas=current_index))
+        else:
+            ok = call(f"write KV {key}", lambda: client.kv.put(key, want or b"", cas=current_index, flags=flags))
+        if ok:
+            _, after = call(f"read back KV {key}", lambda: client.kv.get(key))
+            if isinstance(want, _Absent):
+                if after is not None:
+                    raise unavailable(f"deleted KV {key} but it reads back present")
+                return previous, True, 0
+            if after is None or normalize(after.get("Value")) != normalize(want):
+                raise unavailable(f"wrote KV {key} but it reads back differently")
+            return previous, True, int(after["ModifyIndex"])
+        # CAS lost a race with another writer: read again and decide again.
+    raise unavailable(f"KV {key}: check-and-set kept losing to concurrent writers ({CAS_ATTEMPTS} attempts)")
+
+
+def _want(entry: KvEntry | None) -> bytes | None | _Absent:
+    return ABSENT if entry is None else (entry.raw() or b"")
+
+
+def _read_prefix(client: consul.Consul, prefix: str) -> tuple[int, list[dict[str, Any]]]:
+    index, entries = call(f"list KV {prefix}", lambda: client.kv.get(prefix, recurse=True))
+    return int(index or 0), list(entries or [])
+
+
+# =========================================================================== snapshots
+
+
+class SnapshotSaveInput(BaseModel):
+    consul: ConsulTarget
+    directory: str = Field(description="directory to write the snapshot file into (created if missing)")
+    prefix: str = Field(default="consul", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    stale: bool = Field(default=False, description="let any server answer (use when the leader is unhealthy)")
+
+
+class SnapshotSaveOutput(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    index: int
+    snapshot_id: str
+    taken_at: datetime
+    reused: bool = Field(description="true when a retry of this step found its file already complete")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _step_tag() -> str:
+    # A retried attempt of the same step gets the same file name, so it can reuse a finished file.
+    if activity.in_activity():
+        info = activity.info()
+        return hashlib.sha256(f"{info.workflow_id}/{info.activity_id}".encode()).hexdigest()[:12]
+    return hashlib.sha256(os.urandom(16)).hexdigest()[:12]
+
+
+@action("consul.snapshot.save", timeout=1800, heartbeat=60, retry=RetryDefaults(max_attempts=3))
+def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
+    """Save a forensic copy of the cluster state (GET /v1/snapshot), streamed to a file with its sha256."""
+    inp = validated(SnapshotSaveInput, inp)
+    directory = Path(inp.directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad(f"cannot create snapshot directory {directory}: {exc.strerror}") from None
+    tag = _step_tag()
+    done = next(iter(sorted(directory.glob(f"{inp.prefix}-*-{tag}.snap"))), None)
+    if done is not None:
+        try:
+            meta = read_snapshot(done).meta
+            return SnapshotSaveOutput(path=str(done), size=done.stat().st_size, sha256=_sha256(done),
+                                      index=int(meta.get("Index", 0)), snapshot_id=str(meta.get("ID")),
+                                      taken_at=taken_at(meta), reused=True)
+        except ArchiveError:
+            done.unlink(missing_ok=True)  # a torn file from a crashed attempt: take a fresh one
+    client = consul_client(inp.consul)
+    tmp = directory / f".{inp.prefix}-{tag}.tmp"
+    params: list[tuple[str, Any]] = [("dc", inp.consul.datacenter)] if inp.consul.datacenter else []
+    if inp.stale:
+        params.append(("stale", "true"))
+    digest, size = hashlib.sha256(), 0
+    try:
+        # Streamed through py-consul's own session: snapshots can be far larger than memory allows.
+        resp = client.http.session.get(client.http.uri("/v1/snapshot", params), headers=client.prepare_headers(),
+                                       stream=True, verify=client.http.verify, timeout=inp.consul.timeout_seconds)
+        if resp.status_code == 403:
+            raise ApplicationError("consul.snapshot.save: Consul denied the request (needs a management token)",
+                                   type="PermissionDenied", non_retryable=True)
+        if resp.status_code != 200:
+            raise unavailable(f"consul.snapshot.save: HTTP {resp.status_code}: {resp.text[:300]}")
+        index = int(resp.headers.get("X-Consul-Index", "0") or 0)
+        with tmp.open("wb") as fh:
+            for chunk in resp.iter_content(1 << 20):
+                fh.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                heartbeat({"bytes": size})
+            fh.flush()
+            os.fsync(fh.fileno())
+    except ApplicationError:
+        tmp.unlink(missing_ok=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - any transport failure: clean up, let Temporal retry
+        tmp.unlink(missing_ok=True)
+        raise unavailable(f"consul.snapshot.save: {describe(exc)}") from None
+    try:
+        meta = read_snapshot(tmp).meta
+        when = taken_at(meta)
+    except ArchiveError as exc:
+        tmp.unlink(missing_ok=True)
+        raise unavailable(f"consul.snapshot.save: the server sent an unreadable archive: {exc}") from None
+    final = directory / f"{inp.prefix}-{when.strftime('%Y%m%dT%H%M%SZ')}-{index}-{tag}.snap"
+    os.replace(tmp, final)
+    return SnapshotSaveOutput(path=str(final), size=size, sha256=digest.hexdigest(), index=index,
+                              snapshot_id=str(meta.get("ID")), taken_at=when, reused=False)
+
+
+class SnapshotSelectInput(BaseModel):
+    store: str = Field(description="directory holding snapshot archives")
+    before: datetime = Field(description="pick the newest snapshot taken strictly before this (timezone required)")
+    pattern: str = Field(default="*.snap", description="glob for snapshot files in the store")
+    max_age_seconds: float | None = Field(default=None, gt=0, description="refuse a snapshot older than this")
+
+    @field_validator("before")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("before needs a timezone (e.g. 2021-10-28T13:37:00Z)")
+        return value
+
+
+class SnapshotSelectOutput(BaseModel):
+    path: str
+    taken_at: datetime
+    age_seconds: float
+    snapshot_id: str
+    index: int
+    considered: int
+    unreadable: list[str]
+
+
+@action("consul.snapshot.select", timeout=300, retry=RetryDefaults(max_attempts=2))
+def snapshot_select(inp: SnapshotSelectInput) -> SnapshotSelectOutput:
+    """Pick the newest snapshot in a store taken before a time, dated by the archive's own raft metadata.
+
+    The time comes from meta.json's ID ("<term>-<index>-<unix ms>", written by raft when the
+    snapshot was taken), not the file's mtime or name: copies and rsyncs change mtimes, and
+    names are whatever the tool that wrote them chose.
+    """
+    inp = validated(SnapshotSelectInput, inp)
+    store = Path(inp.store)
+    if not store.is_dir():
+        raise bad(f"snapshot store {store} is not a directory")
+    best: tuple[datetime, Path, dict[str, Any]] | None = None
+    considered, unreadable = 0, []
+    for path in sorted(store.glob(inp.pattern)):
+        if not path.is_file():
+            continue
+        considered += 1
+        try:
+            meta = read_meta(path)
+            when = taken_at(meta)
+        except ArchiveError as exc:
+            unreadable.append(str(exc))
+            continue
+        if when < inp.before and (best is None or when > best[0]):
+            best = (when, path, meta)
+    if best is None:
+        raise ApplicationError(
+            f"no readable snapshot in {store} ({inp.pattern}) taken before {inp.before.isoformat()} "
+            f"({considered} files, {len(unreadable)} unreadable)", type="NotFound", non_retryable=True)
+    when, path, meta = best
+    age = (datetime.now(timezone.utc) - when).total_seconds()
+    if inp.max_age_seconds is not None and age > inp.max_age_seconds:
+        raise ApplicationError(f"newest snapshot before {inp.before.isoformat()} is {path.name}, "
+                               f"{age:.0f}s old: older than max_age_seconds={inp.max_age_seconds:.0f}",
+                               type="TooOld", non_retryable=True)
+    return SnapshotSelectOutput(path=str(path), taken_at=when, age_seconds=round(age, 3),
+                                snapshot_id=str(meta.get("ID")), index=int(meta.get("Index", 0)),
+                                considered=considered, unreadable=unreadable)
+
+
+class SnapshotPreviewInput(BaseModel):
+    consul: ConsulTarget
+    path: str = Field(description="snapshot archive to restore")
+    max_keys: int = Field(default=50, ge=0, le=5000, description="cap on each listed key set")
+
+
+class SnapshotPreview(BaseModel):
+    """What a restore would do, for an approval prompt."""
+
+    path: str
+    snapshot_id: str
+    taken_at: datetime
+    age_seconds: float
+    index: int
+    sha256: str
+    kv_diff_available: bool
+    in_sync: bool = Field(description="the cluster's KV already equals the snapshot's")
+    added: list[str] = Field(default_factory=list, description="keys the restore brings back")
+    removed: list[str] = Field(default_factory=list, description="keys the restore deletes")
+    changed: list[str] = Field(default_factory=list, description="keys whose value or flags the restore changes")
+    added_count: int = 0
+    removed_count: int = 0
+    changed_count: int = 0
+    truncated: bool = False
+    notes: list[str] = Field(default_factory=list)
+
+
+def _current_kv(client: consul.Consul) -> dict[str, tuple[str | None, int]]:
+    _, entries = _read_prefix(client, "")
+    return {e["Key"]: (normalize(e.get("Value")), int(e.get("Flags") or 0)) for e in entries}
+
+
+def _preview(client: consul.Consul, path: Path, max_keys: int) -> SnapshotPreview:
+    if not path.is_file():
+        raise bad(f"snapshot {path} does not exist")
+    try:
+        snap = read_snapshot(path)
+        when = taken_at(snap.meta)
+    except ArchiveError as exc:
+        raise bad(f"snapshot {path} is unusable: {exc}") from None
+    common = dict(path=str(path), snapshot_id=str(snap.meta.get("ID")), taken_at=when,
+                  age_seconds=round((datetime.now(timezone.utc) - when).total_seconds(), 3),
+                  index=int(snap.meta.get("Index", 0)), sha256=_sha256(path), notes=list(snap.problems))
+    if snap.kv is None:
+        return SnapshotPreview(**common, kv_diff_available=False, in_sync=False)
+    added, removed, changed = kv_diff(_current_kv(client), snap.kv)
+    total = len(added) + len(removed) + len(changed)
+    return SnapshotPreview(
+        **common, kv_diff_available=True, in_sync=total == 0,
+        added=added[:max_keys], removed=removed[:max_keys], changed=changed[:max_keys],
+        added_count=len(added), removed_count=len(removed), changed_count=len(changed),
+        truncated=max(len(added), len(removed), len(changed)) > max_keys)
+
+
+@action("consul.snapshot.preview", timeout=300, retry=RetryDefaults(max_attempts=3))
+def snapshot_preview(inp: SnapshotPreviewInput) -> SnapshotPreview:
+    """Show what restoring a snapshot would change (age; KV keys added, removed, changed) without restoring."""
+    inp = validated(SnapshotPreviewInput, inp)
+    return _preview(consul_client(inp.consul), Path(inp.path), inp.max_keys)
+
+
+class SnapshotRestoreInput(BaseModel):
+    consul: ConsulTarget
+    path: str
+    expect_sha256: str | None = Field(default=None, description="refuse unless the file still has this digest "
+                                      "(pin the file the approval step previewed)")
+    max_keys: int = Field(default=50, ge=0, le=5000)
+    force: bool = Field(default=False, description="restore even when the KV already matches the snapshot")
+
+
+class SnapshotRestoreOutput(BaseModel):
+    restored: bool
+    preview: SnapshotPreview = Field(description="computed before restoring")
+    verified: bool = Field(description="the KV read back equal to the snapshot's after the restore")
+    seconds: float
+
+
+@action("consul.snapshot.restore", timeout=1800, heartbeat=120, mutating=True,
+        retry=RetryDefaults(max_attempts=3))
+def snapshot_restore(inp: SnapshotRestoreInput) -> SnapshotRestoreOutput:
+    """Reset the cluster to a snapshot (PUT /v1/snapshot); skipped when the KV already equals the snapshot's.
+
+    No undo: take consul.snapshot.save first if the current state should be kept.
+    """
+    inp = validated(SnapshotRestoreInput, inp)
+    client = consul_client(inp.consul)
+    path = Path(inp.path)
+    preview = _preview(client, path, inp.max_keys)
+    if inp.expect_sha256 and preview.sha256 != inp.expect_sha256.lower():
+        raise bad(f"snapshot {path} changed since it was approved (sha256 {preview.sha256[:12]}…, "
+                  f"expected {inp.expect_sha256[:12]}…)")
+    if preview.in_sync and not inp.force:
+        return SnapshotRestoreOutput(restored=False, preview=preview, verified=True, seconds=0.0)
+    heartbeat({"phase": "restoring", "sha256": preview.sha256})
+    started = time.monotonic()
+    params: list[tuple[str, Any]] = [("dc", inp.consul.datacenter)] if inp.consul.datacenter else []
+    with path.open("rb") as fh:
+        # A file object makes requests stream the body instead of loading the archive.
+        call("consul.snapshot.restore", lambda: client.http.put(
+            CB.boolean(), "/v1/snapshot", params=params, data=fh, headers=client.prepare_headers()))
+    seconds = round(time.monotonic() - started, 3)
+    verified = False
+    if preview.kv_diff_available:
+        after = _preview(client, path, inp.max_keys)
+        if not after.in_sync:
+            raise unavailable(
+                f"restored {path.name} but the KV reads back different ({after.added_count} missing, "
+                f"{after.removed_count} extra, {after.changed_count} changed); the restore DID run",
+                retryable=False)
+        verified = True
+    return SnapshotRestoreOutput(restored=True, preview=preview, verified=verified, seconds=seconds)
+
+
+# =========================================================================== health and leadership
+
+
+class HealthInput(BaseModel):
+    consul: ConsulTarget
+    metrics_format: Literal["prometheus", "json"] = Field(
+        default="prometheus",
+        description="prometheus gives true p50s (needs telemetry.prometheus_retention_time); "
+                    "json reports go-metrics' interval mean instead")
+    max_kv_apply_p50_ms: float = Field(default=300.0, gt=0, description="the postmortem's 'normal' bound")
+    max_leader_contact_ms: float = Field(default=200.0, gt=0, description="autopilot's LastContactThreshold")
+
+
+class HealthOutput(BaseModel):
+    leader: str | None = Field(description="leader node name")
+    leader_address: str | None
+    leader_id: str | None
+    voters: list[str]
+    autopilot_healthy: bool
+    failure_tolerance: int
+    kv_apply_p50_ms: float | None = Field(description="None: no KV applies in the agent's 10 s window")
+    leader_last_contact_ms: float | None
+    metrics_node: str | None = Field(description="node whose /v1/agent/metrics was read")
+    metrics_from_leader: bool
+    metrics_format: str
+    healthy: bool = Field(description="leader known, autopilot healthy, p50 and contact within bounds")
+    problems: list[str]
+
+
+def _agents(target: ConsulTarget, token: str | None) -> list[tuple[str, str, bool]]:
+    """(url, node name, is leader) for every server URL given (or just `address`)."""
+    out = []
+    for url in target.servers or [target.address]:
+        client = consul_client(target, url, token=token or "")
+        me = call(f"read agent self at {url}", lambda: consul_get(client, "/v1/agent/self"))
+        out.append((url, me["Config"]["NodeName"], str(me["Stats"]["consul"].get("leader")) == "true"))
+    return out
+
+
+def _metric_p50s(client: consul.Consul, fmt: str) -> dict[str, float | None]:
+    names = {"consul_kvs_apply": "kv", "consul_raft_leader_lastContact": "contact"}
+    found: dict[str, float | None] = {"kv": None, "contact": None}
+    if fmt == "prometheus":
+        text = call("read agent metrics", lambda: client.agent.metrics(format_prometheus=True))
+        if isinstance(text, bytes):
+            text = text.decode()
+        if not (text or "").strip():
+            raise unavailable("agent metrics in prometheus format are empty: set telemetry.prometheus_retention_time "
+                              "or use metrics_format=json", retryable=False)
+        for family in text_string_to_metric_families(text):
+            if family.name in names:
+                for sample in family.samples:
+                    if sample.labels.get("quantile") == "0.5" and not math.isnan(sample.value):
+                        found[names[family.name]] = round(float(sample.value), 3)
+        return found
+    data = call("read agent metrics", lambda: client.agent.metrics())
+    dotted = {"consul.kvs.apply": "kv", "consul.raft.leader.lastContact": "contact"}
+    for sample in data.get("Samples") or []:
+        if sample.get("Name") in dotted and sample.get("Count"):
+            found[dotted[sample["Name"]]] = round(float(sample["Mean"]), 3)
+    return found
+
+
+@action("consul.health", timeout=60, retry=RetryDefaults(max_attempts=3))
+def health(inp: HealthInput) -> HealthOutput:
+    """Read leader, voters, autopilot health, KV apply p50 and leader last contact; a failed read is an error."""
+    inp = validated(HealthInput, inp)
+    token = consul_token(inp.consul)
+    client = consul_client(inp.consul, token=token or "")
+    leader_addr = call("read leader", lambda: client.status.leader()) or None
+    config = call("read raft configuration", lambda: consul_get(client, "/v1/operator/raft/configuration"))
+    servers = config.get("Servers") or []
+    leader = next((s for s in servers if s.get("Leader")), None)
+    autopilot = call("read autopilot health", lambda: client.operator.autopilot_health())
+    agents = _agents(inp.consul, token)
+    on_leader = next(((u, n) for u, n, is_leader in agents if is_leader), None)
+    url, node = on_leader or (agents[0][0], agents[0][1])
+    p50 = _metric_p50s(consul_client(inp.consul, url, token=token or ""), inp.metrics_format)
+    problems = []
+    if leader is None or not leader_addr:
+        problems.append("no known leader")
+    if not autopilot.get("Healthy"):
+        bad_servers = [s.get("Name") for s in autopilot.get("Servers", []) if not s.get("Healthy")]
+        problems.append(f"autopilot unhealthy: {', '.join(map(str, bad_servers)) or 'cluster'}")
+    if on_leader is None:
+        problems.append("leader's agent not among the given servers: metrics are a follower's")
+    if p50["kv"] is not None and p50["kv"] > inp.max_kv_apply_p50_ms:
+        problems.append(f"KV apply p50 {p50['kv']:.0f} ms > {inp.max_kv_apply_p50_ms:.0f} ms")
+    if p50["contact"] is not None and p50["contact"] > inp.max_leader_contact_ms:
+        problems.append(f"leader last contact p50 {p50['contact']:.0f} ms > {inp.max_leader_contact_ms:.0f} ms")
+    return HealthOutput(
+        leader=leader.get("Node") if leader else None, leader_address=leader_addr,
+        leader_id=leader.get("ID") if leader else None,
+        voters=[s["Node"] for s in servers if s.get("Voter")],
+        autopilot_healthy=bool(autopilot.get("Healthy")),
+        failure_tolerance=int(autopilot.get("FailureTolerance") or 0),
+        kv_apply_p50_ms=p50["kv"], leader_last_contact_ms=p50["contact"],
+        metrics_node=node, metrics_from_leader=on_leader is not None, metrics_format=inp.metrics_format,
+        healthy=not problems, problems=problems)
+
+
+class LeaderTransferInput(BaseModel):
+    consul: ConsulTarget
+    slow_servers: list[str] = Field(min_length=1, description="node names or raft IDs of servers that must not lead")
+    verify_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+
+class LeaderTransferOutput(BaseModel):
+    changed: bool
+    previous_leader: str
+    leader: str
+    target: str | None
+    reason: str
+
+
+def _raft_servers(client: consul.Consul) -> list[dict[str, Any]]:
+    return call("read raft configuration",
+                lambda: consul_get(client, "/v1/operator/raft/configuration")).get("Servers") or []
+
+
+@action("consul.leader.transfer", timeout=120, mutating=True, retry=RetryDefaults(max_attempts=4))
+def leader_transfer(inp: LeaderTransferInput) -> LeaderTransferOutput:
+    """Move raft leadership off servers marked slow to a healthy voter; nothing to do if the leader is not slow."""
+    inp = validated(LeaderTransferInput, inp)
+    client = consul_client(inp.consul)
+    servers = _raft_servers(client)
+    by_ref = {s["Node"]: s for s in servers} | {s["ID"]: s for s in servers}
+    unknown = [ref for ref in inp.slow_servers if ref not in by_ref]
+    if unknown:
+        raise bad(f"slow_servers not in the raft configuration: {unknown} (have {sorted(s['Node'] for s in servers)})")
+    slow = {by_ref[ref]["ID"] for ref in inp.slow_servers}
+    leader = next((s for s in servers if s.get("Leader")), None)
+    if leader is None:
+        raise unavailable("no raft leader right now; try again once one is elected")
+    if leader["ID"] not in slow:
+        return LeaderTransferOutput(changed=False, previous_leader=leader["Node"], leader=leader["Node"], target=None,
+                                    reason="leader is not among the slow servers")
+    autopilot = call("read autopilot health", lambda: client.operator.autopilot_health())
+    healthy = {s["ID"] for s in autopilot.get("Servers", []) if s.get("Healthy")}
+    candidates = [s for s in servers if s.get("Voter") and s["ID"] not in slow and not s.get("Leader")]
+    # Prefer voters autopilot calls healthy; an unhealthy-but-fast voter still beats a slow leader.
+    candidates.sort(key=lambda s: (s["ID"] not in healthy, s["Node"]))
+    if not candidates:
+        raise ApplicationError("every voter is marked slow: nowhere to move leadership", type="NoTarget",
+                               non_retryable=True)
+    target = candidates[0]
+    call("transfer leadership", lambda: client.operator.raft_transfer_leader(target["ID"]))
+    deadline = time.monotonic() + inp.verify_timeout_seconds
+    while True:
+        now_leader = next((s for s in _raft_servers(client) if s.get("Leader")), None)
+        if now_leader is not None and now_leader["ID"] != leader["ID"]:
+            if now_leader["ID"] in slow:
+                # Raft chose differently (e.g. the target lagged); a retry moves it again.
+                raise unavailable(f"leadership moved to {now_leader['Node']}, which is also slow")
+            return LeaderTransferOutput(changed=True, previous_leader=leader["Node"], leader=now_leader["Node"],
+                                        target=target["Node"], reason="leader was marked slow")
+        if time.monotonic() > deadline:
+            raise unavailable(f"asked raft to move leadership from {leader['Node']} to {target['Node']}, but the "
+                              f"leader had not changed after {inp.verify_timeout_seconds:.0f}s")
+        heartbeat({"waiting_for": target["Node"]})
+        time.sleep(0.2)
+
+
+# =========================================================================== KV actions
+
+
+class KvSetInput(BaseModel):
+    """Set a key (text or base64 bytes) or delete it; expect_index refuses to clobber a newer write."""
+
+    consul: ConsulTarget
+    key: str
+    value: str | None = None
+    value_base64: str | None = None
+    delete: bool = Field(default=False, description="make the key absent instead")
+    flags: int = Field(default=0, ge=0)
+    expect_index: int | None = Field(default=None, ge=0, description="only act if the key's ModifyIndex is this "
+                                     "(0 = only if absent)")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: str) -> str:
+        return _check_key(key)
+
+    @model_validator(mode="after")
+    def _one_value(self) -> "KvSetInput":
+        given = (self.value is not None) + (self.value_base64 is not None)
+        if self.delete and given:
+            raise ValueError("delete takes no value")
+        if not self.delete and given != 1:
+            raise ValueError("give exactly one of value or value_base64 (or delete: true)")
+        if self.value_base64 is not None:
+            try:
+                base64.b64decode(self.value_base64, validate=True)
+            except ValueError:
+                raise ValueError("value_base64 is not valid base64") from None
+        return self
+
+    def desired(self) -> bytes | _Absent:
+        if self.delete:
+            return ABSENT
+        if self.value_base64 is not None:
+            return base64.b64decode(self.value_base64)
+        return (self.value or "").encode()
+
+
+class KvSetOutput(BaseModel):
+    key: str
+    changed: bool
+    previous: KvEntry | None = Field(description="the key before (None = it did not exist)")
+    previous_value: str | None = Field(description="previous value as text, for humans")
+    modify_index: int
+    undo: KvSetInput
+
+
+def _kv_set(inp: KvSetInput, client: consul.Consul | None = None) -> KvSetOutput:
+    client = client or consul_client(inp.consul)
+    previous, changed, index = kv_ensure(client, inp.key, inp.desired(), inp.flags, inp.expect_index)
+    undo = _undo_for(inp.consul, inp.key, previous, index if changed else None)
+    return KvSetOutput(key=inp.key, changed=changed, previous=previous, previous_value=_text(previous),
+                       modify_index=index, undo=undo)
+
+
+def _undo_for(target: ConsulTarget, key: str, previous: KvEntry | None, index: int | None) -> KvSetInput:
+    if previous is None:
+        return KvSetInput(consul=target, key=key, delete=True, expect_index=index)
+    return KvSetInput(consul=target, key=key, value_base64=previous.value_base64 or "", flags=previous.flags,
+                      expect_index=index)
+
+
+@action("consul.kv.set", timeout=60, mutating=True, undo="consul.kv.set", undo_from_output="undo")
+def kv_set(inp: KvSetInput) -> KvSetOutput:
+    """Set (or delete) one KV key with check-and-set; the output holds the previous value for undo."""
+    return _kv_set(validated(KvSetInput, inp))
+
+
+class KvRestoreInput(BaseModel):
+    consul: ConsulTarget
+    entries: list[KvEntry] = Field(max_length=100_000)
+    on_conflict: Literal["fail", "skip", "overwrite"] = Field(
+        default="fail", description="a key that exists again with another value: fail before writing anything, "
+                                    "leave it, or overwrite it")
+
+
+class KvRestoreOutput(BaseModel):
+    restored: list[str]
+    unchanged: list[str]
+    conflicts: list[str]
+
+
+@action("consul.kv.restore", timeout=1800, heartbeat=60, mutating=True)
+def kv_restore(inp: KvRestoreInput) -> KvRestoreOutput:
+    """Put recorded keys back exactly (value and flags); the undo of consul.kv.delete_prefix."""
+    inp = validated(KvRestoreInput, inp)
+    client = consul_client(inp.consul)
+    plan: list[tuple[KvEntry, int]] = []
+    unchanged, conflicts = [], []
+    for entry in inp.entries:
+        _, cur = call(f"read KV {entry.key}", lambda: client.kv.get(entry.key))
+        if cur is None:
+            plan.append((entry, 0))
+        elif (normalize(cur.get("Value")), int(cur.get("Flags") or 0)) == (entry.value_base64, entry.flags):
+            unchanged.append(entry.key)
+        else:
+            conflicts.append(entry.key)
+            if inp.on_conflict == "overwrite":
+                plan.append((entry, int(cur["ModifyIndex"])))
+    if conflicts and inp.on_conflict == "fail":
+        raise ApplicationError(f"{len(conflicts)} key(s) exist again with other values, nothing written: "
+                               f"{conflicts[:20]}", type="Conflict", non_retryable=True)
+    restored = []
+    for n, (entry, index) in enumerate(plan):
+        kv_ensure(client, entry.key, entry.raw() or b"", entry.flags, expect_index=index)
+        restored.append(entry.key)
+        if n % 50 == 0:
+            heartbeat({"restored": len(restored)})
+    return KvRestoreOutput(restored=restored, unchanged=unchanged, conflicts=conflicts)
+
+
+class KvDeletePrefixInput(BaseModel):
+    consul: ConsulTarget
+    prefix: str = Field(description="e.g. cache/scheduling/ (the empty prefix and '/' are refused)")
+    max_keys: int = Field(default=10_000, ge=1, le=100_000, description="refuse (change nothing) above this")
+    max_bytes: int = Field(default=1_000_000, ge=1, description="refuse above this many value bytes: the "
+                           "deleted values travel in the output, and so in workflow history")
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        if prefix.strip("/") == "":
+            raise ValueError("refusing to delete the whole KV store; give a real prefix")
+        return _check_key(prefix)
+
+
+class KvDeletePrefixOutput(BaseModel):
+    prefix: str
+    deleted: list[KvEntry]
+    count: int
+    undo: KvRestoreInput
+
+
+@action("consul.kv.delete_prefix", timeout=1800, heartbeat=60, mutating=True, undo="consul.kv.restore",
+        undo_from_output="undo")
+def kv_delete_prefix(inp: KvDeletePrefixInput) -> KvDeletePrefixOutput:
+    """Delete every key under a prefix, recording each (value, flags) so consul.kv.restore can put them back.
+
+    Keys go one by one with check-and-set, so a key rewritten mid-way is re-read and its newest
+    value is what gets recorded. A retried attempt resumes from the heartbeat's record of what
+    it already deleted.
+    """
+    inp = validated(KvDeletePrefixInput, inp)
+    client = consul_client(inp.consul)
+    details = resume_details()
+    deleted: dict[str, KvEntry] = {}
+    if isinstance(details, dict) and details.get("prefix") == inp.prefix:
+        deleted = {e["key"]: KvEntry.model_validate(e) for e in details.get("deleted", [])}
+    _, entries = _read_prefix(client, inp.prefix)
+    size = sum(len(_entry(e).raw() or b"") for e in entries) + sum(len(e.raw() or b"") for e in deleted.values())
+    if len(entries) + len(deleted) > inp.max_keys or size > inp.max_bytes:
+        raise bad(f"{inp.prefix}: {len(entries)} keys / {size} bytes exceed max_keys={inp.max_keys} / "
+                  f"max_bytes={inp.max_bytes}; nothing deleted")
+    last_beat = time.monotonic()
+    for raw in entries:
+        key = raw["Key"]
+        for _ in range(CAS_ATTEMPTS):
+            if raw is None:
+                break
+            ok = call(f"delete KV {key}", lambda: client.kv.delete(key, cas=int(raw["ModifyIndex"])))
+            if ok:
+                deleted[key] = _entry(raw)
+                break
+            _, raw = call(f"read KV {key}", lambda: client.kv.get(key))  # rewritten meanwhile: record the newest
+        else:
+            raise unavailable(f"KV {key} kept changing while deleting; deleted so far: {len(deleted)}",
+                              details=_delete_details(inp.prefix, deleted))
+        if time.monotonic() - last_beat > 1.0:
+            heartbeat(_delete_details(inp.prefix, deleted))
+            last_beat = time.monotonic()
+    heartbeat(_delete_details(inp.prefix, deleted))
+    _, left = _read_prefix(client, inp.prefix)
+    if left:
+        raise unavailable(f"{inp.prefix}: {len(left)} key(s) appeared while deleting (writers still active?)",
+                          details=_delete_details(inp.prefix, deleted))
+    records = sorted(deleted.values(), key=lambda e: e.key)
+    return KvDeletePrefixOutput(prefix=inp.prefix, deleted=records, count=len(records),
+                                undo=KvRestoreInput(consul=inp.consul, entries=records))
+
+
+def _delete_details(prefix: str, deleted: dict[str, KvEntry]) -> dict[str, Any]:
+    return {"prefix": prefix, "deleted": [e.model_dump() for e in deleted.values()]}
+
+
+class StreamingSetInput(BaseModel):
+    consul: ConsulTarget
+    enabled: bool
+    key: str = Field(default=STREAMING_KEY, description="the flag's KV key (lab: coldstart/flags/streaming)")
+    true_value: str = "true"
+    false_value: str = "false"
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: str) -> str:
+        return _check_key(key)
+
+
+class StreamingSetOutput(BaseModel):
+    key: str
+    enabled: bool
+    changed: bool
+    previous_value: str | None = Field(description="None: the key did not exist")
+    undo: KvSetInput
+
+
+@action("consul.streaming.set", timeout=60, mutating=True, undo="consul.kv.set", undo_from_output="undo")
+def streaming_set(inp: StreamingSetInput) -> StreamingSetOutput:
+    """Turn the streaming feature flag on or off (a KV key); the output's undo puts the previous value back."""
+    inp = validated(StreamingSetInput, inp)
+    out = _kv_set(KvSetInput(consul=inp.consul, key=inp.key, value=inp.true_value if inp.enabled else inp.false_value))
+    return StreamingSetOutput(key=inp.key, enabled=inp.enabled, changed=out.changed,
+                              previous_value=out.previous_value, undo=out.undo)
+
+
+# =========================================================================== non-essential usage
+
+
+class UserService(BaseModel):
+    """One service from the inventory's tiers."""
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    tier: str = ""
+    essential: bool = False
+    usage_flag_key: str | None = Field(default=None, description="KV key that turns the service's Consul usage on")
+    check_id: str | None = Field(default=None, description="agent check to slow down")
+    check_agent: str | None = Field(default=None, description="agent URL holding the check; default consul.address")
+    nomad_job: str | None = None
+    nomad_group: str | None = Field(default=None, description="task group; default the job's only group")
+    nomad_namespace: str = "default"
+
+    @field_validator("usage_flag_key")
+    @classmethod
+    def _flag(cls, key: str | None) -> str | None:
+        return None if key is None else _check_key(key)
+
+
+class FlagRecord(BaseModel):
+    key: str
+    previous: KvEntry | None = Field(description="None: the key did not exist")
+
+
+class CheckRecord(BaseModel):
+    agent: str
+    check_id: str
+    interval: str = Field(description="the interval exactly as the agent reported it")
+
+
+class ScaleRecord(BaseModel):
+    job: str
+    group: str
+    namespace: str
+    count: int
+
+
+class ServiceRecord(BaseModel):
+    """What one service looked like before consul.user.disable touched it."""
+
+    name: str
+    flag: FlagRecord | None = None
+    check: CheckRecord | None = None
+    scale: ScaleRecord | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class _Shared(BaseModel):
+    consul: ConsulTarget
+    nomad: NomadTarget | None = Field(default=None, description="needed when services name a Nomad job")
+    journal_prefix: str | None = Field(
+        default=JOURNAL_PREFIX,
+        description="KV prefix recording each service's original state before it is changed, so a crash or a "
+                    "second disable never records the disabled state as the original; null = no journal")
+
+
+class _DisableKnobs(BaseModel):
+    disabled_value: str = Field(default="disabled", description="what the usage flag is set to")
+    check_interval: str = Field(default="10m", description="the stretched health-check interval")
+    scale_to: int = Field(default=1, ge=0, description="task group count while disabled (never scales up)")
+
+    @field_validator("check_interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        go_duration_seconds(value)
+        return value
+
+
+class UserEnableInput(_Shared):
+    record: ServiceRecord
+
+
+class UserDisableInput(_Shared, _DisableKnobs):
+    service: UserService
+
+
+class UserDisableOutput(BaseModel):
+    service: str
+    skipped: str | None = Field(default=None, description="why nothing was done (essential service)")
+    changed: list[str] = Field(description="what this call changed: flag, check, scale")
+    record: ServiceRecord | None
+    restore: UserEnableInput = Field(description="the input for consul.user.enable (a no-op for essential services)")
+
+
+class UserEnableOutput(BaseModel):
+    service: str
+    changed: list[str]
+    notes: list[str] = Field(default_factory=list)
+
+
+def _ci(data: dict[str, Any], name: str) -> Any:
+    want = name.lower().replace("_", "")
+    return next((v for k, v in data.items() if k.lower().replace("_", "") == want), None)
+
+
+# Definition fields carried over when re-registering a check with a new interval.
+_CHECK_FIELDS = ("HTTP", "Header", "Method", "Body", "TLSServerName", "TLSSkipVerify", "TCP", "UDP", "GRPC",
+                 "GRPCUseTLS", "H2PING", "H2PingUseTLS", "Args", "ScriptArgs", "DockerContainerID", "Shell",
+                 "Timeout", "DeregisterCriticalServiceAfter", "OutputMaxSize", "SuccessBeforePassing",
+                 "FailuresBeforeWarning", "FailuresBeforeCritical", "AliasNode", "AliasService", "OSService")
+
+
+def _read_check(client: consul.Consul, check_id: str) -> dict[str, Any]:
+    checks = call("list agent checks", lambda: client.agent.checks())
+    chk = checks.get(check_id)
+    if chk is None:
+        raise ApplicationError(f"check {check_id!r} is not registered on that agent", type="NotFound",
+                               non_retryable=True)
+    return chk
+
+
+def _interval_of(chk: dict[str, Any]) -> str | None:
+    value = _ci(chk.get("Definition") or {}, "Interval")
+    return None if value in (None, "", 0, "0s") else str(value)
+
+
+def _set_check_interval(client: consul.Consul, check_id: str, interval: str) -> bool:
+    """Re-register the agent check with a new interval, keeping its definition and current status."""
+    chk = _read_check(client, check_id)
+    current = _interval_of(chk)
+    if current is None:
+        raise ApplicationError(f"check {check_id!r} has no interval (TTL or alias check)", type="NotApplicable",
+                               non_retryable=True)
+    if go_duration_seconds(current) == go_duration_seconds(interval):
+        return False
+    definition = chk.get("Definition") or {}
+    body: dict[str, Any] = {}
+    for name in _CHECK_FIELDS:
+        value = _ci(definition, name)
+        if value not in (None, "", [], {}, False, 0, "0s"):
+            body[name] = value
+    body["Interval"] = interval
+    # Keep its status: re-registering would otherwise start it critical and flap the service.
+    body["Status"] = chk.get("Status") or "passing"
+    ok = call(f"re-register check {check_id}", lambda: client.agent.check.register(
+        chk.get("Name") or check_id, check=body, check_id=check_id, notes=chk.get("Notes") or None,
+        service_id=chk.get("ServiceID") or None))
+    if not ok:
+        raise unavailable(f"agent refused to re-register check {check_id}")
+    after = _interval_of(_read_check(client, check_id))
+    if after is None or go_duration_seconds(after) != go_duration_seconds(interval):
+        raise unavailable(f"re-registered check {check_id} but its interval reads back as {after}")
+    return True
+
+
+def _journal_key(prefix: str, name: str) -> str:
+    return f"{prefix.rstrip('/')}/{name}"
+
+
+def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
+    from activities.nomad import read_group_count
+
+    svc = inp.service
+    record = ServiceRecord(name=svc.name)
+    if svc.usage_flag_key:
+        _, cur = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
+        record.flag = FlagRecord(key=svc.usage_flag_key, previous=_entry(cur) if cur else None)
+    if svc.check_id:
+        agent = svc.check_agent or inp.consul.address
+        agent_client = client if agent == inp.consul.address else consul_client(inp.consul, agent,
+                                                                                   token=client.token or "")
+        interval = _interval_of(_read_check(agent_client, svc.check_id))
+        if interval is None:
+            record.notes.append(f"check {svc.check_id} has no interval (TTL?): left alone")
+        else:
+            record.check = CheckRecord(agent=agent, check_id=svc.check_id, interval=interval)
+    if svc.nomad_job:
+        group, count = read_group_count(nomad_api, svc.nomad_job, svc.nomad_group, svc.nomad_namespace)
+        record.scale = ScaleRecord(job=svc.nomad_job, group=group, namespace=svc.nomad_namespace, count=count)
+    return record
+
+
+def _record(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
+    """The service's original state: from the journal if an earlier attempt wrote it, else observed now."""
+    if inp.journal_prefix is None:
+        return _observe(inp, client, nomad_api)
+    key = _journal_key(inp.journal_prefix, inp.service.name)
+    for _ in range(CAS_ATTEMPTS):
+        _, cur = call(f"read journal {key}", lambda: client.kv.get(key))
+        if cur is not None and cur.get("Value"):
+            return ServiceRecord.model_validate_json(cur["Value"])
+        record = _observe(inp, client, nomad_api)
+        if call(f"write journal {key}", lambda: client.kv.put(key, record.model_dump_json(), cas=0)):
+            return record
+    raise unavailable(f"could not create journal entry {key}")
+
+
+def _disable_one(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> UserDisableOutput:
+    from activities.nomad import scale_group
+
+    svc = inp.service
+    if svc.essential:
+        noop = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=None,
+                               record=ServiceRecord(name=svc.name, notes=["essential: left untouched"]))
+        return UserDisableOutput(service=svc.name, skipped="essential", changed=[], record=None, restore=noop)
+    if svc.nomad_job and nomad_api is None:
+        raise bad(f"service {svc.name} names Nomad job {svc.nomad_job} but no nomad target was given")
+    record = _record(inp, client, nomad_api)
+    changed = []
+    if record.flag is not None:
+        _, did, _ = kv_ensure(client, record.flag.key, inp.disabled_value.encode(),
+                              record.flag.previous.flags if record.flag.previous else 0)
+        changed += ["flag"] if did else []
+    if record.check is not None:
+        agent_client = client if record.check.agent == inp.consul.address else consul_client(
+            inp.consul, record.check.agent, token=client.token or "")
+        changed += ["check"] if _set_check_interval(agent_client, record.check.check_id, inp.check_interval) else []
+    if record.scale is not None and record.scale.count > inp.scale_to:
+        _, did = scale_group(nomad_api, record.scale.job, record.scale.group, record.scale.namespace, inp.scale_to,
+                             f"coldstart: {svc.name} disabled (non-essential)")
+        changed += ["scale"] if did else []
+    restore = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix, record=record)
+    return UserDisableOutput(service=svc.name, changed=changed, record=record, restore=restore)
+
+
+def _enable_one(inp: UserEnableInput, client: consul.Consul, nomad_api: Any) -> UserEnableOutput:
+    from activities.nomad import scale_group
+
+    rec = inp.record
+    changed: list[str] = []
+    if rec.flag is not None:
+        _, did, _ = kv_ensure(client, rec.flag.key, _want(rec.flag.previous),
+                              rec.flag.previous.flags if rec.flag.previous else 0)
+        changed += ["flag"] if did else []
+    if rec.check is not None:
+        agent_client = client if rec.check.agent == inp.consul.address else consul_client(
+            inp.consul, rec.check.agent, token=client.token or "")
+        changed += ["check"] if _set_check_interval(agent_client, rec.check.check_id, rec.check.interval) else []
+    if rec.scale is not None:
+        if nomad_api is None:
+            raise bad(f"record for {rec.name} has a Nomad job but no nomad target was given")
+        _, did = scale_group(nomad_api, rec.scale.job, rec.scale.group, rec.scale.namespace, rec.scale.count,
+                             f"coldstart: {rec.name} re-enabled")
+        changed += ["scale"] if did else []
+    if inp.journal_prefix is not None:
+        # Only now: until everything is back, the journal still holds the original for a retry.
+        key = _journal_key(inp.journal_prefix, rec.name)
+        kv_ensure(client, key, ABSENT)
+    return UserEnableOutput(service=rec.name, changed=changed, notes=rec.notes)
+
+
+def _clients(shared: _Shared) -> tuple[consul.Consul, Any]:
+    return consul_client(shared.consul), nomad_client(shared.nomad) if shared.nomad else None
+
+
+@action("consul.user.disable", timeout=300, mutating=True, undo="consul.user.enable", undo_from_output="restore")
+def user_disable(inp: UserDisableInput) -> UserDisableOutput:
+    """Cut one non-essential service's Consul usage: flag off, health check every 10 min, job scaled down."""
+    inp = validated(UserDisableInput, inp)
+    client, nomad_api = _clients(inp)
+    return _disable_one(inp, client, nomad_api)
+
+
+@action("consul.user.enable", timeout=300, mutating=True)
+def user_enable(inp: UserEnableInput) -> UserEnableOutput:
+    """Restore one service exactly as consul.user.disable recorded it (flag, check interval, job count)."""
+    inp = validated(UserEnableInput, inp)
+    client, nomad_api = _clients(inp)
+    return _enable_one(inp, client, nomad_api)
+
+
+class UsersDisableInput(_Shared, _DisableKnobs):
+    services: list[UserService] = Field(min_length=1, max_length=20_000)
+    max_parallel: int = Field(default=8, ge=1, le=64)
+
+    @field_validator("services")
+    @classmethod
+    def _unique(cls, services: list[UserService]) -> list[UserService]:
+        names = [s.name for s in services]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate service names: {dupes[:20]}")
+        return services
+
+
+class UsersEnableInput(_Shared):
+    records: list[ServiceRecord] = Field(max_length=20_000)
+    max_parallel: int = Field(default=8, ge=1, le=64)
+
+
+class UsersDisableOutput(BaseModel):
+    disabled: list[str] = Field(description="non-essential services now disabled")
+    changed: list[str] = Field(description="services this call changed anything on")
+    skipped_essential: list[str]
+    restore: UsersEnableInput
+
+
+class UsersEnableOutput(BaseModel):
+    enabled: list[str]
+    changed: list[str]
+
+
+def _fan_out(name: str, items: list[Any], one: Any, max_parallel: int) -> tuple[list[Any], dict[str, str], bool]:
+    """Run one(item) on a bounded pool, heartbeating progress from this (the activity's) thread."""
+    results: list[Any] = []
+    failures: dict[str, str] = {}
+    retryable = True
+    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=name) as pool:
+        futures = {pool.submit(one, item): item for item in items}
+        for n, fut in enumerate(as_completed(futures), 1):
+            item = futures[fut]
+            label = getattr(item, "name", str(item))
+            try:
+                results.append(fut.result())
+            except ApplicationError as exc:
+                failures[label] = str(exc)
+                retryable = retryable and not exc.non_retryable
+            except Exception as exc:  # noqa: BLE001 - one service's surprise must not hide the others
+                failures[label] = describe(exc)
+            heartbeat({"done": n, "of": len(items)})
+    return results, failures, retryable
+
+
+@action("consul.users.disable", timeout=3 * 3600, heartbeat=120, mutating=True, undo="consul.users.enable",
+        undo_from_output="restore")
+def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
+    """Disable every non-essential service's Consul usage; for 1,000s prefer for_each over consul.user.disable.
+
+    Safe to retry: every service's original state is journaled in KV before it is changed.
+    """
+    inp = validated(UsersDisableInput, inp)
+    token = consul_token(inp.consul)
+    nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
+    knobs = inp.model_dump(include={"disabled_value", "check_interval", "scale_to", "journal_prefix"})
+
+    def one(svc: UserService) -> UserDisableOutput:
+        client = consul_client(inp.consul, token=token or "")
+        api = nomad_client(inp.nomad, token=nomad_token or "") if inp.nomad else None
+        sub = UserDisableInput(consul=inp.consul, nomad=inp.nomad, service=svc, **knobs)
+        return _disable_one(sub, client, api)
+
+    results, failures, retryable = _fan_out("users-disable", inp.services, one, inp.max_parallel)
+    order = {s.name: i for i, s in enumerate(inp.services)}
+    results.sort(key=lambda r: order[r.service])
+    records = [r.record for r in results if r.record is not None]
+    restore = UsersEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix,
+                               records=records, max_parallel=inp.max_parallel)
+    changed = [r.service for r in results if r.changed]
+    if failures:
+        raise ApplicationError(
+            f"consul.users.disable: {len(failures)} service(s) failed, {len(changed)} changed: "
+            + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
+            {"failed": failures, "changed": changed, "restore": restore.model_dump(mode="json")},
+            type="PartialFailure", non_retryable=not retryable)
+    return UsersDisableOutput(disabled=[r.service for r in results if r.skipped is None], changed=changed,
+                              skipped_essential=[r.service for r in results if r.skipped], restore=restore)
+
+
+@action("consul.users.enable", timeout=3 * 3600, heartbeat=120, mutating=True)
+def users_enable(inp: UsersEnableInput) -> UsersEnableOutput:
+    """Restore every recorded service exactly as consul.users.disable found it."""
+    inp = validated(UsersEnableInput, inp)
+    token = consul_token(inp.consul)
+    nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
+
+    def one(rec: ServiceRecord) -> UserEnableOutput:
+        client = consul_client(inp.consul, token=token or "")
+        api = nomad_client(inp.nomad, token=nomad_token or "") if inp.nomad else None
+        sub = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix, record=rec)
+        return _enable_one(sub, client, api)
+
+    results, failures, retryable = _fan_out("users-enable", inp.records, one, inp.max_parallel)
+    changed = sorted(r.service for r in results if r.changed)
+    if failures:
+        raise ApplicationError(
+            f"consul.users.enable: {len(failures)} service(s) failed, {len(changed)} changed: "
+            + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
+            {"failed": failures, "changed": changed}, type="PartialFailure", non_retryable=not retryable)
+    return UsersEnableOutput(enabled=[r.service for r in results], changed=changed)
+

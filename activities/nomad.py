@@ -1,0 +1,413 @@
+"""Nomad actions: scale a task group, quarantine nodes that look ready but fail, redeploy a job from scratch."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Literal
+
+import requests
+from pydantic import BaseModel, Field, field_validator
+from temporalio.exceptions import ApplicationError
+
+from activities._clients import (
+    CLIENT_ERRORS,
+    NomadTarget,
+    bad,
+    call,
+    describe,
+    heartbeat,
+    nomad_client,
+    resume_details,
+    translate,
+    unavailable,
+    validated,
+)
+from activities.registry import RetryDefaults, action
+
+__all__ = [
+    "NodeProbe",
+    "NodesEligibleInput",
+    "NodesEligibleOutput",
+    "QuarantineInput",
+    "QuarantineOutput",
+    "RedeployInput",
+    "RedeployOutput",
+    "ScaleInput",
+    "ScaleOutput",
+    "job_redeploy_from_scratch",
+    "jobs_scale",
+    "nodes_quarantine_unhealthy",
+    "nodes_restore_eligibility",
+    "read_group_count",
+    "scale_group",
+]
+
+ENFORCE_ATTEMPTS = 5
+# Server-managed fields dropped from a job read back before it is registered again.
+SERVER_FIELDS = ("Status", "StatusDescription", "Version", "JobModifyIndex", "ModifyIndex", "CreateIndex",
+                 "SubmitTime", "Stable")
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def _job(api: Any, job: str, namespace: str) -> dict[str, Any]:
+    return call(f"read job {job}", lambda: api.job.request(job, method="get", params={"namespace": namespace}).json(),
+                not_found=f"Nomad job {job!r} not found in namespace {namespace!r}")
+
+
+def _group(job: dict[str, Any], group: str | None) -> dict[str, Any]:
+    groups = job.get("TaskGroups") or []
+    if group is None:
+        if len(groups) != 1:
+            raise bad(f"job {job['ID']} has {len(groups)} task groups {[g['Name'] for g in groups]}; name one")
+        return groups[0]
+    found = next((g for g in groups if g["Name"] == group), None)
+    if found is None:
+        raise bad(f"job {job['ID']} has no task group {group!r} (has {[g['Name'] for g in groups]})")
+    return found
+
+
+def read_group_count(api: Any, job: str, group: str | None, namespace: str = "default") -> tuple[str, int]:
+    """(group name, its count) as the job spec says."""
+    tg = _group(_job(api, job, namespace), group)
+    return tg["Name"], int(tg.get("Count") or 0)
+
+
+def scale_group(api: Any, job: str, group: str | None, namespace: str, count: int, message: str) -> tuple[int, bool]:
+    """Set a task group's count with the job's modify index enforced; returns (previous count, changed).
+
+    POST /v1/job/:id/scale through python-nomad's generic request (it has no scale wrapper).
+    An index conflict means someone else changed the job: re-read and decide again.
+    """
+    for _ in range(ENFORCE_ATTEMPTS):
+        spec = _job(api, job, namespace)
+        tg = _group(spec, group)
+        previous = int(tg.get("Count") or 0)
+        if previous == count:
+            return previous, False
+        body = {"Count": count, "Target": {"Group": tg["Name"]}, "Message": message,
+                "EnforceIndex": True, "JobModifyIndex": spec["JobModifyIndex"]}
+        try:
+            api.job.request(job, "scale", method="post", json=body, params={"namespace": namespace})
+        except CLIENT_ERRORS as exc:
+            if "job modify index" in describe(exc).lower():
+                continue  # someone changed the job since we read it
+            raise translate(f"scale {job}/{tg['Name']}", exc) from None
+        after = _group(_job(api, job, namespace), tg["Name"])
+        if int(after.get("Count") or 0) != count:
+            raise unavailable(f"scaled {job}/{tg['Name']} to {count} but it reads back {after.get('Count')}")
+        return previous, True
+    raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} index conflicts)")
+
+
+class ScaleInput(BaseModel):
+    nomad: NomadTarget
+    job: str = Field(min_length=1)
+    group: str | None = Field(default=None, description="task group; default the job's only group")
+    count: int = Field(ge=0, le=100_000)
+    namespace: str = "default"
+    message: str = "coldstart: scaled by runbook"
+
+
+class ScaleOutput(BaseModel):
+    job: str
+    group: str
+    previous_count: int
+    count: int
+    changed: bool
+    undo: ScaleInput
+
+
+@action("nomad.jobs.scale", timeout=120, mutating=True, undo="nomad.jobs.scale", undo_from_output="undo")
+def jobs_scale(inp: ScaleInput) -> ScaleOutput:
+    """Set a task group's count (modify index enforced); the output's undo puts the previous count back."""
+    inp = validated(ScaleInput, inp)
+    api = nomad_client(inp.nomad)
+    group, _ = read_group_count(api, inp.job, inp.group, inp.namespace)
+    previous, changed = scale_group(api, inp.job, group, inp.namespace, inp.count, inp.message)
+    undo = inp.model_copy(update={"group": group, "count": previous, "message": "coldstart: undo scale"})
+    return ScaleOutput(job=inp.job, group=group, previous_count=previous, count=inp.count, changed=changed, undo=undo)
+
+
+# --------------------------------------------------------------------------- node quarantine
+
+
+class NodeProbe(BaseModel):
+    """An HTTP probe for one node (by name or ID): anything but an expected status is a failure."""
+
+    node: str
+    url: str = Field(pattern=r"^https?://")
+    expect_status: list[int] = Field(default_factory=lambda: [200])
+    timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+
+
+class QuarantineInput(BaseModel):
+    nomad: NomadTarget
+    probes: list[NodeProbe] = Field(default_factory=list)
+    failed_allocs_within_minutes: float | None = Field(
+        default=None, gt=0, description="also fail a node with allocations failed within this window")
+    min_failed_allocs: int = Field(default=1, ge=1)
+    max_fraction: float = Field(default=0.5, gt=0, le=1, description="refuse (change nothing) when more than this "
+                                "share of eligible ready nodes would be quarantined: a broken probe looks like this")
+
+
+class NodeVerdict(BaseModel):
+    node_id: str
+    name: str
+    reasons: list[str]
+
+
+class NodesEligibleInput(BaseModel):
+    nomad: NomadTarget
+    node_ids: list[str] = Field(default_factory=list)
+
+
+class QuarantineOutput(BaseModel):
+    quarantined: list[NodeVerdict] = Field(description="nodes this call made ineligible")
+    healthy: list[str]
+    skipped: list[str] = Field(description="nodes not ready or already ineligible: not probed")
+    undo: NodesEligibleInput
+
+
+class NodesEligibleOutput(BaseModel):
+    made_eligible: list[str]
+    unchanged: list[str]
+
+
+def _probe(probe: NodeProbe) -> str | None:
+    try:
+        resp = requests.get(probe.url, timeout=probe.timeout_seconds)
+    except requests.RequestException as exc:
+        return f"probe {probe.url} unreachable: {type(exc).__name__}"
+    if resp.status_code not in probe.expect_status:
+        return f"probe {probe.url} answered {resp.status_code}"
+    return None
+
+
+@action("nomad.nodes.quarantine_unhealthy", timeout=300, mutating=True, undo="nomad.nodes.restore_eligibility",
+        undo_from_output="undo", retry=RetryDefaults(max_attempts=3))
+def nodes_quarantine_unhealthy(inp: QuarantineInput) -> QuarantineOutput:
+    """Make ineligible every ready, eligible node that fails its probe (HTTP or recent failed allocations)."""
+    inp = validated(QuarantineInput, inp)
+    if not inp.probes and inp.failed_allocs_within_minutes is None:
+        raise bad("give probes and/or failed_allocs_within_minutes: nothing to judge nodes by")
+    api = nomad_client(inp.nomad)
+    nodes = call("list nodes", lambda: api.nodes.get_nodes())
+    by_ref = {n["Name"]: n for n in nodes} | {n["ID"]: n for n in nodes}
+    unknown = [p.node for p in inp.probes if p.node not in by_ref]
+    if unknown:
+        raise bad(f"probes name unknown nodes: {unknown}")
+    probes: dict[str, list[NodeProbe]] = {}
+    for p in inp.probes:
+        probes.setdefault(by_ref[p.node]["ID"], []).append(p)
+    # A previous attempt's verdicts: nodes it already quarantined are ineligible now, so they
+    # would be "skipped" and vanish from the undo unless carried over.
+    prior = resume_details() or {}
+    done = {v["node_id"]: NodeVerdict.model_validate(v) for v in prior.get("quarantined", [])}
+    since_ns = (time.time() - inp.failed_allocs_within_minutes * 60) * 1e9 if inp.failed_allocs_within_minutes else None
+    verdicts, healthy, skipped = [], [], []
+    for node in sorted(nodes, key=lambda n: n["Name"]):
+        if node["ID"] in done:
+            continue
+        if node["Status"] != "ready" or node["SchedulingEligibility"] != "eligible" or node.get("Drain"):
+            skipped.append(node["Name"])
+            continue
+        reasons = [r for r in (_probe(p) for p in probes.get(node["ID"], [])) if r]
+        if since_ns is not None:
+            allocs = call(f"list allocations on {node['Name']}", lambda: api.node.get_allocations(node["ID"]))
+            failed = [a for a in allocs if a.get("ClientStatus") == "failed" and int(a.get("ModifyTime") or 0) >= since_ns]
+            if len(failed) >= inp.min_failed_allocs:
+                reasons.append(f"{len(failed)} allocation(s) failed in the last {inp.failed_allocs_within_minutes:g} min")
+        if reasons:
+            verdicts.append(NodeVerdict(node_id=node["ID"], name=node["Name"], reasons=reasons))
+        else:
+            healthy.append(node["Name"])
+    candidates = len(verdicts) + len(healthy)
+    if verdicts and len(verdicts) > inp.max_fraction * candidates:
+        raise ApplicationError(
+            f"{len(verdicts)} of {candidates} ready nodes fail their probes, over max_fraction={inp.max_fraction}: "
+            f"nothing changed (is the probe itself broken?): {[v.name for v in verdicts]}",
+            type="TooMany", non_retryable=True)
+    for v in verdicts:
+        call(f"mark {v.name} ineligible", lambda: api.node.eligible_node(v.node_id, ineligible=True))
+        done[v.node_id] = v
+        heartbeat({"quarantined": [d.model_dump() for d in done.values()]})
+    for v in done.values():
+        now = call(f"read node {v.name}", lambda: api.node.get_node(v.node_id))
+        if now["SchedulingEligibility"] != "ineligible":
+            raise unavailable(f"marked {v.name} ineligible but it reads back {now['SchedulingEligibility']}")
+    skipped = [s for s in skipped if s not in {d.name for d in done.values()}]
+    ids = list(done)
+    return QuarantineOutput(quarantined=list(done.values()), healthy=healthy, skipped=skipped,
+                            undo=NodesEligibleInput(nomad=inp.nomad, node_ids=ids))
+
+
+@action("nomad.nodes.restore_eligibility", timeout=120, mutating=True)
+def nodes_restore_eligibility(inp: NodesEligibleInput) -> NodesEligibleOutput:
+    """Mark the given nodes eligible again (the undo of nomad.nodes.quarantine_unhealthy)."""
+    inp = validated(NodesEligibleInput, inp)
+    api = nomad_client(inp.nomad)
+    made, unchanged = [], []
+    for node_id in inp.node_ids:
+        node = call(f"read node {node_id}", lambda: api.node.get_node(node_id))
+        if node["SchedulingEligibility"] == "eligible":
+            unchanged.append(node["Name"])
+            continue
+        call(f"mark {node['Name']} eligible", lambda: api.node.eligible_node(node_id, eligible=True))
+        made.append(node["Name"])
+    return NodesEligibleOutput(made_eligible=made, unchanged=unchanged)
+
+
+# --------------------------------------------------------------------------- redeploy from scratch
+
+
+class RedeployInput(BaseModel):
+    nomad: NomadTarget
+    job: str = Field(min_length=1)
+    namespace: str = "default"
+    job_spec: dict[str, Any] | None = Field(
+        default=None, description="the job as JSON (the API's Job object); default: the running job's spec, "
+                                  "read and recorded before the purge")
+    deadline_seconds: float = Field(default=900, gt=0, le=6 * 3600)
+    poll_seconds: float = Field(default=2.0, gt=0, le=60)
+    stop_timeout_seconds: float = Field(default=120, gt=0, le=3600)
+
+    @field_validator("job_spec")
+    @classmethod
+    def _spec(cls, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        if spec is None:
+            return None
+        spec = spec.get("Job", spec)
+        if not spec.get("TaskGroups"):
+            raise ValueError("job_spec has no TaskGroups")
+        return spec
+
+
+class AllocView(BaseModel):
+    id: str
+    node: str
+    group: str
+    status: str
+
+
+class RedeployOutput(BaseModel):
+    job: str
+    spec_source: Literal["inline", "recorded"]
+    purged: bool
+    job_modify_index: int
+    allocations: list[AllocView]
+    expected: int
+    stop_seconds: float
+    deploy_seconds: float
+    failed_allocations: list[AllocView] = Field(default_factory=list)
+
+
+def _clean(spec: dict[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(spec)
+    for name in SERVER_FIELDS:
+        spec.pop(name, None)
+    spec["Stop"] = False
+    return spec
+
+
+def _allocs(api: Any, job: str, namespace: str) -> list[dict[str, Any]]:
+    return call(f"list allocations of {job}", lambda: api.job.request(
+        job, "allocations", method="get", params={"namespace": namespace}).json(), not_found=None) or []
+
+
+def _view(a: dict[str, Any]) -> AllocView:
+    return AllocView(id=a["ID"], node=a.get("NodeName") or a.get("NodeID", ""), group=a["TaskGroup"],
+                     status=a["ClientStatus"])
+
+
+def _healthy(a: dict[str, Any]) -> bool:
+    if a.get("DesiredStatus") != "run" or a.get("ClientStatus") != "running":
+        return False
+    # With an update block Nomad reports deployment health; without one, running is all there is.
+    ds = a.get("DeploymentStatus") or {}
+    return ds.get("Healthy") is not False
+
+
+@action("nomad.job.redeploy_from_scratch", timeout=6 * 3600, heartbeat=60, mutating=True,
+        retry=RetryDefaults(max_attempts=3))
+def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
+    """Stop and purge a job, register it again and wait (to a deadline) until every allocation is healthy.
+
+    For caches that must come up from a standing start: the old allocations, reschedule
+    trackers and deployments go with the purge. Progress is heartbeated (phase, recorded spec,
+    register index) and a retried attempt resumes there, so a crash after the purge still
+    registers the recorded spec. A fresh registration places every allocation directly: Nomad
+    only uses canaries when updating an existing job, so there are none to promote here.
+    """
+    inp = validated(RedeployInput, inp)
+    api = nomad_client(inp.nomad)
+    state = resume_details() or {}
+    if state.get("job") != inp.job:
+        state = {"job": inp.job, "phase": "read", "t0": time.time()}
+    if state["phase"] == "read":
+        if inp.job_spec is not None:
+            spec, source = inp.job_spec, "inline"
+        else:
+            try:
+                spec, source = _job(api, inp.job, inp.namespace), "recorded"
+            except ApplicationError as exc:
+                if exc.type == "NotFound":
+                    raise bad(f"job {inp.job} does not exist and no job_spec was given") from None
+                raise
+        spec = _clean(spec)
+        if spec.get("ID") != inp.job:
+            raise bad(f"job_spec ID {spec.get('ID')!r} is not {inp.job!r}")
+        spec.setdefault("Namespace", inp.namespace)
+        state.update(phase="stop", spec=spec, source=source)
+        heartbeat(state)
+    spec, source = state["spec"], state["source"]
+    stop_started = time.monotonic()
+    purged = False
+    if state["phase"] == "stop":
+        try:
+            call(f"stop and purge {inp.job}", lambda: api.job.deregister_job(inp.job, purge=True,
+                                                                             namespace=inp.namespace))
+            purged = True
+        except ApplicationError as exc:
+            if exc.type != "NotFound":
+                raise
+        # Wait for the old allocations to finish, so the new ones do not race them for ports.
+        deadline = time.monotonic() + inp.stop_timeout_seconds
+        while any(a.get("ClientStatus") in ("pending", "running") for a in _allocs(api, inp.job, inp.namespace)):
+            if time.monotonic() > deadline:
+                raise unavailable(f"purged {inp.job}, but old allocations still run after "
+                                  f"{inp.stop_timeout_seconds:.0f}s; a retry resumes here", details=state)
+            heartbeat(state)
+            time.sleep(inp.poll_seconds)
+        state["phase"] = "register"
+        heartbeat(state)
+    stop_seconds = round(time.monotonic() - stop_started, 3)
+    if state["phase"] == "register":
+        resp = call(f"register {inp.job}", lambda: api.job.register_job(inp.job, {"Job": spec}))
+        state.update(phase="wait", index=int(resp.get("JobModifyIndex") or 0), t_register=time.time())
+        heartbeat(state)
+    expected = sum(int(g.get("Count") or 0) for g in spec["TaskGroups"])
+    wait_started = time.monotonic()
+    deadline = state.get("t_register", time.time()) + inp.deadline_seconds
+    while True:
+        live = [a for a in _allocs(api, inp.job, inp.namespace) if a.get("DesiredStatus") == "run"]
+        healthy = [a for a in live if _healthy(a)]
+        failed = [a for a in live if a.get("ClientStatus") == "failed"]
+        state["progress"] = {"healthy": len(healthy), "expected": expected, "failed": len(failed)}
+        heartbeat(state)
+        if len(healthy) >= expected:
+            break
+        if time.time() > deadline:
+            raise ApplicationError(
+                f"{inp.job} registered, but only {len(healthy)}/{expected} allocations healthy after "
+                f"{inp.deadline_seconds:.0f}s ({len(failed)} failed on "
+                f"{sorted({a.get('NodeName', '?') for a in failed})}); the job stays registered",
+                {"healthy": [a["ID"] for a in healthy], "failed": [_view(a).model_dump() for a in failed]},
+                type="DeadlineExceeded", non_retryable=True)
+        time.sleep(inp.poll_seconds)
+    return RedeployOutput(job=inp.job, spec_source=source, purged=purged, job_modify_index=int(state.get("index", 0)),
+                          allocations=[_view(a) for a in healthy], expected=expected, stop_seconds=stop_seconds,
+                          deploy_seconds=round(time.monotonic() - wait_started, 3),
+                          failed_allocations=[_view(a) for a in failed])

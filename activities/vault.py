@@ -1,0 +1,119 @@
+"""Vault actions: health (a sealed Vault is an error) and a secret's reference (never its value)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hvac
+import hvac.exceptions
+import requests
+from pydantic import BaseModel, Field, field_validator
+from temporalio.exceptions import ApplicationError
+
+from activities import secrets as vault_secrets
+from activities._clients import bad, unavailable, validated
+from activities.registry import RetryDefaults, action
+from activities.secrets import VaultSecretRef
+
+__all__ = ["HealthInput", "HealthOutput", "ReadInput", "ReadOutput", "health", "read"]
+
+
+class HealthInput(BaseModel):
+    address: str = Field(pattern=r"^https?://", description="Vault URL, e.g. http://10.0.0.5:8200")
+    ca_cert: str | None = None
+    standby_ok: bool = Field(default=True, description="a standby (not the active node) still counts as healthy")
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+
+class HealthOutput(BaseModel):
+    initialized: bool
+    sealed: bool
+    standby: bool
+    version: str | None
+    cluster_name: str | None
+
+
+@action("vault.health", timeout=60, retry=RetryDefaults(max_attempts=3))
+def health(inp: HealthInput) -> HealthOutput:
+    """Read sys/health; sealed or uninitialized (or standby when standby_ok is false) is an error."""
+    inp = validated(HealthInput, inp)
+    client = hvac.Client(url=inp.address, verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
+    try:
+        # Every state answers 200 so the body, not the status code, says what it is.
+        body = client.sys.read_health_status(method="GET", standby_ok=True, sealed_code=200, uninit_code=200,
+                                             performance_standby_code=200, dr_secondary_code=200)
+    except (requests.RequestException, hvac.exceptions.VaultError) as exc:
+        raise unavailable(f"Vault at {inp.address} unreachable: {type(exc).__name__}") from None
+    if not isinstance(body, dict):
+        body = body.json() if hasattr(body, "json") else {}
+    out = HealthOutput(initialized=bool(body.get("initialized")), sealed=bool(body.get("sealed")),
+                       standby=bool(body.get("standby")), version=body.get("version"),
+                       cluster_name=body.get("cluster_name"))
+    # Retryable: unsealing is exactly what an operator is about to do, and the gate should then pass.
+    if not out.initialized:
+        raise ApplicationError(f"Vault at {inp.address} is not initialized", out.model_dump(), type="VaultUninitialized")
+    if out.sealed:
+        raise ApplicationError(f"Vault at {inp.address} is sealed", out.model_dump(), type="VaultSealed")
+    if out.standby and not inp.standby_ok:
+        raise ApplicationError(f"Vault at {inp.address} is a standby", out.model_dump(), type="VaultStandby")
+    return out
+
+
+class ReadInput(BaseModel):
+    address: str = Field(pattern=r"^https?://")
+    mount: str = "secret"
+    path: str
+    version: int | None = Field(default=None, ge=1, description="default: the current version")
+    require_keys: list[str] = Field(default_factory=list, description="fail unless the secret has these keys")
+    token_env: str = "VAULT_TOKEN"
+    token_file: str | None = None
+    ca_cert: str | None = None
+
+    @field_validator("path", "mount")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip("/"):
+            raise ValueError("must be non-empty")
+        return value.strip("/")
+
+
+class ReadOutput(BaseModel):
+    """Where the secret is and what it holds (key names), to hand to other steps as a reference."""
+
+    address: str
+    mount: str
+    path: str
+    version: int
+    keys: list[str]
+    created_time: str | None
+    refs: dict[str, VaultSecretRef] = Field(description="one VaultSecretRef per key, for steps that take one")
+
+
+@action("vault.read", timeout=60, retry=RetryDefaults(max_attempts=3))
+def read(inp: ReadInput) -> ReadOutput:
+    """Check a KV v2 secret exists and return a reference to it (mount, path, version, key names), not its value."""
+    inp = validated(ReadInput, inp)
+    login = VaultSecretRef(address=inp.address, mount=inp.mount, path=inp.path, field="-",
+                           token_env=inp.token_env, token_file=inp.token_file, ca_cert=inp.ca_cert)
+    # Same token lookup and client factory as activities.secrets, so tests and workers configure one thing.
+    client = vault_secrets._factory(inp.address, vault_secrets._token(login), inp.ca_cert or True)
+    where = f"{inp.mount}/{inp.path}"
+    try:
+        reply: dict[str, Any] = client.secrets.kv.v2.read_secret_version(
+            path=inp.path, mount_point=inp.mount, version=inp.version, raise_on_deleted_version=True)
+    except (hvac.exceptions.Forbidden, hvac.exceptions.Unauthorized) as exc:
+        raise ApplicationError(f"Vault denied reading {where}: {type(exc).__name__}", type="VaultAuth",
+                               non_retryable=True) from None
+    except hvac.exceptions.InvalidPath:
+        raise ApplicationError(f"no secret at {where}", type="VaultMissing", non_retryable=True) from None
+    except (requests.RequestException, hvac.exceptions.VaultError) as exc:
+        raise unavailable(f"reading {where}: {type(exc).__name__}") from None
+    data = (reply or {}).get("data") or {}
+    keys = sorted((data.get("data") or {}).keys())
+    meta = data.get("metadata") or {}
+    missing = [k for k in inp.require_keys if k not in keys]
+    if missing:
+        raise bad(f"secret {where} lacks keys {missing} (has {keys})")
+    refs = {k: login.model_copy(update={"field": k}) for k in keys}
+    return ReadOutput(address=inp.address, mount=inp.mount, path=inp.path, version=int(meta.get("version") or 0),
+                      keys=keys, created_time=meta.get("created_time"), refs=refs)
