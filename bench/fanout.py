@@ -1,0 +1,146 @@
+"""Disable 1,000 non-essential Consul users with one for_each step: concurrency 50, 1 % injected failures.
+
+Runs the real path: a runbook on the local Temporal dev server, the worker's consul.user.disable
+action (py-consul, python-nomad, the Consul token read from Vault with hvac) against the lab's
+Consul, Nomad and Vault stand-ins started as processes on loopback. 1 % of the services name a
+Nomad job that does not exist, so their disable fails and the step's "1%" error threshold absorbs
+them. Prints the step's wall time. Goal: under 20 s (the postmortem's version took hours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import consul
+import hvac
+import httpx
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from cli.drill import start_process
+from cli.runs import start_run
+from worker import build_worker
+from workflows import search
+from workflows.contract import RunStatus
+from workflows.loader import plan_run
+
+TOKEN = "bench-consul-token"
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _arrange(consul_url: str, nomad_url: str, count: int, failing: int) -> list[dict]:
+    host, port = consul_url.removeprefix("http://").split(":")
+    admin = consul.Consul(host=host, port=int(port), token=TOKEN)
+    services = []
+    with httpx.Client(timeout=30) as http:
+        for i in range(count):
+            name = f"svc{i:04d}"
+            admin.kv.put(f"coldstart/usage/{name}", "enabled")
+            admin.agent.service.register(name, service_id=name, port=8080)
+            check = consul.Check.ttl("60s")
+            check["Status"] = "passing"
+            admin.agent.check.register(f"{name} ttl", check=check, check_id=f"{name}-ttl", service_id=name)
+            broken = i % (count // failing) == 0 if failing else False
+            if not broken:
+                job = {"Job": {"ID": name, "Name": name, "Type": "service", "Datacenters": ["dc1"],
+                               "TaskGroups": [{"Name": "app", "Count": 4,
+                                               "Tasks": [{"Name": "app", "Driver": "docker", "Config": {"image": "app"}}]}]}}
+                http.post(f"{nomad_url}/v1/jobs", json=job).raise_for_status()
+            services.append({"name": name, "tier": "tier2", "essential": False,
+                             "usage_flag_key": f"coldstart/usage/{name}", "check_id": f"{name}-ttl",
+                             "nomad_job": name if not broken else f"{name}-missing"})
+    return services
+
+
+RUNBOOK = """
+metadata: {{name: disable-users}}
+target: bench
+params:
+  services: {{type: list}}
+steps:
+  - id: disable-users
+    for_each:
+      items: ${{{{ params.services }}}}
+      as: service
+      action: consul.user.disable
+      with:
+        consul: {consul}
+        nomad: {{address: "{nomad}"}}
+        service: ${{{{ service }}}}
+      max_concurrency: {concurrency}
+      error_threshold: "1%"
+"""
+
+
+async def main(count: int, concurrency: int, failing: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="fanout-"))
+    ports = {n: _port() for n in ("consul1", "consul2", "consul3", "nomad", "vault")}
+    python = sys.executable
+    consul_argv = [python, "-m", "lab.standins", "consul", "--acl-token", TOKEN]
+    for name in ("consul1", "consul2", "consul3"):
+        consul_argv += ["--server", f"{name}=127.0.0.1:{ports[name]}"]
+    with start_process(consul_argv, log=work / "consul.log", port=ports["consul1"]), \
+         start_process([python, "-m", "lab.standins", "nomad", "--listen", f"127.0.0.1:{ports['nomad']}",
+                        "--node", "node1", "--node", "node2", "--node", "node3"], log=work / "nomad.log", port=ports["nomad"]), \
+         start_process([python, "-m", "lab.standins", "vault", "--listen", f"127.0.0.1:{ports['vault']}",
+                        "--root-token", "root"], log=work / "vault.log", port=ports["vault"]):
+        consul_url = f"http://127.0.0.1:{ports['consul1']}"
+        nomad_url = f"http://127.0.0.1:{ports['nomad']}"
+        vault_url = f"http://127.0.0.1:{ports['vault']}"
+        hvac.Client(url=vault_url, token="root").secrets.kv.v2.create_or_update_secret(path="coldstart/consul", secret={"token": TOKEN})
+        (work / "vault-token").write_text("root\n")
+        started = time.monotonic()
+        services = await asyncio.to_thread(_arrange, consul_url, nomad_url, count, failing)
+        print(f"arranged {count} services ({failing} with a missing Nomad job) in {time.monotonic() - started:.1f} s")
+        consul_target = json.dumps({
+            "address": consul_url,
+            "servers": [f"http://127.0.0.1:{ports[n]}" for n in ("consul1", "consul2", "consul3")],
+            "token": {"address": vault_url, "path": "coldstart/consul", "field": "token", "token_file": str(work / "vault-token")},
+        })
+        book = work / "disable-users.yaml"
+        book.write_text(RUNBOOK.format(consul=consul_target, nomad=nomad_url, concurrency=concurrency))
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"), data_converter=pydantic_data_converter,
+            search_attributes=search.ALL, dev_server_log_level="error",
+        )
+        try:
+            run = plan_run(book, registry=__import__("activities.catalog").catalog.load_registry(),
+                           params={"services": services}, inventory={"name": "bench"}, initiator="bench")
+            async with build_worker(env.client, "fanout", executor=ThreadPoolExecutor(concurrency + 10),
+                                    max_concurrent_activities=concurrency + 10):
+                started = time.monotonic()
+                handle = await start_run(env.client, run, "fanout")
+                await handle.result()
+                wall = time.monotonic() - started
+                status = await handle.query("status", result_type=RunStatus)
+        finally:
+            await env.shutdown()
+    outputs = status.steps[0].outputs
+    host, port = consul_url.removeprefix("http://").split(":")
+    print(f"disable {count} services, concurrency {concurrency}: succeeded {outputs['succeeded']}, "
+          f"failed {outputs['failed']} (threshold 1 % = {count // 100})")
+    print(f"wall time {wall:.2f} s  goal: < 20 s -> {'met' if wall < 20 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--failing", type=int, default=10)
+    args = parser.parse_args()
+    asyncio.run(main(args.services, args.concurrency, args.failing))
+
