@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         StepState,
         UndoRecord,
     )
-    from workflows.refs import RefError, resolve
+    from workflows.refs import RefError, iter_refs, resolve, split_path
     from workflows.spec import (
         ActionDefaults,
         ActionStep,
@@ -128,6 +128,24 @@ async def _execute_action(
     if result is None:
         return {}
     return result if isinstance(result, dict) else {"value": result}
+
+
+def _referenced(context: dict[str, Any], value: Any) -> dict[str, Any]:
+    """Only the parts of the context that `value` refers to: a fan-out's input stays small
+    (otherwise a list of 1,000 items would travel twice, once as items and once inside params)."""
+    kept: dict[str, Any] = {}
+    for ref in iter_refs(value):
+        parts = split_path(ref)
+        root = parts[0]
+        if root not in context:
+            continue
+        if len(parts) > 1 and isinstance(context[root], dict) and root in ("params", "steps", "target"):
+            name = parts[1]
+            if name in context[root]:
+                kept.setdefault(root, {})[name] = context[root][name]
+        else:
+            kept[root] = context[root]
+    return kept
 
 
 async def run_fan_out(inp: FanOutInput) -> FanOutResult:
@@ -615,7 +633,7 @@ class RunbookWorkflow:
             step_id=step.id,
             spec=spec,
             items=items,
-            context=self._context(),
+            context=_referenced(self._context(), spec.with_),
             action=self._inp.actions[spec.action],
             attempt=state.attempts,
         )
