@@ -240,8 +240,7 @@ def _coerce_params(
         elif param.default is not None:
             raw, where = param.default, f"parameter {name!r} default"
         elif placeholders:
-            values[name] = _PLACEHOLDERS[param.type]
-            continue
+            continue  # validating without a value: references to it stay unresolved, like runtime ones
         else:
             source.error(("params", name), f"parameter {name!r} is required and has no default")
             continue
@@ -291,7 +290,8 @@ def plan_run(
     context = {"params": param_values, "target": inventory or {}}
 
     # Resolve start-time references in the raw YAML data, so locations stay exact.
-    resolved_data = _resolve_start_refs(source.data, context, source, check_target=inventory is not None)
+    unset = {n for n in declared if n not in param_values} if placeholders else None
+    resolved_data = _resolve_start_refs(source.data, context, source, check_target=inventory is not None, lenient_params=unset)
     try:
         runbook = Runbook.model_validate(resolved_data)
     except ValidationError as exc:
@@ -314,7 +314,9 @@ def plan_run(
     )
 
 
-def _resolve_start_refs(data: Any, context: dict[str, Any], source: _Source, *, check_target: bool) -> Any:
+def _resolve_start_refs(
+    data: Any, context: dict[str, Any], source: _Source, *, check_target: bool, lenient_params: set[str] | None = None
+) -> Any:
     def walk(value: Any, path: Path_) -> Any:
         if isinstance(value, dict):
             return {k: walk(v, path + (k,)) for k, v in value.items()}
@@ -330,6 +332,9 @@ def _resolve_start_refs(data: Any, context: dict[str, Any], source: _Source, *, 
             try:
                 return resolve(value, context, only=_START_ROOTS if check_target else {"params"})
             except RefError as exc:
+                named = {str(p[1]) for p in map(split_path, iter_refs(value)) if p[0] == "params" and len(p) > 1}
+                if lenient_params and named & lenient_params:
+                    return value  # validating without a value for these parameters
                 source.error(path, f"reference does not resolve: {exc}")
         return value
 
