@@ -42,7 +42,7 @@ DRILLS: dict[str, DrillSpec] = {
     "consul-cold-start": DrillSpec(
         runbook=Path("runbooks/consul-cold-start.yaml"),
         faults=("consul-contention", "slow-leader", "stale-scheduling-data", "unhealthy-node-eligible", "cold-cache"),
-        params={},  # filled from runbooks/consul-cold-start.drill.yaml when present
+        params={},  # filled from runbooks/drills/consul-cold-start.yaml when present
     ),
 }
 
@@ -117,7 +117,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     from worker import build_worker
 
     spec = DRILLS[name]
-    overrides = spec.runbook.with_suffix(".drill.yaml")
+    overrides = Path("runbooks/drills") / f"{name}.yaml"
     params = dict(spec.params)
     if overrides.exists():
         params.update((yaml.safe_load(overrides.read_text()) or {}).get("params", {}))

@@ -65,16 +65,23 @@ def _params(pairs: list[str]) -> dict[str, Any]:
     return values
 
 
+def _inventory(target: Optional[str]) -> dict[str, Any] | None:
+    from workflows.loader import load_inventory
+
+    if not target:
+        return None
+    try:
+        return load_inventory(target, _targets_dir())
+    except (OSError, ValueError) as exc:
+        _fail(str(exc).splitlines()[0], EXIT_INVALID)
+    return None
+
+
 def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool = False, placeholders: bool = False):
     from activities.catalog import load_registry
-    from workflows.loader import RunbookInvalid, load_inventory, plan_run
+    from workflows.loader import RunbookInvalid, plan_run
 
-    inventory = None
-    if target:
-        try:
-            inventory = load_inventory(target, _targets_dir())
-        except (OSError, ValueError) as exc:
-            _fail(str(exc).splitlines()[0], EXIT_INVALID)
+    inventory = _inventory(target)
     try:
         return plan_run(
             file,
@@ -121,17 +128,12 @@ def validate(
 ) -> None:
     """Check runbooks; every problem is reported as file:line:col: message (exit 2 if any)."""
     from activities.catalog import load_registry
-    from workflows.loader import RunbookInvalid, load_inventory, plan_run
+    from workflows.loader import RunbookInvalid, plan_run
 
     registry = load_registry()
     results = []
+    inventory = _inventory(target)
     for file in files:
-        inventory = None
-        if target:
-            try:
-                inventory = load_inventory(target, _targets_dir())
-            except (OSError, ValueError) as exc:
-                _fail(str(exc).splitlines()[0], EXIT_INVALID)
         try:
             plan_run(file, registry=registry, inventory=inventory, placeholders=True)
             results.append({"file": str(file), "ok": True, "errors": []})

@@ -384,32 +384,10 @@ def _check_semantics(
             hint = f" (known: {', '.join(close)})" if close else ""
             source.error(path, f"unknown action {name!r}{hint}")
             return
-        actions[name] = ActionDefaults(
-            name=spec.name,
-            description=spec.description,
-            timeout=spec.timeout,
-            heartbeat=spec.heartbeat,
-            max_attempts=spec.retry.max_attempts,
-            initial_interval=spec.retry.initial_interval,
-            backoff=spec.retry.backoff,
-            max_interval=spec.retry.max_interval,
-            mutating=spec.mutating,
-            undo=spec.undo,
-            undo_from_output=spec.undo_from_output,
-        )
-        if spec.undo and registry.get(spec.undo) is not None:
-            undo = registry.get(spec.undo)
-            actions[spec.undo] = ActionDefaults(
-                name=undo.name,
-                description=undo.description,
-                timeout=undo.timeout,
-                heartbeat=undo.heartbeat,
-                max_attempts=undo.retry.max_attempts,
-                initial_interval=undo.retry.initial_interval,
-                backoff=undo.retry.backoff,
-                max_interval=undo.retry.max_interval,
-                mutating=undo.mutating,
-            )
+        actions[name] = _pinned_defaults(spec)
+        undo = registry.get(spec.undo) if spec.undo else None
+        if undo is not None:
+            actions[spec.undo] = _pinned_defaults(undo)
         _check_args(spec.input_model, args, path[:-1] + ("with",), source, name)
 
     def check_refs(value: Any, path: Path_, scope: _Scope) -> None:
@@ -514,6 +492,23 @@ def _check_semantics(
         if not name.strip():
             source.error(("approvers",), "an approver name cannot be empty")
     return actions
+
+
+def _pinned_defaults(spec: Any) -> ActionDefaults:
+    """The registry's defaults for one action, as they will travel in the run input."""
+    return ActionDefaults(
+        name=spec.name,
+        description=spec.description,
+        timeout=spec.timeout,
+        heartbeat=spec.heartbeat,
+        max_attempts=spec.retry.max_attempts,
+        initial_interval=spec.retry.initial_interval,
+        backoff=spec.retry.backoff,
+        max_interval=spec.retry.max_interval,
+        mutating=spec.mutating,
+        undo=spec.undo,
+        undo_from_output=spec.undo_from_output,
+    )
 
 
 def _valid_parts(data: Any) -> tuple[list[Any], list[str]]:
