@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "DnsSteering",
     "Endpoints",
+    "Cluster",
     "Executor",
     "Host",
+    "HostTarget",
     "Inventory",
     "SecretRef",
     "Telemetry",
@@ -102,6 +104,27 @@ class DnsSteering(_Strict):
     tsig_secret: SecretRef
 
 
+class Cluster(_Strict):
+    """How actions reach a cluster's API: the same fields as activities' ConsulTarget / NomadTarget."""
+
+    address: str
+    servers: list[str] = Field(default_factory=list)
+    token: SecretRef | None = None
+
+
+class HostTarget(_Strict):
+    """One host in the shape firewall actions take (activities.executors.HostTarget), for host groups."""
+
+    name: str
+    kind: Literal["ssh", "netns"] = "ssh"
+    address: str | None = None
+    port: int = 22
+    user: str = "root"
+    key_path: str | None = None
+    known_hosts: str | None = None
+    netns: str | None = None
+
+
 class Telemetry(_Strict):
     prometheus: str
     metrics: dict[str, list[str]] = Field(default_factory=dict)
@@ -121,6 +144,10 @@ class Inventory(_Strict):
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
     vault: VaultLogin | None = None
     dns: DnsSteering | None = None
+    consul: Cluster | None = None
+    nomad: Cluster | None = None
+    # Named lists of hosts, ready to pass to host actions (e.g. groups.consul_servers to firewall.block).
+    groups: dict[str, list[HostTarget]] = Field(default_factory=dict)
     # Free-form facts for humans and runbook params (state dir, controller address, ...).
     facts: dict[str, Any] = Field(default_factory=dict)
 

@@ -17,7 +17,8 @@ from lab.hosts.processes import pid_alive, start_daemon, wait_for_port
 from lab.hosts.shell import LabError, sh
 from lab.hosts.state import load_state
 from lab.inventory import (
-    DnsSteering, Endpoints, Executor, Host, Inventory, SecretRef, Telemetry, VaultLogin, write_inventory,
+    Cluster, DnsSteering, Endpoints, Executor, Host, HostTarget, Inventory, SecretRef, Telemetry, VaultLogin,
+    write_inventory,
 )
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.services import (
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "lab-files.json"
 CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down see the same ports
 # What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
-STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres")
+STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots")
 KV_SECRETS = {
     "dns_tsig": ("coldstart/dns-tsig", "secret"),
     "consul_token": ("coldstart/consul", "token"),
@@ -157,6 +158,22 @@ def _scheduling_kv(cfg: LabConfig, sec: Secrets) -> None:
     r.raise_for_status()
 
 
+def _baseline_snapshot(cfg: LabConfig, sec: Secrets) -> Path:
+    """The lab's backup job: a healthy snapshot in the store, so a cold start has something to restore."""
+    store = cfg.path("snapshots")
+    store.mkdir(parents=True, exist_ok=True)
+    existing = sorted(store.glob("*.snap"))
+    if existing:
+        return existing[-1]
+    response = httpx.get(f"{cfg.consul_url}/v1/snapshot", headers={"X-Consul-Token": sec.read("consul-token")}, timeout=30)
+    response.raise_for_status()
+    path = store / f"baseline-{int(time.time())}.snap"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(response.content)
+    os.replace(tmp, path)
+    return path
+
+
 def up(cfg: LabConfig) -> dict[str, Any]:
     """Create or complete the lab; safe to run again (running pieces are kept)."""
     if reason := netns_usable():
@@ -208,6 +225,7 @@ def up(cfg: LabConfig) -> dict[str, Any]:
         dns_lab.paths.key.unlink(missing_ok=True)  # the secret now lives in Vault (and pdns' db) only
     _register_cache_job(cfg)
     _scheduling_kv(cfg, sec)
+    _baseline_snapshot(cfg, sec)
     wait_for_port(cfg.ip(cfg.db_host), cfg.ports.postgres, timeout=20, pid=pg.pid)
     added = seed(f"postgresql://postgres@{cfg.ip(cfg.db_host)}:{cfg.ports.postgres}/postgres", cfg.seed_players)
     for host in CACHE_HOSTS:
@@ -295,7 +313,15 @@ def build_inventory(cfg: LabConfig, sec: Secrets) -> Inventory:
                          approle_secret_id_file=str(sec.file("worker-secret-id"))),
         dns=DnsSteering(zone=STEER_ZONE, name=STEER_NAME, servers=[cfg.dns_server], game_ip=cfg.ip("edge"),
                         maint_ip=cfg.maint_ip, tsig_key_name="coldstart-steer.", tsig_secret=secret_refs["dns_tsig"]),
+        consul=Cluster(address=cfg.url(CONSUL_HOSTS[0], p.consul_http),
+                       servers=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], token=secret_refs["consul_token"]),
+        nomad=Cluster(address=cfg.nomad_url, servers=[cfg.nomad_url], token=secret_refs["nomad_token"]),
+        groups={"consul_servers": [
+            HostTarget(name=h, **hosts[h].executor.model_dump(include={"kind", "address", "port", "user", "key_path",
+                                                                      "known_hosts", "netns"}))
+            for h in CONSUL_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
+               "snapshot_store": str(cfg.path("snapshots")),
                "nomad_job": "cache", "real_agents": _real_agents()},
     )
 
