@@ -8,6 +8,7 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,22 @@ class DrillSpec:
     """A drill: the runbook, the outage injected before it, and the parameters that shrink its waits."""
 
     runbook: Path
-    faults: tuple[str, ...]
+    faults: tuple[tuple[str, dict[str, Any]], ...]
     params: dict[str, Any] = field(default_factory=dict)
 
 
 DRILLS: dict[str, DrillSpec] = {
     "consul-cold-start": DrillSpec(
         runbook=Path("runbooks/consul-cold-start.yaml"),
-        faults=("consul-contention", "slow-leader", "stale-scheduling-data", "unhealthy-node-eligible", "cold-cache"),
-        params={},  # filled from runbooks/drills/consul-cold-start.yaml when present
+        faults=(
+            ("consul-contention", {}),
+            ("slow-leader", {"target": "consul1"}),
+            ("stale-scheduling-data", {}),
+            ("unhealthy-node-eligible", {"target": "cache3"}),
+            ("cold-cache", {}),
+        ),
+        # The on-call names the slow servers from their metrics; the drill knows which one it slowed.
+        params={"slow_servers": ["consul1"]},
     ),
 }
 
@@ -131,8 +139,10 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     info = await asyncio.to_thread(lifecycle.up, cfg)
     try:
         console.print(f"lab up in {info['seconds']} s; inventory {info['inventory']}", highlight=False)
-        for fault in spec.faults:
-            await asyncio.to_thread(lab_faults.inject, cfg, fault)
+        # The incident starts now: the lab's baseline snapshot was taken before it.
+        params.setdefault("incident_start", datetime.now(timezone.utc).isoformat())
+        for fault, options in spec.faults:
+            await asyncio.to_thread(lab_faults.inject, cfg, fault, **options)
             console.print(f"injected {fault}", highlight=False)
         inventory = yaml.safe_load(Path(info["inventory"]).read_text())
         os.environ["VAULT_TOKEN"] = await asyncio.to_thread(_vault_token, inventory)
