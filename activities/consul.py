@@ -876,6 +876,7 @@ class ServiceRecord(BaseModel):
     """What one service looked like before consul.user.disable touched it."""
 
     name: str
+    tier: str = ""
     flag: FlagRecord | None = None
     check: CheckRecord | None = None
     scale: ScaleRecord | None = None
@@ -905,6 +906,8 @@ class _DisableKnobs(BaseModel):
 
 class UserEnableInput(_Shared):
     record: ServiceRecord
+    tiers: list[str] | None = Field(default=None, description="only re-enable services of these tiers (the rest "
+                                                             "are left for a later step); default every tier")
 
 
 class UserDisableInput(_Shared, _DisableKnobs):
@@ -988,7 +991,7 @@ def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> Se
     from activities.nomad import read_group_count
 
     svc = inp.service
-    record = ServiceRecord(name=svc.name)
+    record = ServiceRecord(name=svc.name, tier=svc.tier)
     if svc.usage_flag_key:
         _, cur = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
         record.flag = FlagRecord(key=svc.usage_flag_key, previous=_entry(cur) if cur else None)
@@ -1054,6 +1057,8 @@ def _enable_one(inp: UserEnableInput, client: consul.Consul, nomad_api: Any) -> 
     from activities.nomad import scale_group
 
     rec = inp.record
+    if inp.tiers is not None and rec.tier not in inp.tiers:
+        return UserEnableOutput(service=rec.name, changed=[], notes=[f"tier {rec.tier!r} not in {inp.tiers}: later"])
     changed: list[str] = []
     if rec.flag is not None:
         _, did, _ = kv_ensure(client, rec.flag.key, _want(rec.flag.previous),

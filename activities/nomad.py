@@ -273,6 +273,8 @@ class RedeployInput(BaseModel):
     deadline_seconds: float = Field(default=900, gt=0, le=6 * 3600)
     poll_seconds: float = Field(default=2.0, gt=0, le=60)
     stop_timeout_seconds: float = Field(default=120, gt=0, le=3600)
+    port_label: str | None = Field(default=None, description="also return each healthy allocation's address for "
+                                                             "this port label as ip:port (output endpoints)")
 
     @field_validator("job_spec")
     @classmethod
@@ -290,6 +292,7 @@ class AllocView(BaseModel):
     node: str
     group: str
     status: str
+    ports: dict[str, str] = Field(default_factory=dict, description="port label -> host ip:port")
 
 
 class RedeployOutput(BaseModel):
@@ -302,6 +305,7 @@ class RedeployOutput(BaseModel):
     stop_seconds: float
     deploy_seconds: float
     failed_allocations: list[AllocView] = Field(default_factory=list)
+    endpoints: list[str] = Field(default_factory=list, description="ip:port of port_label on each healthy allocation")
 
 
 def _clean(spec: dict[str, Any]) -> dict[str, Any]:
@@ -318,8 +322,22 @@ def _allocs(api: Any, job: str, namespace: str) -> list[dict[str, Any]]:
 
 
 def _view(a: dict[str, Any]) -> AllocView:
+    # AllocatedResources.Shared.Ports: https://developer.hashicorp.com/nomad/api-docs/allocations#read-allocation
+    shared = (a.get("AllocatedResources") or {}).get("Shared") or {}
+    ports = {p["Label"]: f"{p.get('HostIP') or '?'}:{p['Value']}" for p in shared.get("Ports") or [] if p.get("Label")}
     return AllocView(id=a["ID"], node=a.get("NodeName") or a.get("NodeID", ""), group=a["TaskGroup"],
-                     status=a["ClientStatus"])
+                     status=a["ClientStatus"], ports=ports)
+
+
+def _expected(api: Any, spec: dict[str, Any]) -> int:
+    """Allocations a healthy job has: the group counts, or for a system job one per eligible ready node."""
+    if spec.get("Type") != "system":
+        return sum(int(g.get("Count") or 0) for g in spec["TaskGroups"])
+    dcs = spec.get("Datacenters") or ["*"]
+    nodes = call("list nodes", lambda: api.nodes.get_nodes())
+    fit = [n for n in nodes if n.get("Status") == "ready" and n.get("SchedulingEligibility") == "eligible"
+           and not n.get("Drain") and ("*" in dcs or n.get("Datacenter") in dcs)]
+    return len(fit) * len(spec["TaskGroups"])
 
 
 def _healthy(a: dict[str, Any]) -> bool:
@@ -388,7 +406,10 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
         resp = call(f"register {inp.job}", lambda: api.job.register_job(inp.job, {"Job": spec}))
         state.update(phase="wait", index=int(resp.get("JobModifyIndex") or 0), t_register=time.time())
         heartbeat(state)
-    expected = sum(int(g.get("Count") or 0) for g in spec["TaskGroups"])
+    expected = _expected(api, spec)
+    if expected == 0:
+        raise ApplicationError(f"{inp.job} is registered but no node can take it (no eligible ready node in its "
+                               "datacenters)", type="NoCapacity", non_retryable=True)
     wait_started = time.monotonic()
     deadline = state.get("t_register", time.time()) + inp.deadline_seconds
     while True:
@@ -407,7 +428,11 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
                 {"healthy": [a["ID"] for a in healthy], "failed": [_view(a).model_dump() for a in failed]},
                 type="DeadlineExceeded", non_retryable=True)
         time.sleep(inp.poll_seconds)
+    if inp.port_label and not any(inp.port_label in _view(a).ports for a in healthy):
+        raise bad(f"{inp.job} redeployed and healthy, but no allocation has a port labelled {inp.port_label!r}")
     return RedeployOutput(job=inp.job, spec_source=source, purged=purged, job_modify_index=int(state.get("index", 0)),
                           allocations=[_view(a) for a in healthy], expected=expected, stop_seconds=stop_seconds,
                           deploy_seconds=round(time.monotonic() - wait_started, 3),
-                          failed_allocations=[_view(a) for a in failed])
+                          failed_allocations=[_view(a) for a in failed],
+                          endpoints=[v.ports[inp.port_label] for v in map(_view, healthy)
+                                     if inp.port_label and inp.port_label in v.ports])

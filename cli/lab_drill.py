@@ -132,7 +132,8 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     state_dir.mkdir(parents=True, exist_ok=True)
     targets = state_dir / "targets"
     metrics_port = free_port()
-    cfg = LabConfig(state_dir=state_dir / "lab", inventory_path=targets / "lab.yaml")
+    # 200 player requests/s: enough that an admitted cohort warms its share of the cache within a step.
+    cfg = LabConfig(state_dir=state_dir / "lab", inventory_path=targets / "lab.yaml", players_rps=200.0)
     cfg = cfg.model_copy(update={"worker_metrics": f"{cfg.spec.gateway}:{metrics_port}"})
     started = time.monotonic()
     console.print("lab: bringing up the platform (network namespaces, stand-ins, PowerDNS, Prometheus, Redis, PostgreSQL)")

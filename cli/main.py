@@ -386,6 +386,7 @@ def drill(
     file: Optional[Path] = typer.Option(None, "--runbook", help="with `schedule`: the runbook file (default runbooks/NAME.yaml)"),
     target: Optional[str] = typer.Option(None, help="with `schedule`: the inventory (default: the runbook's target)"),
     paused: bool = typer.Option(False, help="with `schedule`: create it paused"),
+    keep: bool = typer.Option(False, help="leave the lab up after a lab drill (for a look around)"),
 ) -> None:
     """Run a drill end to end on this machine and report (exit 0 only if it succeeded), or schedule one."""
     if args[0] == "schedule":
@@ -398,9 +399,18 @@ def drill(
     from rich.markdown import Markdown
 
     from cli.drill import run_demo_drill
+    from cli.lab_drill import DRILLS, print_report, run_lab_drill
+    from workflows.loader import RunbookInvalid
 
+    if args[0] in DRILLS:
+        try:
+            lab_report = asyncio.run(run_lab_drill(args[0], state_dir, out, interactive=interactive, keep=keep))
+        except RunbookInvalid as exc:
+            _fail(exc.errors[0] + (f" (and {len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""), EXIT_INVALID)
+        print_report(out, lab_report)
+        raise typer.Exit(0 if lab_report.outcome == "succeeded" else EXIT_FAILED)
     if args[0] != "demo":
-        _fail(f"no drill named {args[0]!r} (available: demo)", EXIT_INVALID)
+        _fail(f"no drill named {args[0]!r} (available: demo, {', '.join(DRILLS)})", EXIT_INVALID)
     report = asyncio.run(run_demo_drill(state_dir, out, interactive=interactive))
     out.print(Markdown(report.timeline_markdown.split("## Events")[0]))
     out.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s; report written to {report.report_path}", highlight=False)

@@ -1,9 +1,10 @@
-"""Internal-services load on Consul: KV reads/writes and health queries; failed calls queue and retry as a storm."""
+"""Internal-services load on Consul, from the services that are switched on; failed calls retry as a storm."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import random
 import signal
@@ -17,29 +18,84 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 __all__ = ["InternalLoad", "main"]
 
 SERVICES = ("inventory", "matchmaker", "chat", "avatar", "economy")
+REFRESH_S = 2.0
 
 
 class InternalLoad:
-    """Steady `rps` of mixed calls spread over the servers; failed calls pile up (bounded) and are
-    re-sent at `storm_rps` as soon as calls succeed again — the reconnect storm after an unblock."""
+    """Mixed calls spread over the servers at up to `rps`; failed calls pile up (bounded) and are
+    re-sent at `storm_rps` as soon as calls succeed again — the reconnect storm after an unblock.
+
+    With a users file, the load is causal: each service sends its share only while its usage flag
+    in Consul KV says "enabled" (essential ones always), scaled by its Nomad job's current count
+    against its baseline — so consul.user.disable really takes load off Consul.
+    """
 
     def __init__(self, args: argparse.Namespace, token: str | None) -> None:
         self.args = args
         self.headers = {"X-Consul-Token": token} if token else {}
         self.backlog = 0
         self.last_ok = True
+        self.users: list[dict] = json.loads(Path(args.users_file).read_text()) if args.users_file else [
+            {"name": name, "essential": True, "count": 1} for name in SERVICES]
+        self.share = {u["name"]: 1.0 for u in self.users}
+        self.enabled = {u["name"]: True for u in self.users}
+        self.counts = {u["name"]: u["count"] for u in self.users}
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("coldstart_internal_consul_requests", "Consul calls by outcome", ["outcome"],
                                 registry=r)
         self.backlog_g = Gauge("coldstart_internal_retry_backlog", "failed calls waiting to be re-sent", registry=r)
         self.running = Gauge("coldstart_internal_generating", "1 while the generator sends load", registry=r)
+        self.share_g = Gauge("coldstart_internal_service_share", "a service's load against its baseline (0 = off)",
+                             ["service"], registry=r)
+        self.rate_g = Gauge("coldstart_internal_target_rps", "calls per second the services ask for now", registry=r)
         for outcome in ("ok", "error"):
             self.requests.labels(outcome)
+        self._publish()
+
+    def _publish(self) -> None:
+        for name, share in self.share.items():
+            self.share_g.labels(name).set(share)
+        self.rate_g.set(self.rate())
+
+    def rate(self) -> float:
+        return self.args.rps * sum(self.share.values()) / max(len(self.share), 1)
+
+    async def refresh(self, http: aiohttp.ClientSession) -> None:
+        """Read each service's flag (Consul KV) and job count (Nomad); keep the last answer when unreachable."""
+        if not self.args.users_file:
+            return
+        prefix = self.users[0]["flag"].rsplit("/", 1)[0]
+        try:
+            async with http.get(f"{random.choice(self.args.consul)}/v1/kv/{prefix}", params={"recurse": "true"}) as resp:
+                if resp.status in (200, 404):
+                    entries = await resp.json() if resp.status == 200 else []
+                    flags = {e["Key"]: base64.b64decode(e["Value"] or "").decode() for e in entries}
+                    for user in self.users:
+                        self.enabled[user["name"]] = user["essential"] or flags.get(user["flag"]) == "enabled"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            pass  # Consul blocked or down: the services keep doing what they did
+        for user in self.users:
+            if not (self.args.nomad and user.get("job")):
+                continue
+            try:
+                async with http.get(f"{self.args.nomad}/v1/job/{user['job']}") as resp:
+                    if resp.status == 200:
+                        job = await resp.json()
+                        self.counts[user["name"]] = 0 if job.get("Stop") else sum(
+                            g.get("Count", 0) for g in job["TaskGroups"])
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError):
+                pass
+        for user in self.users:
+            name = user["name"]
+            self.share[name] = self.counts[name] / user["count"] if self.enabled[name] else 0.0
+        self._publish()
 
     async def call(self, http: aiohttp.ClientSession) -> None:
         server = random.choice(self.args.consul)
-        svc = random.choice(SERVICES)
+        names = list(self.share)
+        weights = [self.share[n] for n in names]
+        svc = random.choices(names, weights)[0] if sum(weights) else random.choice(names)
         kind = random.random()
         try:
             if kind < 0.5:
@@ -60,17 +116,6 @@ class InternalLoad:
             self.backlog = min(self.backlog + 1, self.args.max_backlog)
         self.backlog_g.set(self.backlog)
 
-    async def register(self, http: aiohttp.ClientSession) -> None:
-        for i, svc in enumerate(SERVICES):
-            server = self.args.consul[i % len(self.args.consul)]
-            payload = {"Name": svc, "ID": svc, "Port": 8000 + i,
-                       "Check": {"CheckID": f"{svc}-ttl", "TTL": "3600s", "Status": "passing"}}
-            try:
-                async with http.put(f"{server}/v1/agent/service/register", json=payload) as resp:
-                    await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                pass  # the load itself reports Consul trouble; registration is best effort
-
     async def run(self, stop: asyncio.Event) -> None:
         a = self.args
         deadline = time.monotonic() + a.duration
@@ -81,12 +126,18 @@ class InternalLoad:
         budget = 0.0
         self.running.set(1)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self.headers) as http:
-            await self.register(http)
-            last = time.monotonic()
+            await self.refresh(http)
+            last = refreshed = time.monotonic()
             while not stop.is_set() and time.monotonic() < deadline:
                 now = time.monotonic()
                 dt, last = now - last, now
-                budget = min(budget + a.rps * dt, a.rps)
+                if now - refreshed >= REFRESH_S:
+                    refreshed = now
+                    task = asyncio.create_task(self.refresh(http))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                rate = self.rate()
+                budget = min(budget + rate * dt, max(rate, 1.0))
                 if self.last_ok and self.backlog:
                     drain = min(self.backlog, int(a.storm_rps * dt) + 1)
                     self.backlog -= drain
@@ -132,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m lab.internal_load", description=__doc__)
     ap.add_argument("--consul", action="append", required=True, help="Consul server URL (repeat)")
     ap.add_argument("--token-file")
+    ap.add_argument("--users-file", help="JSON list of services (name, essential, count, flag, job): causal load")
+    ap.add_argument("--nomad", help="Nomad URL for the services' job counts")
     ap.add_argument("--metrics", required=True, help="HOST:PORT for /metrics")
     ap.add_argument("--rps", type=float, default=20.0)
     ap.add_argument("--storm-rps", type=float, default=500.0, help="rate at which queued retries are re-sent")

@@ -19,6 +19,7 @@ __all__ = [
     "Inventory",
     "SecretRef",
     "Telemetry",
+    "UserService",
     "VaultLogin",
     "load_inventory_file",
     "write_inventory",
@@ -125,6 +126,20 @@ class HostTarget(_Strict):
     netns: str | None = None
 
 
+class UserService(_Strict):
+    """A Consul user for the disable/enable steps: the same fields as activities.consul.UserService."""
+
+    name: str
+    tier: str = ""
+    essential: bool = False
+    usage_flag_key: str | None = None
+    check_id: str | None = None
+    check_agent: str | None = None
+    nomad_job: str | None = None
+    nomad_group: str | None = None
+    nomad_namespace: str = "default"
+
+
 class Telemetry(_Strict):
     prometheus: str
     metrics: dict[str, list[str]] = Field(default_factory=dict)
@@ -148,6 +163,8 @@ class Inventory(_Strict):
     nomad: Cluster | None = None
     # Named lists of hosts, ready to pass to host actions (e.g. groups.consul_servers to firewall.block).
     groups: dict[str, list[HostTarget]] = Field(default_factory=dict)
+    # Services that use Consul, in tiers: the non-essential ones are disabled during a cold start.
+    services: list[UserService] = Field(default_factory=list)
     # Free-form facts for humans and runbook params (state dir, controller address, ...).
     facts: dict[str, Any] = Field(default_factory=dict)
 

@@ -21,6 +21,7 @@ from lab.inventory import (
     write_inventory,
 )
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+from lab.users import register_users, user_services, write_users_file
 from lab.services import (
     STEER_NAME, STEER_ZONE, Secrets, consul_argv, edge_argv, internal_argv, node_agent_argv, nomad_argv,
     players_argv, redis_args, vault_argv,
@@ -136,9 +137,11 @@ def _register_cache_job(cfg: LabConfig) -> None:
     import nomad
 
     job = {
-        "ID": "cache", "Name": "cache", "Type": "service", "Datacenters": ["dc1"],
+        # A system job: one redis on every eligible cache node, on a static port the edge is told about.
+        "ID": "cache", "Name": "cache", "Type": "system", "Datacenters": ["dc1"],
         "TaskGroups": [{
-            "Name": "redis", "Count": len(CACHE_HOSTS),
+            "Name": "redis", "Count": 1,
+            "Networks": [{"ReservedPorts": [{"Label": "redis", "Value": cfg.ports.redis}]}],
             "Tasks": [{"Name": "redis", "Driver": "raw_exec",
                        "Config": {"command": shutil.which("redis-server") or "/usr/bin/redis-server",
                                   "args": redis_args(cfg)}}],
@@ -225,6 +228,8 @@ def up(cfg: LabConfig) -> dict[str, Any]:
         dns_lab.paths.key.unlink(missing_ok=True)  # the secret now lives in Vault (and pdns' db) only
     _register_cache_job(cfg)
     _scheduling_kv(cfg, sec)
+    register_users(cfg, sec.read("consul-token"))
+    write_users_file(cfg)
     _baseline_snapshot(cfg, sec)
     wait_for_port(cfg.ip(cfg.db_host), cfg.ports.postgres, timeout=20, pid=pg.pid)
     added = seed(f"postgresql://postgres@{cfg.ip(cfg.db_host)}:{cfg.ports.postgres}/postgres", cfg.seed_players)
@@ -322,7 +327,14 @@ def build_inventory(cfg: LabConfig, sec: Secrets) -> Inventory:
             for h in CONSUL_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
                "snapshot_store": str(cfg.path("snapshots")),
+               # Sources a Consul block keeps open (the controller and out-of-band telemetry), and the
+               # client tiers let back in one at a time after a restore.
+               "consul_block_allow": [{"name": "controller", "cidrs": [f"{spec.gateway}/32"]},
+                                      {"name": "telemetry", "cidrs": [f"{cfg.ip('prom')}/32"]}],
+               "consul_client_tiers": [{"name": "game-edge", "cidrs": [f"{cfg.ip('edge')}/32"]},
+                                       {"name": "internal-services", "cidrs": [f"{cfg.ip('internal')}/32"]}],
                "nomad_job": "cache", "real_agents": _real_agents()},
+        services=user_services(cfg),
     )
 
 

@@ -55,7 +55,9 @@ class PlayerLoad:
         if answer is None:
             self.requests.labels("error").inc()
             return
-        player = random.randint(1, a.players)
+        # A client is one player's session: it keeps reading its own state, so an admitted
+        # cohort warms its part of the cache and the hit ratio recovers within a ramp step.
+        player = client % a.players + 1
         try:
             async with http.get(f"http://{answer}:{a.port}/play", params={"player": str(player)}) as resp:
                 await resp.read()

@@ -67,6 +67,9 @@ def nomad_argv(cfg: LabConfig) -> list[str]:
     for host in CACHE_HOSTS:
         # netns in Meta is how the stand-in's raw_exec driver places a task in the node's namespace.
         argv += ["--node", f"{host}:netns={cfg.spec.netns(host)},class=cache,address={cfg.ip(host)}"]
+    # The internal services' jobs run here, in a datacenter of their own (lab/users.py).
+    argv += ["--node", f"internal:netns={cfg.spec.netns('internal')},class=services,dc=services,"
+                       f"address={cfg.ip('internal')}"]
     return argv
 
 
@@ -111,7 +114,8 @@ def players_argv(cfg: LabConfig, rps: float, duration: float, clients: int) -> l
 def internal_argv(cfg: LabConfig, sec: Secrets, rps: float, duration: float) -> list[str]:
     argv = [PY, "-m", "lab.internal_load", "--token-file", str(sec.file("consul-token")),
             "--metrics", f"{cfg.ip('internal')}:{cfg.ports.internal_metrics}",
-            "--rps", str(rps), "--duration", str(duration)]
+            "--rps", str(rps), "--duration", str(duration), "--nomad", cfg.nomad_url,
+            "--users-file", str(cfg.path("internal-users.json"))]
     for host in CONSUL_HOSTS:
         argv += ["--consul", cfg.url(host, cfg.ports.consul_http)]
     return argv

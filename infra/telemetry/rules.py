@@ -59,7 +59,9 @@ def recording_rules() -> list[RecordingRule]:
         ),
         RecordingRule(
             "coldstart:cache_hit_ratio",
-            'sum(rate(game_cache_requests_total{result="hit"}[1m]))'
+            # `or vector(0)`: no hit (or no 5xx) yet is a ratio of 0, not an empty result; with no
+            # requests at all the ratio stays NaN/empty, so a gate fails closed on missing traffic.
+            '(sum(rate(game_cache_requests_total{result="hit"}[1m])) or vector(0))'
             ' / sum(rate(game_cache_requests_total{result=~"hit|miss"}[1m]))',
         ),
         RecordingRule("coldstart:db_queries_per_second", "sum(rate(game_db_queries_total[1m]))"),
@@ -69,7 +71,7 @@ def recording_rules() -> list[RecordingRule]:
         ),
         RecordingRule(
             "coldstart:edge_error_ratio",
-            'sum(rate(game_requests_total{code=~"5.."}[1m])) / sum(rate(game_requests_total[1m]))',
+            '(sum(rate(game_requests_total{code=~"5.."}[1m])) or vector(0)) / sum(rate(game_requests_total[1m]))',
         ),
         RecordingRule("coldstart:players_admitted_fraction", "max(coldstart_players_admitted_fraction)"),
         RecordingRule(

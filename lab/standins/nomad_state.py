@@ -246,6 +246,9 @@ class NomadState:
         node["SchedulingEligibility"] = eligibility
         node["ModifyIndex"] = self._next()
         evals = self.unblock() if eligibility == "eligible" else []
+        if eligibility == "eligible":  # system jobs get a node-update evaluation, as in Nomad
+            evals += [self.evaluate(j["Namespace"], j["ID"], "node-update", node_id=node["ID"])["ID"]
+                      for j in list(self.jobs.values()) if j["Type"] == "system" and not j["Stop"]]
         return {"EvalIDs": evals, "EvalCreateIndex": self.index if evals else 0, "NodeModifyIndex": node["ModifyIndex"]}
 
     def drain(self, node_id: str, spec: dict[str, Any] | None, mark_eligible: bool, meta: dict | None) -> dict[str, Any]:
@@ -523,6 +526,18 @@ class NomadState:
     def _live(alloc: dict[str, Any]) -> bool:
         return alloc["DesiredStatus"] == "run" and alloc["ClientStatus"] in ("pending", "running")
 
+    def _ports_taken(self, tg: dict[str, Any], node: dict[str, Any]) -> bool:
+        """A static port already held on the node makes it infeasible, as Nomad's port collision check does."""
+        wanted = set(_static_ports(tg))
+        if not wanted:
+            return False
+        for a in self.allocs.values():
+            if a["NodeID"] == node["ID"] and self._live(a):
+                held = (a.get("AllocatedResources") or {}).get("Shared", {}).get("Ports") or []
+                if wanted & {p["Value"] for p in held}:
+                    return True
+        return False
+
     def _node_load(self) -> dict[str, int]:
         load = {nid: 0 for nid in self.nodes}
         for a in self.allocs.values():
@@ -572,6 +587,15 @@ class NomadState:
                 else:
                     a["JobVersion"] = job["Version"]
                     live.append(a)
+            if job["Type"] == "system":
+                # https://developer.hashicorp.com/nomad/docs/schedulers#system: one allocation on every
+                # feasible node; failed ones are not rescheduled elsewhere, ineligible nodes get nothing new.
+                have = {a["NodeID"] for a in live} | {a["NodeID"] for a in mine if a["DesiredStatus"] == "run"
+                                                      and a["ClientStatus"] == "failed"}
+                for node in self._feasible(job):
+                    if node["ID"] not in have:
+                        self._place(job, tg, tg_hash, ev, None, set(), live, node=node)
+                continue
             if len(live) > tg["Count"]:
                 for a in sorted(live, key=_alloc_index, reverse=True)[: len(live) - tg["Count"]]:
                     self._stop_alloc(a, "alloc not needed due to job update")
@@ -636,13 +660,14 @@ class NomadState:
                 ev.pop("_due")
                 self._process(ev)
 
-    def _place(self, job, tg, tg_hash, ev, prev, avoid, taken) -> bool:
-        nodes = self._feasible(job)
-        if not nodes:
-            return False
-        load = self._node_load()
-        # Spread: fewest live allocs first, so an empty (even unhealthy) node attracts work.
-        node = min(nodes, key=lambda n: (n["ID"] in avoid, load[n["ID"]], n["Name"]))
+    def _place(self, job, tg, tg_hash, ev, prev, avoid, taken, node=None) -> bool:
+        if node is None:
+            nodes = [n for n in self._feasible(job) if not self._ports_taken(tg, n)]
+            if not nodes:
+                return False
+            load = self._node_load()
+            # Spread: fewest live allocs first, so an empty (even unhealthy) node attracts work.
+            node = min(nodes, key=lambda n: (n["ID"] in avoid, load[n["ID"]], n["Name"]))
         used = {_alloc_index(a) for a in taken if a["TaskGroup"] == tg["Name"]}
         used |= {_alloc_index(a) for a in self._job_allocs(job["Namespace"], job["ID"])
                  if a["TaskGroup"] == tg["Name"] and self._live(a)}
@@ -670,6 +695,7 @@ class NomadState:
             "PreviousAllocation": prev["ID"] if prev else "", "NextAllocation": "",
             "PreemptedAllocations": None, "PreemptedByAllocation": "",
             "CreateIndex": idx, "ModifyIndex": idx, "AllocModifyIndex": idx, "CreateTime": now, "ModifyTime": now,
+            "AllocatedResources": _allocated(tg, node),
             "_tg_hash": tg_hash, "_failed_at": None,
         }
         self.allocs[alloc_id] = alloc
@@ -851,3 +877,16 @@ def _task_state(state: str, now: int, event: str, message: str, failed: bool = F
         "Events": [{"Type": event, "Time": now, "DisplayMessage": message, "Message": message,
                     "ExitCode": exit_code or 0, "FailsTask": failed, "Details": {}}],
     }
+
+
+def _static_ports(tg: dict[str, Any]) -> dict[str, int]:
+    """Label -> port of the group's `network { port "x" { static = N } }` (JSON: Networks[].ReservedPorts)."""
+    return {p["Label"]: int(p["Value"]) for net in tg.get("Networks") or [] for p in net.get("ReservedPorts") or []}
+
+
+def _allocated(tg: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The alloc's AllocatedResources.Shared as Nomad reports it: ports bound on the node's address."""
+    ip = node["Attributes"].get("unique.network.ip-address", "127.0.0.1")
+    ports = [{"Label": label, "Value": value, "To": 0, "HostIP": ip} for label, value in _static_ports(tg).items()]
+    networks = [{"Mode": "host", "IP": ip, "ReservedPorts": [{"Label": p["Label"], "Value": p["Value"]} for p in ports]}]
+    return {"Shared": {"Ports": ports, "Networks": networks if ports else None}, "Tasks": {}}
