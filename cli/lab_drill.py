@@ -59,6 +59,7 @@ DRILLS: dict[str, DrillSpec] = {
 class LabDrillReport:
     outcome: str
     wall_seconds: float
+    run_seconds: float  # the runbook run alone: start to close, without lab up/down
     configured_wait_seconds: float
     phases: list[tuple[str, float]]
     gates: list[tuple[str, str, int, int, str]]
@@ -116,7 +117,7 @@ def _plot(curve: list[tuple[float, float, float]], path: Path) -> Path | None:
 
 
 async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interactive: bool = False,
-                        keep: bool = False) -> LabDrillReport:
+                        keep: bool = False, params: dict[str, Any] | None = None) -> LabDrillReport:
     import yaml
 
     from lab import faults as lab_faults
@@ -126,9 +127,11 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
 
     spec = DRILLS[name]
     overrides = Path("runbooks/drills") / f"{name}.yaml"
+    given = params or {}
     params = dict(spec.params)
     if overrides.exists():
         params.update((yaml.safe_load(overrides.read_text()) or {}).get("params", {}))
+    params.update(given)
     state_dir.mkdir(parents=True, exist_ok=True)
     targets = state_dir / "targets"
     metrics_port = free_port()
@@ -202,6 +205,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     return LabDrillReport(
         outcome="succeeded" if verified else status.state,
         wall_seconds=wall,
+        run_seconds=((status.ended_at or datetime.now(timezone.utc)) - status.started_at).total_seconds(),
         configured_wait_seconds=_configured_waits(run),
         phases=phases,
         gates=gates,
@@ -214,20 +218,25 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
 
 def _configured_waits(run: Any) -> float:
     """The sum of the waits the runbook asks for (waits, bakes, ramp bakes), for the overhead ratio."""
-    from workflows.spec import ParallelStep, RampStep, WaitStep
+    from workflows.spec import ParallelStep, RampStep
 
     total = 0.0
     for step in run.runbook.steps:
-        if isinstance(step, WaitStep):
-            total += step.wait.total_seconds()
-        elif isinstance(step, RampStep):
+        if isinstance(step, RampStep):
             total += step.ramp.bake.total_seconds() * len(step.ramp.schedule())
         elif isinstance(step, ParallelStep):
-            total += max((s.wait.total_seconds() for s in step.parallel if isinstance(s, WaitStep)), default=0.0)
-        gate = getattr(step, "gate", None)
-        if gate is not None and gate.bake:
-            total += gate.bake.total_seconds()
+            total += max((_own_wait(s) for s in step.parallel), default=0.0)
+        total += _own_wait(step) if not isinstance(step, (RampStep, ParallelStep)) else 0.0
     return total
+
+
+def _own_wait(step: Any) -> float:
+    from workflows.spec import WaitStep
+
+    if isinstance(step, WaitStep):
+        return step.wait.total_seconds()
+    gate = getattr(step, "gate", None)
+    return gate.bake.total_seconds() if gate is not None and gate.bake else 0.0
 
 
 def print_report(console: Console, report: LabDrillReport) -> None:
@@ -245,6 +254,7 @@ def print_report(console: Console, report: LabDrillReport) -> None:
             bar = "#" * int((admitted if admitted == admitted else 0) / 2)
             ramp.add_row(str(target), "n/a" if admitted != admitted else f"{admitted:.1f}", bar)
         console.print(ramp)
-    console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s (configured waits {report.configured_wait_seconds:.1f} s); "
+    console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s, the run {report.run_seconds:.1f} s "
+                  f"(configured waits {report.configured_wait_seconds:.1f} s); "
                   f"timeline {report.report_path}" + (f"; ramp plot {report.plot_path}" if report.plot_path else ""),
                   highlight=False)

@@ -129,6 +129,7 @@ def write_prometheus_files(
     thresholds: AlertThresholds | None = None,
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE,
     job_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    recording_interval: str = "15s",
 ) -> dict[str, Path]:
     """Write prometheus.yml and rules/coldstart.rules.yml under dest_dir; returns {role: path}."""
     dest = Path(dest_dir)
@@ -146,5 +147,5 @@ def write_prometheus_files(
             )
         )
     )
-    rules_path.write_text(dump_yaml(render_rules(thresholds, runbook_base_url)))
+    rules_path.write_text(dump_yaml(render_rules(thresholds, runbook_base_url, recording_interval)))
     return {"config": config_path, "rules": rules_path}
