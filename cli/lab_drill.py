@@ -69,6 +69,31 @@ class LabDrillReport:
     plot_path: Path | None
 
 
+async def _abort_when_held(client: Any, workflow_id: str, console: Console, grace_s: float = 5.0) -> None:
+    """Unattended, nobody answers a held step: end the drill as failed, naming the step and why."""
+    from workflows.contract import ControlRequest
+
+    handle = client.get_workflow_handle(workflow_id)
+    held_since: dict[str, float] = {}
+    while True:
+        await asyncio.sleep(1.0)
+        try:
+            current = await handle.query("status", result_type=RunStatus)
+        except Exception:  # noqa: BLE001 - worker restarting; try again
+            continue
+        if current.state not in ("running", "paused"):
+            return
+        held = {s.id: s for s in current.steps if s.status == "held"}
+        held_since = {k: v for k, v in held_since.items() if k in held}
+        for step_id, step in held.items():
+            since = held_since.setdefault(step_id, time.monotonic())
+            if time.monotonic() - since >= grace_s:
+                reason = f"unattended drill: {step_id} held ({step.error or 'no detail'})"
+                console.print(reason, style="red", highlight=False)
+                await handle.execute_update("abort", ControlRequest(actor="drill-bot", reason=reason[:500]))
+                return
+
+
 def _vault_token(inventory: dict[str, Any]) -> str:
     """Log the worker in with the lab's AppRole: the token lives in the worker's environment only."""
     import hvac
@@ -117,7 +142,9 @@ def _plot(curve: list[tuple[float, float, float]], path: Path) -> Path | None:
 
 
 async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interactive: bool = False,
-                        keep: bool = False, params: dict[str, Any] | None = None) -> LabDrillReport:
+                        keep: bool = False, params: dict[str, Any] | None = None,
+                        lab: dict[str, Any] | None = None) -> LabDrillReport:
+    """`lab` overrides LabConfig fields (prefix, bridge, veth_prefix, subnet) to keep apart from another lab."""
     import yaml
 
     from lab import faults as lab_faults
@@ -136,12 +163,13 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     targets = state_dir / "targets"
     metrics_port = free_port()
     # 200 player requests/s: enough that an admitted cohort warms its share of the cache within a step.
-    cfg = LabConfig(state_dir=state_dir / "lab", inventory_path=targets / "lab.yaml", players_rps=200.0)
+    cfg = LabConfig(state_dir=state_dir / "lab", inventory_path=targets / "lab.yaml", players_rps=200.0, **(lab or {}))
     cfg = cfg.model_copy(update={"worker_metrics": f"{cfg.spec.gateway}:{metrics_port}"})
     started = time.monotonic()
     console.print("lab: bringing up the platform (network namespaces, stand-ins, PowerDNS, Prometheus, Redis, PostgreSQL)")
-    info = await asyncio.to_thread(lifecycle.up, cfg)
     try:
+        # Inside the try: a lab that fails half way up is still taken down.
+        info = await asyncio.to_thread(lifecycle.up, cfg)
         console.print(f"lab up in {info['seconds']} s; inventory {info['inventory']}", highlight=False)
         # The incident starts now: the lab's baseline snapshot was taken before it.
         params.setdefault("incident_start", datetime.now(timezone.utc).isoformat())
@@ -170,10 +198,11 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
                 handle = await start_run(client, run, queue)
                 console.print(f"drill run {handle.id}; Web UI http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
                               highlight=False)
-                approver = None if interactive else asyncio.create_task(_auto_approve(client, handle.id, console))
+                helpers = [] if interactive else [asyncio.create_task(_auto_approve(client, handle.id, console)),
+                                                  asyncio.create_task(_abort_when_held(client, handle.id, console))]
                 code = await render.follow(client, handle.id, console)
-                if approver:
-                    approver.cancel()
+                for task in helpers:
+                    task.cancel()
                 status = await handle.query("status", result_type=RunStatus)
             timeline = await build_timeline(client, handle.id)
         curve = await asyncio.to_thread(_admitted_curve, inventory["telemetry"]["prometheus"], ramp_started, time.time())

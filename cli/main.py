@@ -468,13 +468,25 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted")
         sys.exit(130)
-    except Exception as exc:  # click usage errors and the like: one line, exit 2
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:  # usage errors and the like: one line, exit 2
+        if isinstance(exc, _usage_errors()):
             err.print(f"error: {exc.format_message()}", markup=False, highlight=False)
             sys.exit(EXIT_INVALID)
         raise
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """Typer >= 0.2x raises its own TyperException subclasses; earlier ones raised click's."""
+    found: list[type[Exception]] = []
+    if (typer_error := getattr(typer.exceptions, "TyperException", None)) is not None:
+        found.append(typer_error)
+    try:
+        import click
+
+        found.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(found)
 
 
 if __name__ == "__main__":

@@ -274,6 +274,8 @@ async def test_ramp_steps_back_holds_and_resumes_after_retry(env, task_queue, tm
               bake: 0.1s
               gates:
                 - {{name: errors, endpoint: "{prom.url}", query: errors, comparator: "<", threshold: 1, interval: 1s, timeout: 0.5s}}
+                - {{name: seen, endpoint: "{prom.url}", query: "seen ${{{{ ramp.percent }}}}", comparator: "<", threshold: 2,
+                   interval: 1s, timeout: 0.5s}}
     """)
     # The timeout is shorter than the interval: exactly one reading per percentage.
     async with support.worker(env.client, task_queue):
@@ -288,6 +290,9 @@ async def test_ramp_steps_back_holds_and_resumes_after_retry(env, task_queue, tm
         await handle.execute_update("retry", ControlRequest(step="ramp", actor="op", reason="db index added"))
         await handle.result()
     assert [line.split(" ", 1)[1] for line in support.lines(out)][4:] == ["30 from 20", "40 from 30", "50 from 40"]
+    # Gates resolve ${{ ramp.percent }} per step, and at the step back to the fallback percentage.
+    assert [c for c in prom.calls if c.startswith("seen")] == ["seen 10", "seen 20", "seen 20", "seen 30", "seen 40",
+                                                               "seen 50"]
 
 
 async def _held_status(handle, step):

@@ -514,8 +514,10 @@ class RunbookWorkflow:
         _metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
 
-    async def _gate(self, step_id: str, gate: GateSpec, name: str, percent: int | None = None) -> None:
-        gate = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True)))
+    async def _gate(self, step_id: str, gate: GateSpec, name: str, percent: int | None = None,
+                    ramp: dict[str, int] | None = None) -> None:
+        # A ramp's gates may name ${{ ramp.percent }} (e.g. to read only once clients see this step).
+        gate = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True), **({"ramp": ramp} if ramp else {})))
         state = self._steps[step_id]
         deadline = workflow.now() + gate.timeout
         streak = 0
@@ -589,25 +591,30 @@ class RunbookWorkflow:
             workflow.set_current_details(self._details(step))
             await self._sleep(spec.bake, f"{step.id}: bake at {percent}%")
             try:
+                # Patched: before it, a ramp gate naming ${{ ramp.percent }} failed to resolve; runs in flight
+                # then must replay that way.
+                context = {"percent": percent, "previous": last_good} if workflow.patched("ramp-gate-context") else None
                 for g, gate in enumerate(spec.gates):
-                    await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent)
+                    await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
             except StepFailed as exc:
                 await self._ramp_set(step, action, last_good, percent)
                 state.percent = last_good
                 fallback = ""
                 # Added after the first recorded histories: runs already in flight replay without it.
                 if workflow.patched("ramp-confirm-step-back"):
-                    fallback = await self._confirm_fallback(step, last_good)
+                    fallback = await self._confirm_fallback(step, last_good, percent)
                 raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%{fallback}") from None
             last_good = percent
             state.last_good = percent
         return {"percent": last_good}
 
-    async def _confirm_fallback(self, step: RampStep, percent: int) -> str:
+    async def _confirm_fallback(self, step: RampStep, percent: int, failed: int) -> str:
         """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""
         failing = []
         for g, gate in enumerate(step.ramp.gates):
-            resolved = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True)))
+            context = {"percent": percent, "previous": failed} if workflow.patched("ramp-gate-context") else {}
+            resolved = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True),
+                                                             **({"ramp": context} if context else {})))
             name = gate.name or f"gate{g + 1}"
             reading = await self._read(step.id, resolved, name, percent)
             self._steps[step.id].readings.append(reading)

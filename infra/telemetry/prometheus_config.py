@@ -39,9 +39,10 @@ _ALLOWED_OVERRIDE_KEYS = {
 }
 
 
-def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: str = DEFAULT_RUNBOOK_BASE) -> dict:
+def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: str = DEFAULT_RUNBOOK_BASE,
+                 recording_interval: str = "15s") -> dict:
     """The rules file (recording + alert groups) as a dict; see infra.telemetry.rules."""
-    return _render_rules(thresholds, runbook_base_url)
+    return _render_rules(thresholds, runbook_base_url, recording_interval)
 
 
 def render_scrape_config(

@@ -528,7 +528,7 @@ class NomadState:
 
     def _ports_taken(self, tg: dict[str, Any], node: dict[str, Any]) -> bool:
         """A static port already held on the node makes it infeasible, as Nomad's port collision check does."""
-        wanted = set(_static_ports(tg))
+        wanted = set(_static_ports(tg).values())
         if not wanted:
             return False
         for a in self.allocs.values():

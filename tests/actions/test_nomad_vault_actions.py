@@ -117,6 +117,29 @@ def test_redeploy_resumes_after_a_crash_between_purge_and_register(stack):
     assert err.value.non_retryable
 
 
+def test_redeploy_system_job_expects_eligible_nodes_and_returns_endpoints(stack):
+    n = api(stack)
+    spec = job("cacheS", 1)
+    spec.update(Type="system")
+    spec["TaskGroups"][0]["Networks"] = [{"ReservedPorts": [{"Label": "redis", "Value": 16380}]}]
+    n.job.register_job("cacheS", {"Job": spec})
+    eligible = [x for x in n.nodes.get_nodes() if x["SchedulingEligibility"] == "eligible"]
+    wait_running(n, "cacheS", len(eligible))
+    env = ActivityEnvironment()
+    out = env.run(na.job_redeploy_from_scratch, na.RedeployInput(nomad=stack.nomad_target(), job="cacheS",
+                                                                 poll_seconds=0.05, deadline_seconds=20,
+                                                                 port_label="redis"))
+    assert out.expected == len(eligible) == len(out.allocations)
+    assert sorted(out.endpoints) == sorted(f"{a.ports['redis']}" for a in out.allocations)
+    assert all(e.endswith(":16380") for e in out.endpoints)
+    with pytest.raises(ApplicationError) as err:
+        env.run(na.job_redeploy_from_scratch, na.RedeployInput(nomad=stack.nomad_target(), job="cacheS",
+                                                               poll_seconds=0.05, deadline_seconds=20,
+                                                               port_label="http"))
+    assert err.value.non_retryable and "'http'" in str(err.value)
+    n.job.deregister_job("cacheS", purge=True)
+
+
 # --------------------------------------------------------------------------- vault
 
 

@@ -214,3 +214,32 @@ def test_state_dir_keeps_jobs_across_restart(tmp_path):
         n.job.deregister_job("durable", purge=True)
     finally:
         lab2.server.stop()
+
+
+def test_system_job_one_per_eligible_node_with_static_ports(nomad_lab):
+    n = client(nomad_lab)
+    spec = job_spec("sys", 1)
+    spec["Job"]["Type"] = "system"
+    spec["Job"]["TaskGroups"][0]["Networks"] = [{"ReservedPorts": [{"Label": "redis", "Value": 16379}]}]
+    n.node.eligible_node(node_id(n, "cache3"), ineligible=True)
+    try:
+        n.jobs.register_job(spec)
+        wait_until(lambda: [s[1] for s in statuses(n, "sys")] == ["running"] * 2)
+        assert [s[0] for s in statuses(n, "sys")] == ["cache1", "cache2"]  # nothing new on the ineligible node
+        stub = n.job.get_allocations("sys")[0]
+        ports = stub["AllocatedResources"]["Shared"]["Ports"]
+        assert [(p["Label"], p["Value"]) for p in ports] == [("redis", 16379)] and ports[0]["HostIP"]
+        # Eligible again: a node-update evaluation places the missing allocation there.
+        resp = n.node.eligible_node(node_id(n, "cache3"), eligible=True)
+        assert resp["EvalIDs"]
+        wait_until(lambda: [s[0] for s in statuses(n, "sys") if s[1] == "running"] == ["cache1", "cache2", "cache3"])
+        # A service job asking for the same static port finds no node with it free: nothing is placed.
+        other = job_spec("svc-port", 1)
+        other["Job"]["TaskGroups"][0]["Networks"] = [{"ReservedPorts": [{"Label": "redis", "Value": 16379}]}]
+        n.jobs.register_job(other)
+        assert n.job.get_summary("svc-port")["Summary"]["cache"]["Queued"] == 1
+        assert statuses(n, "svc-port") == []
+    finally:
+        n.node.eligible_node(node_id(n, "cache3"), eligible=True)
+        for job_id in ("sys", "svc-port"):
+            n.job.deregister_job(job_id, purge=True)
