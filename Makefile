@@ -10,10 +10,11 @@ test: bootstrap
 	.venv/bin/pytest -q -p no:cacheprovider
 
 drill: bootstrap
-	.venv/bin/coldstart drill demo
+	.venv/bin/coldstart drill consul-cold-start
 
 bench: bootstrap
 	.venv/bin/python bench/step_overhead.py
+	.venv/bin/python bench/drill.py
 
 schema: bootstrap
 	.venv/bin/coldstart schema
