@@ -456,22 +456,35 @@ _mount_lab()
 
 
 def main() -> None:
+    code = _run()
+    # The command is finished and its output written. Temporal's native core keeps threads that
+    # can call into Python while the interpreter finalizes (seen: SIGABRT, "PyGILState_Release:
+    # thread state must be current ... finalizing", after a successful `coldstart run`), so leave
+    # without finalizing rather than let the exit code turn into a crash.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run() -> int:
     try:
         code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
+        return code if isinstance(code, int) else 0
     except CliError as exc:
         if str(exc):
             err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.code)
+        return exc.code
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted")
-        sys.exit(130)
+        return 130
     except Exception as exc:  # usage errors and the like: one line, exit 2
         if isinstance(exc, _usage_errors()):
             err.print(f"error: {exc.format_message()}", markup=False, highlight=False)
-            sys.exit(EXIT_INVALID)
+            return EXIT_INVALID
         raise
 
 

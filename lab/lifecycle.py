@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "lab-files.json"
 CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down see the same ports
 # What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
-STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots")
+STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots", "users")
 KV_SECRETS = {
     "dns_tsig": ("coldstart/dns-tsig", "secret"),
     "consul_token": ("coldstart/consul", "token"),

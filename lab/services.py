@@ -115,7 +115,7 @@ def internal_argv(cfg: LabConfig, sec: Secrets, rps: float, duration: float) -> 
     argv = [PY, "-m", "lab.internal_load", "--token-file", str(sec.file("consul-token")),
             "--metrics", f"{cfg.ip('internal')}:{cfg.ports.internal_metrics}",
             "--rps", str(rps), "--duration", str(duration), "--nomad", cfg.nomad_url,
-            "--users-file", str(cfg.path("internal-users.json"))]
+            "--users-file", str(cfg.path("users", "internal-users.json"))]
     for host in CONSUL_HOSTS:
         argv += ["--consul", cfg.url(host, cfg.ports.consul_http)]
     return argv

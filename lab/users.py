@@ -47,7 +47,8 @@ def user_services(cfg: LabConfig) -> list[UserService]:
 
 def write_users_file(cfg: LabConfig) -> Path:
     """What the internal load generator models: one entry per service with its baseline job count."""
-    path = cfg.path("internal-users.json")
+    path = cfg.path("users", "internal-users.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([{"name": u.name, "essential": u.essential, "count": u.count,
                                  "flag": f"{USAGE_PREFIX}/{u.name}", "job": u.name} for u in LAB_USERS]))
     return path
