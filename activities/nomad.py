@@ -428,11 +428,11 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
                 {"healthy": [a["ID"] for a in healthy], "failed": [_view(a).model_dump() for a in failed]},
                 type="DeadlineExceeded", non_retryable=True)
         time.sleep(inp.poll_seconds)
-    if inp.port_label and not any(inp.port_label in _view(a).ports for a in healthy):
+    views = [_view(a) for a in healthy]
+    endpoints = [v.ports[inp.port_label] for v in views if inp.port_label in v.ports] if inp.port_label else []
+    if inp.port_label and not endpoints:
         raise bad(f"{inp.job} redeployed and healthy, but no allocation has a port labelled {inp.port_label!r}")
     return RedeployOutput(job=inp.job, spec_source=source, purged=purged, job_modify_index=int(state.get("index", 0)),
-                          allocations=[_view(a) for a in healthy], expected=expected, stop_seconds=stop_seconds,
+                          allocations=views, expected=expected, stop_seconds=stop_seconds,
                           deploy_seconds=round(time.monotonic() - wait_started, 3),
-                          failed_allocations=[_view(a) for a in failed],
-                          endpoints=[v.ports[inp.port_label] for v in map(_view, healthy)
-                                     if inp.port_label and inp.port_label in v.ports])
+                          failed_allocations=[_view(a) for a in failed], endpoints=endpoints)

@@ -154,11 +154,10 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
 
     spec = DRILLS[name]
     overrides = Path("runbooks/drills") / f"{name}.yaml"
-    given = params or {}
-    params = dict(spec.params)
-    if overrides.exists():
-        params.update((yaml.safe_load(overrides.read_text()) or {}).get("params", {}))
-    params.update(given)
+    # The drill's own params, then the drill overrides file, then the caller's.
+    params = {**spec.params,
+              **((yaml.safe_load(overrides.read_text()) or {}).get("params", {}) if overrides.exists() else {}),
+              **(params or {})}
     state_dir.mkdir(parents=True, exist_ok=True)
     targets = state_dir / "targets"
     metrics_port = free_port()
@@ -255,7 +254,8 @@ def _configured_waits(run: Any) -> float:
             total += step.ramp.bake.total_seconds() * len(step.ramp.schedule())
         elif isinstance(step, ParallelStep):
             total += max((_own_wait(s) for s in step.parallel), default=0.0)
-        total += _own_wait(step) if not isinstance(step, (RampStep, ParallelStep)) else 0.0
+        else:
+            total += _own_wait(step)
     return total
 
 

@@ -54,7 +54,7 @@ def write_users_file(cfg: LabConfig) -> Path:
     return path
 
 
-def _job(cfg: LabConfig, user: LabUser) -> dict:
+def _job(user: LabUser) -> dict:
     sleep = shutil.which("sleep") or "/bin/sleep"
     return {"ID": user.name, "Name": user.name, "Type": "service", "Datacenters": [NOMAD_DC],
             "TaskGroups": [{"Name": "app", "Count": user.count,
@@ -66,13 +66,13 @@ def register_users(cfg: LabConfig, consul_token: str) -> None:
     """Idempotent: flags are created only if absent (a drill's disabled state is never overwritten here)."""
     headers = {"X-Consul-Token": consul_token}
     with httpx.Client(timeout=10, headers=headers) as http:
+        checks = http.get(f"{cfg.consul_url}/v1/agent/checks").raise_for_status().json()
         for user in LAB_USERS:
             # cas=0: create only; a re-run of `lab up` keeps whatever the flag says now.
             http.put(f"{cfg.consul_url}/v1/kv/{USAGE_PREFIX}/{user.name}", params={"cas": 0},
                      content=b"enabled").raise_for_status()
             http.put(f"{cfg.consul_url}/v1/agent/service/register",
                      json={"Name": user.name, "ID": user.name, "Port": 8000}).raise_for_status()
-            checks = http.get(f"{cfg.consul_url}/v1/agent/checks").raise_for_status().json()
             if f"{user.name}-http" not in checks:
                 http.put(f"{cfg.consul_url}/v1/agent/check/register", json={
                     "ID": f"{user.name}-http", "Name": f"{user.name} http", "ServiceID": user.name,
@@ -81,4 +81,4 @@ def register_users(cfg: LabConfig, consul_token: str) -> None:
         for user in LAB_USERS:
             current = http.get(f"{cfg.nomad_url}/v1/job/{user.name}")
             if current.status_code == 404 or current.json().get("Stop"):
-                http.post(f"{cfg.nomad_url}/v1/jobs", json={"Job": _job(cfg, user)}).raise_for_status()
+                http.post(f"{cfg.nomad_url}/v1/jobs", json={"Job": _job(user)}).raise_for_status()

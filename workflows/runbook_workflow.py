@@ -514,10 +514,19 @@ class RunbookWorkflow:
         _metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
 
+    def _resolved_gate(self, gate: GateSpec, ramp: dict[str, int] | None = None) -> GateSpec:
+        # A ramp's gates may name ${{ ramp.percent }} (e.g. to read only once clients see this step).
+        return GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True), **({"ramp": ramp} if ramp else {})))
+
+    @staticmethod
+    def _ramp_context(percent: int, previous: int) -> dict[str, int] | None:
+        # Patched: before it, a ramp gate naming ${{ ramp.percent }} failed to resolve; runs in flight
+        # then must replay that way.
+        return {"percent": percent, "previous": previous} if workflow.patched("ramp-gate-context") else None
+
     async def _gate(self, step_id: str, gate: GateSpec, name: str, percent: int | None = None,
                     ramp: dict[str, int] | None = None) -> None:
-        # A ramp's gates may name ${{ ramp.percent }} (e.g. to read only once clients see this step).
-        gate = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True), **({"ramp": ramp} if ramp else {})))
+        gate = self._resolved_gate(gate, ramp)
         state = self._steps[step_id]
         deadline = workflow.now() + gate.timeout
         streak = 0
@@ -591,9 +600,7 @@ class RunbookWorkflow:
             workflow.set_current_details(self._details(step))
             await self._sleep(spec.bake, f"{step.id}: bake at {percent}%")
             try:
-                # Patched: before it, a ramp gate naming ${{ ramp.percent }} failed to resolve; runs in flight
-                # then must replay that way.
-                context = {"percent": percent, "previous": last_good} if workflow.patched("ramp-gate-context") else None
+                context = self._ramp_context(percent, last_good)
                 for g, gate in enumerate(spec.gates):
                     await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
             except StepFailed as exc:
@@ -611,10 +618,9 @@ class RunbookWorkflow:
     async def _confirm_fallback(self, step: RampStep, percent: int, failed: int) -> str:
         """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""
         failing = []
+        context = self._ramp_context(percent, failed)
         for g, gate in enumerate(step.ramp.gates):
-            context = {"percent": percent, "previous": failed} if workflow.patched("ramp-gate-context") else {}
-            resolved = GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True),
-                                                             **({"ramp": context} if context else {})))
+            resolved = self._resolved_gate(gate, context)
             name = gate.name or f"gate{g + 1}"
             reading = await self._read(step.id, resolved, name, percent)
             self._steps[step.id].readings.append(reading)
