@@ -3,6 +3,11 @@
 
 .PHONY: bootstrap test drill bench schema clean
 
+# Real Consul/Nomad/Vault unpacked by .ci/run (or by hand, see README) take part when present.
+ifneq ($(wildcard .cache/hashistack/consul),)
+export PATH := $(CURDIR)/.cache/hashistack:$(PATH)
+endif
+
 bootstrap:
 	@scripts/bootstrap.sh
 

@@ -1,57 +1,115 @@
-"""Stand-ins for the action tests: an ACL-protected Consul, Nomad and the Vault holding the Consul token."""
+"""The action tests' platform, once per backend: the stand-ins, and real Consul (3 servers), Nomad and Vault/OpenBao.
+
+The real backend is the reference: every test runs on both unless it says why it cannot. It is
+skipped, with the reason, only when a real binary is missing from PATH.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+import consul
 import hvac
+import nomad
 import pytest
 
+from activities._clients import ConsulTarget, NomadTarget
+from activities.secrets import VaultSecretRef
+from lab.hashistack.local import LocalStack, missing_binaries
 from lab.standins.clock import FakeClock
 from lab.standins.consul_load import LoadParams
 from tests.standins.conftest import ConsulLab, NomadLab, VaultLab, start_consul, start_nomad, start_vault
 
-from activities._clients import ConsulTarget, NomadTarget
-from activities.secrets import VaultSecretRef
-
 CONSUL_TOKEN = "consul-acl-Zq81xT0ken"
+VAULT_ROOT = "root-token"
+BACKENDS = ("standin", "real")
 
 
 @dataclass
 class Stack:
-    consul: ConsulLab
-    nomad: NomadLab
-    vault: VaultLab
+    backend: str
+    consul_urls: list[str]
+    nomad_url: str
+    vault_url: str
     token_file: str
+    # Stand-in internals (fault hooks, fake clocks) when backend == "standin"; None on real agents.
+    consul: ConsulLab | None = None
+    nomad: NomadLab | None = None
+    vault: VaultLab | None = None
+    local: LocalStack | None = None
+
+    @property
+    def real(self) -> bool:
+        return self.backend == "real"
+
+    def standin_only(self, why: str) -> None:
+        """For the few checks that need a stand-in hook (a fake clock, a scripted fault)."""
+        if self.real:
+            pytest.skip(f"stand-in only: {why}")
 
     def token_ref(self, path: str = "coldstart/consul") -> VaultSecretRef:
-        return VaultSecretRef(address=self.vault.url, path=path, field="token", token_file=self.token_file)
+        return VaultSecretRef(address=self.vault_url, path=path, field="token", token_file=self.token_file)
 
     def consul_target(self, **kw) -> ConsulTarget:
-        ports = self.consul.ports
-        return ConsulTarget(address=f"http://127.0.0.1:{ports['consul1']}", token=self.token_ref(),
-                            servers=[f"http://127.0.0.1:{p}" for p in ports.values()], **kw)
+        return ConsulTarget(address=self.consul_urls[0], token=self.token_ref(), servers=list(self.consul_urls), **kw)
 
     def nomad_target(self) -> NomadTarget:
-        return NomadTarget(address=self.nomad.url)
+        return NomadTarget(address=self.nomad_url)
 
-    def admin(self):
-        """A py-consul client with the token, for arranging and asserting (not under test)."""
-        return self.consul.client("consul1", token=CONSUL_TOKEN)
+    def admin(self, index: int = 0) -> consul.Consul:
+        """A py-consul client with the management token, for arranging and asserting (not under test)."""
+        url = urlsplit(self.consul_urls[index])
+        return consul.Consul(url.hostname, url.port, token=CONSUL_TOKEN)
+
+    def nomad_api(self) -> nomad.Nomad:
+        url = urlsplit(self.nomad_url)
+        return nomad.Nomad(host=url.hostname, port=url.port, timeout=10)
+
+    def wait_until(self, predicate, timeout: float = 20.0, step: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met within {timeout}s on the {self.backend} backend")
+            time.sleep(step)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("stack")
+def _standin_stack(tmp) -> Stack:
     vault = start_vault()
-    token_file = tmp / "vault-token"
-    token_file.write_text("root-token\n")
-    hvac.Client(url=vault.url, token="root-token").secrets.kv.v2.create_or_update_secret(
-        path="coldstart/consul", secret={"token": CONSUL_TOKEN})
-    consul = start_consul(FakeClock(), LoadParams(rate_window_s=1.0), acl_token=CONSUL_TOKEN)
+    consul_lab = start_consul(FakeClock(), LoadParams(rate_window_s=1.0), acl_token=CONSUL_TOKEN)
     # Nomad's clock starts at the real time: "failed in the last N minutes" compares with wall time.
-    nomad = start_nomad(FakeClock(start=time.time()), tmp / "nomad")
-    yield Stack(consul, nomad, vault, str(token_file))
-    for server in (nomad.server, consul.server, vault.server):
-        server.stop()
+    nomad_lab = start_nomad(FakeClock(start=time.time()), tmp / "nomad")
+    return Stack("standin", [f"http://127.0.0.1:{p}" for p in consul_lab.ports.values()], nomad_lab.url, vault.url,
+                 "", consul=consul_lab, nomad=nomad_lab, vault=vault)
+
+
+def _real_stack(tmp) -> Stack:
+    local = LocalStack(tmp / "hashistack", consul_token=CONSUL_TOKEN, vault_token=VAULT_ROOT, consul_servers=3)
+    local.__enter__()
+    return Stack("real", local.consul_urls, local.nomad_url, local.vault_url, "", local=local)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def stack(request, tmp_path_factory):
+    if request.param == "real" and (missing := missing_binaries()):
+        pytest.skip(f"real backend: no {', '.join(missing)} binary on PATH "
+                    "(CI unpacks ../shared/hashistack; see README)")
+    tmp = tmp_path_factory.mktemp(f"stack-{request.param}")
+    built = _standin_stack(tmp) if request.param == "standin" else _real_stack(tmp)
+    token_file = tmp / "vault-token"
+    token_file.write_text(VAULT_ROOT + "\n")
+    built.token_file = str(token_file)
+    try:
+        hvac.Client(url=built.vault_url, token=VAULT_ROOT).secrets.kv.v2.create_or_update_secret(
+            path="coldstart/consul", secret={"token": CONSUL_TOKEN})
+        yield built
+    finally:
+        if built.local is not None:
+            built.local.stop()
+        for lab in (built.nomad, built.consul, built.vault):
+            if lab is not None:
+                lab.server.stop()
