@@ -41,6 +41,8 @@ __all__ = [
     "nodes_restore_eligibility",
     "read_group_count",
     "scale_group",
+    "update_job",
+    "wait_for_no_active_deployment",
 ]
 
 ENFORCE_ATTEMPTS = 5
@@ -73,6 +75,56 @@ def read_group_count(api: Any, job: str, group: str | None, namespace: str = "de
     """(group name, its count) as the job spec says."""
     tg = _group(_job(api, job, namespace), group)
     return tg["Name"], int(tg.get("Count") or 0)
+
+
+ACTIVE_DEPLOYMENT = ("initializing", "pending", "running", "paused", "blocked", "unblocking")
+
+
+def wait_for_no_active_deployment(api: Any, job: str, namespace: str = "default", timeout_s: float = 600.0) -> None:
+    """Block (heartbeating) while the job's latest deployment is still active.
+
+    Real Nomad starts a deployment on every register or scale of a job with an update block (service
+    jobs have one by default) and refuses to scale while it runs (HTTP 400 "job scaling blocked due
+    to active deployment").
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dep = call(f"read deployment of {job}", lambda: api.job.request(
+            job, "deployment", method="get", params={"namespace": namespace}).json(),
+            not_found=f"Nomad job {job!r} not found in namespace {namespace!r}")
+        status = (dep or {}).get("Status")
+        if status not in ACTIVE_DEPLOYMENT:
+            return
+        if time.monotonic() > deadline:
+            raise unavailable(f"{job}: deployment {dep.get('ID', '?')[:8]} still {status} after {timeout_s:.0f}s "
+                              f"({dep.get('StatusDescription', '')})")
+        heartbeat({"waiting_for_deployment": dep.get("ID"), "status": status})
+        time.sleep(1.0)
+
+
+def update_job(api: Any, job: str, namespace: str, mutate: Any) -> tuple[dict[str, Any], bool]:
+    """Re-register a job after `mutate(spec) -> bool` edits a copy of it (False: nothing to change).
+
+    Waits out an active deployment first and enforces the modify index it read; on a conflict it
+    re-reads and asks `mutate` again. Returns (the spec as it was before, changed).
+    """
+    for _ in range(ENFORCE_ATTEMPTS):
+        wait_for_no_active_deployment(api, job, namespace)
+        before = _job(api, job, namespace)
+        spec = copy.deepcopy(before)
+        if not mutate(spec):
+            return before, False
+        for name in SERVER_FIELDS:
+            spec.pop(name, None)
+        body = {"Job": spec, "EnforceIndex": True, "JobModifyIndex": before["JobModifyIndex"]}
+        try:
+            api.job.request(job, method="post", json=body, params={"namespace": namespace})
+        except CLIENT_ERRORS as exc:
+            if "job modify index" in describe(exc).lower():
+                continue
+            raise translate(f"register {job}", exc) from None
+        return before, True
+    raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} index conflicts)")
 
 
 def scale_group(api: Any, job: str, group: str | None, namespace: str, count: int, message: str) -> tuple[int, bool]:
