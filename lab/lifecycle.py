@@ -22,9 +22,10 @@ from lab.inventory import (
 )
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.users import register_users, user_services, write_users_file
+from lab.agents import start_consul, start_nomad, start_vault, wait_ready
+from lab.hashistack import Backends, backends
 from lab.services import (
-    STEER_NAME, STEER_ZONE, Secrets, consul_argv, edge_argv, internal_argv, node_agent_argv, nomad_argv,
-    players_argv, redis_args, vault_argv,
+    STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
 )
 
 __all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "saved_config", "status", "up"]
@@ -95,13 +96,15 @@ def _dns(cfg: LabConfig):
     return lab, lab.key
 
 
-def _prometheus(cfg: LabConfig, sec: Secrets) -> Path:
+def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
     from infra.telemetry import ScrapeTargets, write_prometheus_files
 
     p = cfg.ports
     targets = ScrapeTargets(
         consul=[f"{cfg.ip(h)}:{p.consul_http}" for h in CONSUL_HOSTS],
         nomad=[f"{cfg.ip('nomad')}:{p.nomad_http}"],
+        # The stand-in Vault has no /v1/sys/metrics; a real one (Vault or OpenBao) is scraped.
+        vault=[f"{cfg.ip('vault')}:{p.vault_http}"] if found.vault else [],
         dns=[f"{cfg.ip('dns')}:{p.pdns_web}"],
         cache=[f"{cfg.ip(h)}:{p.node_agent}" for h in CACHE_HOSTS],
         game_edge=[f"{cfg.ip('edge')}:{p.edge_http}"],
@@ -116,6 +119,9 @@ def _prometheus(cfg: LabConfig, sec: Secrets) -> Path:
     fast = {"scrape_interval": cfg.scrape_interval, "scrape_timeout": cfg.scrape_interval}
     overrides: dict[str, dict] = {job: dict(fast) for job in targets.jobs()}
     overrides["consul"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("consul-token"))}
+    if found.vault:
+        overrides["vault"]["authorization"] = {"type": "Bearer",
+                                               "credentials_file": str(sec.file("vault-root-token"))}
     files = write_prometheus_files(
         prom_dir, targets, scrape_interval="10s", external_labels={"lab": cfg.prefix}, job_overrides=overrides,
         recording_interval="5s",
@@ -200,15 +206,16 @@ def up(cfg: LabConfig) -> dict[str, Any]:
         start_daemon(spec, host, "sshd", ["/usr/sbin/sshd", "-D", "-e", "-f",
                                           str(cfg.path("ssh", host, "sshd_config"))])
     # Launch everything that has no dependency at once, then wait.
-    consul = start_daemon(spec, "consul1", "consul", consul_argv(cfg, sec))
-    nomad_d = start_daemon(spec, "nomad", "nomad", nomad_argv(cfg))
-    vault = start_daemon(spec, "vault", "vault", vault_argv(cfg, sec))
+    found = backends()
+    consul = start_consul(cfg, sec, found)
+    nomad_d = start_nomad(cfg, sec, found)
+    vault = start_vault(cfg, sec, found)
     dns_lab, tsig = _dns(cfg)
     pdns = start_daemon(spec, "dns", "pdns", dns_lab.launch().argv)
     pg_dir = cfg.path("postgres", "data")
     initdb(pg_dir, str(cfg.subnet))
     pg = start_daemon(spec, cfg.db_host, "postgres", postgres_argv(pg_dir, cfg.ip(cfg.db_host), cfg.ports.postgres))
-    prom_conf = _prometheus(cfg, sec)
+    prom_conf = _prometheus(cfg, sec, found)
     prom_args = ["/usr/bin/prometheus", f"--config.file={prom_conf}",
                  f"--storage.tsdb.path={cfg.path('prometheus', 'data')}",
                  f"--web.listen-address={cfg.ip('prom')}:{cfg.ports.prometheus}",
@@ -220,10 +227,7 @@ def up(cfg: LabConfig) -> dict[str, Any]:
 
     for host in spec.ssh_hosts:
         wait_for_port(str(spec.address(host)), 22, timeout=10)
-    for host in CONSUL_HOSTS:
-        wait_for_port(cfg.ip(host), cfg.ports.consul_http, timeout=15, pid=consul.pid)
-    wait_for_port(cfg.ip("nomad"), cfg.ports.nomad_http, timeout=15, pid=nomad_d.pid)
-    wait_for_port(cfg.ip("vault"), cfg.ports.vault_http, timeout=15, pid=vault.pid)
+    wait_ready(cfg, sec, found, consul, nomad_d, vault)
     _seed_vault(cfg, sec, tsig)
     if tsig is not None:
         dns_lab.paths.key.unlink(missing_ok=True)  # the secret now lives in Vault (and pdns' db) only
@@ -256,7 +260,7 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     if not pid_alive(pdns.pid):
         raise LabError(f"pdns exited; see {pdns.log}")
 
-    inventory = build_inventory(cfg, sec)
+    inventory = build_inventory(cfg, sec, found)
     path = write_inventory(inventory, cfg.inventory_path)
     info = {
         "seconds": round(time.monotonic() - t0, 2),
@@ -272,17 +276,12 @@ def up(cfg: LabConfig) -> dict[str, Any]:
         "maintenance": f"http://{cfg.maint_ip}:{cfg.ports.edge_http}",
         "postgres": f"{cfg.ip(cfg.db_host)}:{cfg.ports.postgres}",
         "ssh": [f"root@{spec.address(h)} (key {cfg.path('ssh', 'client_ed25519')})" for h in spec.ssh_hosts],
-        # Real agents are not driven yet (none is installed here to build against): always stand-ins.
-        "agents": "stand-ins" + (f" (found {', '.join(_real_agents())} on PATH: not used)" if _real_agents() else ""),
+        "backends": found.describe(),
     }
     return info
 
 
-def _real_agents() -> list[str]:
-    return [b for b in ("consul", "nomad", "vault") if shutil.which(b)]
-
-
-def build_inventory(cfg: LabConfig, sec: Secrets) -> Inventory:
+def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
     spec = cfg.spec
     roles = {h: [h.rstrip("0123456789")] for h in spec.hosts}
     roles.update({h: ["consul-server"] for h in CONSUL_HOSTS})
@@ -334,7 +333,7 @@ def build_inventory(cfg: LabConfig, sec: Secrets) -> Inventory:
                                       {"name": "telemetry", "cidrs": [f"{cfg.ip('prom')}/32"]}],
                "consul_client_tiers": [{"name": "game-edge", "cidrs": [f"{cfg.ip('edge')}/32"]},
                                        {"name": "internal-services", "cidrs": [f"{cfg.ip('internal')}/32"]}],
-               "nomad_job": "cache", "real_agents": _real_agents()},
+               "nomad_job": "cache", "backends": found.describe()},
         services=user_services(cfg),
     )
 
@@ -409,5 +408,17 @@ def status(cfg: LabConfig) -> dict[str, Any]:
         "netns": state.netns,
         "leftovers": leftovers(cfg.spec),
         "prometheus": cfg.prometheus_url,
+        "backends": _recorded_backends(cfg),
     }
+
+
+def _recorded_backends(cfg: LabConfig) -> dict[str, str] | None:
+    """What the running lab was built on (its inventory's facts), not what PATH holds now."""
+    try:
+        import yaml
+
+        facts = (yaml.safe_load(Path(cfg.inventory_path).read_text()) or {}).get("facts") or {}
+    except (OSError, ValueError):
+        return None
+    return facts.get("backends")
 

@@ -108,7 +108,9 @@ class NomadAgent:
         if self.client:
             # Only raw_exec: no probing for docker/java/qemu, which the lab never runs.
             client = [f"  enabled = {_hcl(True)}",
-                      '  options = {\n    "driver.allowlist" = "raw_exec"\n  }',
+                      # ...and no cloud metadata probes: the lab is no cloud, and each probe costs seconds.
+                      '  options = {\n    "driver.allowlist" = "raw_exec"\n'
+                      '    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"\n  }',
                       f"  servers = {_hcl(self.servers or [f'{self.bind}:{self.rpc_port}'])}"]
             if self.node_class:
                 client.append(f"  node_class = {_hcl(self.node_class)}")
@@ -136,7 +138,8 @@ class NomadAgent:
         return path
 
     def argv(self, binary: Path, config: Path) -> list[str]:
-        return [str(binary), "agent", f"-config={config}"]
+        # Nomad refuses to start with AWS_CA_BUNDLE set (its IMDS client cannot take the bundle).
+        return ["/usr/bin/env", "-u", "AWS_CA_BUNDLE", str(binary), "agent", f"-config={config}"]
 
     @property
     def url(self) -> str:

@@ -1,0 +1,145 @@
+"""Real Consul, Nomad and Vault/OpenBao inside the lab's host namespaces, or their stand-ins where a binary is missing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from lab.hashistack import Backends, ConsulAgent, NomadAgent, VaultServer
+from lab.hosts.processes import start_daemon, wait_for_port
+from lab.hosts.shell import LabError
+from lab.hosts.state import DaemonRecord
+from lab.services import Secrets, consul_argv, nomad_argv, vault_argv
+from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+
+__all__ = ["NOMAD_CLIENTS", "WORKER_POLICY", "start_consul", "start_nomad", "start_vault", "wait_ready"]
+
+# Nomad client nodes: (host, datacenter, node class). The internal services run in a datacenter
+# of their own so their allocations never compete with the cache nodes.
+NOMAD_CLIENTS = [*((h, "dc1", "cache") for h in CACHE_HOSTS), ("internal", "services", "services")]
+# A Consul client agent where Nomad registers services and their checks (the internal services).
+CONSUL_CLIENT_HOSTS = ("internal",)
+WORKER_POLICY = "coldstart-worker"
+_WORKER_RULES = 'path "secret/data/coldstart/*" {\n  capabilities = ["read"]\n}\n'
+
+
+def _consul_agent(cfg: LabConfig, sec: Secrets, host: str, *, server: bool) -> ConsulAgent:
+    p = cfg.ports
+    return ConsulAgent(
+        node_name=host, data_dir=cfg.path("consul", host, "data"), bind=cfg.ip(host),
+        management_token=sec.read("consul-token"), http_port=p.consul_http, server=server,
+        bootstrap_expect=len(CONSUL_HOSTS), retry_join=[cfg.ip(h) for h in CONSUL_HOSTS if h != host])
+
+
+def start_consul(cfg: LabConfig, sec: Secrets, found: Backends) -> list[DaemonRecord]:
+    """Three servers (a real Raft cluster) plus client agents, or the stand-in serving all three addresses."""
+    spec = cfg.spec
+    if found.consul is None:
+        return [start_daemon(spec, "consul1", "consul", consul_argv(cfg, sec))]
+    records = []
+    for host in (*CONSUL_HOSTS, *CONSUL_CLIENT_HOSTS):
+        agent = _consul_agent(cfg, sec, host, server=host in CONSUL_HOSTS)
+        conf = agent.write(cfg.path("consul", host, "agent.json"))
+        records.append(start_daemon(spec, host, "consul", agent.argv(found.consul, conf)))
+    return records
+
+
+def _nomad_server(cfg: LabConfig) -> NomadAgent:
+    return NomadAgent(name="nomad", data_dir=cfg.path("nomad", "nomad", "data"), bind=cfg.ip("nomad"),
+                      http_port=cfg.ports.nomad_http, client=False)
+
+
+def start_nomad(cfg: LabConfig, sec: Secrets, found: Backends) -> DaemonRecord:
+    """The Nomad server (clients follow in wait_ready, once it can sign their identities)."""
+    if found.nomad is None:
+        return start_daemon(cfg.spec, "nomad", "nomad", nomad_argv(cfg))
+    server = _nomad_server(cfg)
+    return start_daemon(cfg.spec, "nomad", "nomad", server.argv(found.nomad, server.write(cfg.path("nomad", "nomad",
+                                                                                                    "agent.hcl"))))
+
+
+def _start_nomad_clients(cfg: LabConfig, sec: Secrets, found: Backends) -> list[DaemonRecord]:
+    server = _nomad_server(cfg)
+    records = []
+    for host, dc, node_class in NOMAD_CLIENTS:
+        consul = f"{cfg.ip(host)}:{cfg.ports.consul_http}" if host in CONSUL_CLIENT_HOSTS else None
+        agent = NomadAgent(name=host, data_dir=cfg.path("nomad", host, "data"), bind=cfg.ip(host),
+                           http_port=cfg.ports.nomad_http, server=False, datacenter=dc, node_class=node_class,
+                           servers=[f"{server.bind}:{server.rpc_port}"], network_interface="eth0",
+                           consul_address=consul, consul_token=sec.read("consul-token") if consul else None)
+        conf = agent.write(cfg.path("nomad", host, "agent.hcl"))
+        records.append(start_daemon(cfg.spec, host, "nomad", agent.argv(found.nomad, conf)))
+    return records
+
+
+def start_vault(cfg: LabConfig, sec: Secrets, found: Backends) -> DaemonRecord:
+    if found.vault is None:
+        return start_daemon(cfg.spec, "vault", "vault", vault_argv(cfg, sec))
+    server = VaultServer(cfg.ip("vault"), cfg.ports.vault_http, sec.read("vault-root-token"), cfg.path("vault"))
+    return start_daemon(cfg.spec, "vault", "vault", server.argv(found.vault, server.write()))
+
+
+def _poll(what: str, probe, timeout: float, record: DaemonRecord | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+            if value:
+                return value
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            last = exc
+        time.sleep(0.1)
+    where = f"; see {record.log}" if record else ""
+    raise LabError(f"{what} not ready after {timeout:.0f}s ({last!r}){where}")
+
+
+def _configure_vault(cfg: LabConfig, sec: Secrets) -> None:
+    """AppRole login for the worker with the lab's role and secret ids, reading only coldstart's secrets."""
+    import hvac
+
+    client = hvac.Client(url=cfg.vault_url, token=sec.read("vault-root-token"), timeout=5)
+    if "approle/" not in client.sys.list_auth_methods()["data"]:
+        client.sys.enable_auth_method("approle")
+    client.sys.create_or_update_policy(WORKER_POLICY, _WORKER_RULES)
+    client.auth.approle.create_or_update_approle("worker", token_policies=[WORKER_POLICY], token_ttl="20m",
+                                                 token_max_ttl="1h", secret_id_num_uses=0)
+    client.auth.approle.update_role_id("worker", sec.read("worker-role-id"))
+    try:
+        client.auth.approle.create_custom_secret_id("worker", sec.read("worker-secret-id"))
+    except hvac.exceptions.InvalidRequest as exc:
+        if "already registered" not in str(exc):  # a re-run of `lab up`: the same secret id is there
+            raise
+
+
+def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[DaemonRecord], nomad: DaemonRecord,
+               vault: DaemonRecord) -> list[DaemonRecord]:
+    """Wait for Consul's leader, Nomad's keyring (then start and wait for its clients) and Vault."""
+    p = cfg.ports
+    by_host = {r.host: r for r in consul}
+    for host in CONSUL_HOSTS:
+        wait_for_port(cfg.ip(host), p.consul_http, timeout=20, pid=by_host.get(host, consul[0]).pid)
+    wait_for_port(cfg.ip("nomad"), p.nomad_http, timeout=20, pid=nomad.pid)
+    wait_for_port(cfg.ip("vault"), p.vault_http, timeout=20, pid=vault.pid)
+    headers = {"X-Consul-Token": sec.read("consul-token")}
+    clients: list[DaemonRecord] = []
+    if found.consul is not None:
+        _poll("consul leader", lambda: httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=1).json(), 30,
+              consul[0])
+        # ACLs are bootstrapped from initial_management once a leader is elected.
+        _poll("consul ACLs", lambda: httpx.get(f"{cfg.consul_url}/v1/agent/self", headers=headers,
+                                                timeout=1).status_code == 200, 30, consul[0])
+    if found.nomad is not None:
+        # A client registering before the server's keyring exists is refused and retries only after ~20 s.
+        _poll("nomad keyring", lambda: httpx.get(f"{cfg.nomad_url}/v1/operator/keyring/keys", timeout=1).json(),
+              30, nomad)
+        clients = _start_nomad_clients(cfg, sec, found)
+        want = {h for h, _, _ in NOMAD_CLIENTS}
+        _poll("nomad clients", lambda: want <= {n["Name"] for n in httpx.get(f"{cfg.nomad_url}/v1/nodes", timeout=1)
+                                                .json() if n.get("Status") == "ready"}, 45, nomad)
+    if found.vault is not None:
+        _poll("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
+        _configure_vault(cfg, sec)
+    return clients
