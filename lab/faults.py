@@ -1,16 +1,29 @@
-"""`lab inject NAME`: the drill's fault scenarios, each visible in the metrics the gates read."""
+"""`lab inject NAME`: the drill's fault scenarios, each visible in the metrics the gates read.
+
+On real agents every fault is made with the operating system and the agents' own APIs (CFS
+throttling, real load, a real snapshot restore, a port taken on a host); on the stand-ins through
+their fault endpoints.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import httpx
 
+from lab import cgroups
 from lab.edge import SCHEDULING_KEY
+from lab.hosts.processes import pid_alive, start_daemon, stop_daemon
+from lab.hosts.shell import LabError
+from lab.hosts.state import load_state
 from lab.resp import RedisPool
-from lab.services import Secrets
-from lab.settings import CACHE_HOSTS, LabConfig
+from lab.services import PY, Secrets, restart_load
+from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 
 __all__ = ["FAULTS", "inject"]
 
@@ -25,15 +38,85 @@ def _post(url: str, body: dict, headers: dict | None = None) -> Any:
     return r.json() if r.content else {}
 
 
+# Real-agent faults: how hard each one pushes.
+SLOW_LEADER_CPU = 0.05  # share of one CPU left to the throttled leader (CFS quota 5 ms per 100 ms)
+CONTENTION_FACTOR = 8.0  # the internal services' reconnect storm: this many times their usual rate
+SQUATTER = "port-squatter"
+_SQUAT = ("import socket,sys,time\n"
+          "s=socket.socket()\n"
+          "while True:\n"
+          "    try:\n        s.bind(('0.0.0.0', int(sys.argv[1]))); break\n"
+          "    except OSError: time.sleep(0.05)\n"
+          "s.listen(1)\nprint('holding port', sys.argv[1], flush=True)\n"
+          "while True: time.sleep(3600)\n")
+
+
+def _real(cfg: LabConfig, system: str) -> bool:
+    """Whether the running lab's `system` is a real agent (as `lab up` recorded it in the inventory)."""
+    from lab.lifecycle import _recorded_backends
+
+    return (_recorded_backends(cfg) or {}).get(system, "stand-in").startswith("real")
+
+
+def _cgroup(cfg: LabConfig, host: str) -> str:
+    return f"coldstart-{cfg.prefix}-{host}"
+
+
+def _consul_host_of(cfg: LabConfig, address: str) -> str:
+    ip = address.rsplit(":", 1)[0]
+    for host in CONSUL_HOSTS:
+        if cfg.ip(host) == ip:
+            return host
+    raise LabError(f"Consul leader {address!r} is not one of the lab's servers")
+
+
+def _fault_file(cfg: LabConfig) -> Path:
+    return cfg.path("faults.json")
+
+
+def _remember(cfg: LabConfig, name: str, value: Any) -> None:
+    path = _fault_file(cfg)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[name] = value
+    path.write_text(json.dumps(data))
+
+
 def consul_contention(cfg: LabConfig, **_: Any) -> Any:
-    """Streaming on + heavy background load: KV apply p50 climbs to seconds (coldstart:consul_kvs_apply_p50_ms)."""
-    return _post(f"{cfg.consul_url}/_lab/faults", {"fault": "consul-contention"}, _consul_headers(cfg))
+    """Heavy load on Consul: KV apply p50 climbs (coldstart:consul_kvs_apply_p50_ms).
+
+    Real agents: the internal services' load at CONTENTION_FACTOR times its rate (KV reads and
+    writes, health queries; the agents serve reads through the streaming backend). Stand-in:
+    streaming on plus the stand-in's synthetic background load.
+    """
+    if not _real(cfg, "consul"):
+        return _post(f"{cfg.consul_url}/_lab/faults", {"fault": "consul-contention"}, _consul_headers(cfg))
+    rps = cfg.internal_rps * CONTENTION_FACTOR
+    pids = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=rps, duration=cfg.load_duration_s,
+                        clients=cfg.players_clients)
+    _remember(cfg, "contention", {"internal_rps": rps})
+    return {"internal_rps": rps, "baseline_rps": cfg.internal_rps, "pids": pids}
 
 
 def slow_leader(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
-    """The leader's disk is slow: leader lastContact and commit time rise, BoltDB freelist grows."""
-    body = {"fault": "slow-leader", **({"server": target} if target else {})}
-    return _post(f"{cfg.consul_url}/_lab/faults", body, _consul_headers(cfg))
+    """The leader is starved: leader lastContact, commit time and KV apply latency rise.
+
+    Real agents: the server's process is put in a cgroup with a CFS quota of SLOW_LEADER_CPU of
+    one CPU (real throttling: cpu.stat nr_throttled/nr_periods, exported by the lab's cgroup
+    exporter). Stand-in: its slow-disk model.
+    """
+    if not _real(cfg, "consul"):
+        body = {"fault": "slow-leader", **({"server": target} if target else {})}
+        return _post(f"{cfg.consul_url}/_lab/faults", body, _consul_headers(cfg))
+    if target is None:
+        leader = httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=5).raise_for_status().json()
+        target = _consul_host_of(cfg, leader)
+    if target not in CONSUL_HOSTS:
+        raise LabError(f"slow-leader target must be one of {CONSUL_HOSTS}, not {target!r}")
+    record = load_state(cfg.state_dir).daemons.get(f"{target}/consul")
+    if record is None or not pid_alive(record.pid, record.starttime):
+        raise LabError(f"no running Consul agent on {target}")
+    group = cgroups.throttle(_cgroup(cfg, target), [record.pid], SLOW_LEADER_CPU)
+    return {"server": target, "pid": record.pid, "cgroup": str(group), "cpu_fraction": SLOW_LEADER_CPU}
 
 
 def stale_scheduling_data(cfg: LabConfig, **_: Any) -> Any:
@@ -57,9 +140,37 @@ def stale_scheduling_data(cfg: LabConfig, **_: Any) -> Any:
     return {"scheduling_key": SCHEDULING_KEY, "restored_nodes": stale, "correct_nodes": json.loads(current.content)}
 
 
+def _netns_pids(cfg: LabConfig, host: str) -> list[int]:
+    from lab.hosts.shell import sh
+
+    return [int(p) for p in sh(["ip", "netns", "pids", cfg.spec.netns(host)], check=False).stdout.split()]
+
+
 def unhealthy_node_eligible(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
-    """A cache node stays ready+eligible but every alloc on it fails (coldstart:nomad_eligible_node_failed_allocs_10m)."""
-    return _post(f"{cfg.nomad_url}/_lab/faults", {"fault": "unhealthy-node-eligible", "node": target or "cache2"})
+    """A cache node stays ready+eligible but every alloc on it fails (coldstart:nomad_eligible_node_failed_allocs_10m).
+
+    Real agents: another process takes the cache's static port on that host and the running
+    redis is killed; Nomad restarts it, it cannot bind, and the allocation fails once its
+    restart attempts are spent, while the node still reports ready and eligible.
+    """
+    node = target or "cache2"
+    if not _real(cfg, "nomad"):
+        return _post(f"{cfg.nomad_url}/_lab/faults", {"fault": "unhealthy-node-eligible", "node": node})
+    if node not in CACHE_HOSTS:
+        raise LabError(f"unhealthy-node-eligible target must be one of {CACHE_HOSTS}, not {node!r}")
+    squatter = start_daemon(cfg.spec, node, SQUATTER, [PY, "-c", _SQUAT, str(cfg.ports.redis)])
+    killed = []
+    for pid in _netns_pids(cfg, node):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server":
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        except (OSError, ProcessLookupError):
+            pass
+    deadline = time.monotonic() + 10
+    while "holding port" not in Path(squatter.log).read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"node": node, "port": cfg.ports.redis, "squatter_pid": squatter.pid, "killed_redis": killed}
 
 
 def cold_cache(cfg: LabConfig, **_: Any) -> Any:
@@ -90,11 +201,22 @@ def preempted_host(cfg: LabConfig, *, target: str | None = None, notice_s: float
 
 
 def clear(cfg: LabConfig, **_: Any) -> Any:
-    """Clear the Consul and Nomad stand-in faults (data faults need a runbook: that is the drill)."""
-    return {
-        "consul": _post(f"{cfg.consul_url}/_lab/faults", {"fault": "clear"}, _consul_headers(cfg)),
-        "nomad": _post(f"{cfg.nomad_url}/_lab/faults", {"fault": "clear"}),
-    }
+    """Clear the process-level faults (data faults need a runbook: that is the drill)."""
+    out: dict[str, Any] = {}
+    if _real(cfg, "consul"):
+        out["unthrottled"] = {g: cgroups.release(g) for g in cgroups.groups(f"coldstart-{cfg.prefix}-")}
+        path = _fault_file(cfg)
+        if path.exists() and "contention" in json.loads(path.read_text()):
+            out["load"] = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=cfg.internal_rps,
+                                       duration=cfg.load_duration_s, clients=cfg.players_clients)
+        path.unlink(missing_ok=True)
+    else:
+        out["consul"] = _post(f"{cfg.consul_url}/_lab/faults", {"fault": "clear"}, _consul_headers(cfg))
+    if _real(cfg, "nomad"):
+        out["squatters"] = [h for h in CACHE_HOSTS if stop_daemon(cfg.spec, h, SQUATTER)]
+    else:
+        out["nomad"] = _post(f"{cfg.nomad_url}/_lab/faults", {"fault": "clear"})
+    return out
 
 
 FAULTS: dict[str, Callable[..., Any]] = {

@@ -363,6 +363,11 @@ def down(cfg: LabConfig) -> list[str]:
         manifest = json.loads(cfg.path(MANIFEST).read_text())
     except (OSError, ValueError):
         pass
+    from lab import cgroups
+
+    for group in cgroups.groups(f"coldstart-{cfg.prefix}-"):  # a throttled leader's cgroup (slow-leader)
+        cgroups.release(group)
+        removed.append(f"cgroup {group}")
     _signal_daemons(cfg)
     removed += destroy(cfg.spec)
     for sub in manifest.get("subdirs", STATE_SUBDIRS):
@@ -376,6 +381,7 @@ def down(cfg: LabConfig) -> list[str]:
         removed.append(f"file {inv}")
     cfg.path(MANIFEST).unlink(missing_ok=True)
     cfg.path(CONFIG).unlink(missing_ok=True)
+    cfg.path("faults.json").unlink(missing_ok=True)
     return removed
 
 
