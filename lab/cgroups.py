@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuStat", "cgroup_root", "cpu_stat", "groups", "release", "throttle"]
+__all__ = ["CpuStat", "cgroup_root", "cpu_stat", "groups", "pids", "release", "throttle"]
 
 _ROOT = Path("/sys/fs/cgroup")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,60}$")
@@ -47,9 +47,10 @@ def _group(name: str) -> Path:
     return cgroup_root() / name
 
 
-def throttle(name: str, pids: list[int], cpu_fraction: float, period_us: int = 100_000) -> Path:
-    """Put `pids` (whole processes, every thread) in cgroup `name`, limited to `cpu_fraction` of one CPU."""
-    if not 0.001 <= cpu_fraction <= 64:
+def throttle(name: str, pids: list[int], cpu_fraction: float | None, period_us: int = 100_000) -> Path:
+    """Put `pids` (whole processes, every thread) in cgroup `name`, limited to `cpu_fraction` of one
+    CPU (None: no limit, so its cpu.stat is there to read before any fault)."""
+    if cpu_fraction is not None and not 0.001 <= cpu_fraction <= 64:
         raise ValueError(f"cpu_fraction {cpu_fraction} out of range")
     group = _group(name)
     if _v2():
@@ -57,15 +58,22 @@ def throttle(name: str, pids: list[int], cpu_fraction: float, period_us: int = 1
         if "cpu" not in subtree.read_text().split():
             subtree.write_text("+cpu")
     group.mkdir(exist_ok=True)
-    quota = max(1000, int(period_us * cpu_fraction))
+    quota = None if cpu_fraction is None else max(1000, int(period_us * cpu_fraction))
     if _v2():
-        (group / "cpu.max").write_text(f"{quota} {period_us}")
+        (group / "cpu.max").write_text(f"{quota or 'max'} {period_us}")
     else:
         (group / "cpu.cfs_period_us").write_text(str(period_us))
-        (group / "cpu.cfs_quota_us").write_text(str(quota))
+        (group / "cpu.cfs_quota_us").write_text(str(quota or -1))
     for pid in pids:
         (group / "cgroup.procs").write_text(str(pid))
     return group
+
+
+def pids(name: str) -> list[int]:
+    try:
+        return [int(p) for p in (_group(name) / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
 
 
 def release(name: str) -> list[int]:

@@ -97,6 +97,23 @@ def consul_contention(cfg: LabConfig, **_: Any) -> Any:
     return {"internal_rps": rps, "baseline_rps": cfg.internal_rps, "pids": pids}
 
 
+def _make_leader(cfg: LabConfig, host: str, timeout: float = 15.0) -> None:
+    headers = _consul_headers(cfg)
+    raft = httpx.get(f"{cfg.consul_url}/v1/operator/raft/configuration", headers=headers, timeout=5)
+    server = next((s for s in raft.raise_for_status().json()["Servers"] if s["Node"] == host), None)
+    if server is None:
+        raise LabError(f"{host} is not in the Raft configuration")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = httpx.post(f"{cfg.consul_url}/v1/operator/raft/transfer-leader", params={"id": server["ID"]},
+                       headers=headers, timeout=10)
+        leader = httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=5).json()
+        if leader and _consul_host_of(cfg, leader) == host:
+            return
+        time.sleep(0.5 if r.status_code < 500 else 1.0)
+    raise LabError(f"could not move Consul leadership to {host} within {timeout:.0f}s")
+
+
 def slow_leader(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
     """The leader is starved: leader lastContact, commit time and KV apply latency rise.
 
@@ -107,11 +124,13 @@ def slow_leader(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
     if not _real(cfg, "consul"):
         body = {"fault": "slow-leader", **({"server": target} if target else {})}
         return _post(f"{cfg.consul_url}/_lab/faults", body, _consul_headers(cfg))
-    if target is None:
-        leader = httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=5).raise_for_status().json()
-        target = _consul_host_of(cfg, leader)
+    leader = _consul_host_of(cfg, httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=5)
+                             .raise_for_status().json())
+    target = target or leader
     if target not in CONSUL_HOSTS:
         raise LabError(f"slow-leader target must be one of {CONSUL_HOSTS}, not {target!r}")
+    if target != leader:
+        _make_leader(cfg, target)  # the scenario is a slow *leader*: hand it leadership first
     record = load_state(cfg.state_dir).daemons.get(f"{target}/consul")
     if record is None or not pid_alive(record.pid, record.starttime):
         raise LabError(f"no running Consul agent on {target}")
@@ -204,7 +223,8 @@ def clear(cfg: LabConfig, **_: Any) -> Any:
     """Clear the process-level faults (data faults need a runbook: that is the drill)."""
     out: dict[str, Any] = {}
     if _real(cfg, "consul"):
-        out["unthrottled"] = {g: cgroups.release(g) for g in cgroups.groups(f"coldstart-{cfg.prefix}-")}
+        out["unthrottled"] = [g for g in cgroups.groups(f"coldstart-{cfg.prefix}-")
+                              if cgroups.throttle(g, [], None)]
         path = _fault_file(cfg)
         if path.exists() and "contention" in json.loads(path.read_text()):
             out["load"] = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=cfg.internal_rps,

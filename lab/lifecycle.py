@@ -111,6 +111,7 @@ def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
         players=[f"{cfg.ip('players')}:{p.players_metrics}"],
         internal_load=[f"{cfg.ip('internal')}:{p.internal_metrics}"],
         coldstart_worker=[cfg.worker_metrics] if cfg.worker_metrics else [],
+        containers=[f"{cfg.ip('prom')}:{p.cgroup_exporter}"] if found.consul else [],
         telemetry=[f"{cfg.ip('prom')}:{p.prometheus}"],
     )
     prom_dir = cfg.path("prometheus")
@@ -184,6 +185,27 @@ def _baseline_snapshot(cfg: LabConfig, sec: Secrets) -> Path:
     return path
 
 
+def _consul_telemetry(cfg: LabConfig, consul: list) -> None:
+    """Each Consul server in a cgroup of its own (no limit yet) with its CFS stats exported from the prom host
+    (the slow-leader fault only sets a quota; the throttled share is there before and after), and a KV
+    canary writing from the prom host (let through a client block) so write latency is always measured."""
+    from lab import cgroups
+    from lab.services import PY
+
+    for record in consul:
+        if record.host in CONSUL_HOSTS:
+            cgroups.throttle(f"coldstart-{cfg.prefix}-{record.host}", [record.pid], None)
+    exporter = start_daemon(cfg.spec, "prom", "cgroup-exporter", [
+        PY, "-m", "lab.cgroup_exporter", "--listen", f"{cfg.ip('prom')}:{cfg.ports.cgroup_exporter}",
+        "--prefix", f"coldstart-{cfg.prefix}-"])
+    wait_for_port(cfg.ip("prom"), cfg.ports.cgroup_exporter, timeout=15, pid=exporter.pid)
+    canary = [PY, "-m", "lab.consul_canary", "--token-file", str(Secrets(cfg).file("consul-token")),
+              "--duration", str(cfg.load_duration_s)]
+    for host in CONSUL_HOSTS:
+        canary += ["--consul", cfg.url(host, cfg.ports.consul_http)]
+    start_daemon(cfg.spec, "prom", "consul-canary", canary)
+
+
 def up(cfg: LabConfig) -> dict[str, Any]:
     """Create or complete the lab; safe to run again (running pieces are kept)."""
     if reason := netns_usable():
@@ -228,6 +250,8 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     for host in spec.ssh_hosts:
         wait_for_port(str(spec.address(host)), 22, timeout=10)
     wait_ready(cfg, sec, found, consul, nomad_d, vault)
+    if found.consul:
+        _consul_telemetry(cfg, consul)
     _seed_vault(cfg, sec, tsig)
     if tsig is not None:
         dns_lab.paths.key.unlink(missing_ok=True)  # the secret now lives in Vault (and pdns' db) only

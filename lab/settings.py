@@ -30,6 +30,7 @@ class LabPorts(BaseModel):
     players_metrics: int = 9101
     internal_metrics: int = 9102
     node_agent: int = 9103
+    cgroup_exporter: int = 9104
     redis: int = 6379
     postgres: int = 5432
 

@@ -46,6 +46,13 @@ def recording_rules() -> list[RecordingRule]:
         RecordingRule("coldstart:consul_raft_commit_p50_ms", 'max(consul_raft_commitTime{quantile="0.5"})'),
         RecordingRule("coldstart:consul_autopilot_healthy", "min(consul_autopilot_healthy)"),
         RecordingRule("coldstart:consul_boltdb_freelist_bytes", "max(consul_raft_boltdb_freelistBytes)"),
+        # The share of CFS periods in which a server's cgroup was throttled (cAdvisor's counters):
+        # a starved leader shows here before its Raft timings do.
+        RecordingRule(
+            "coldstart:consul_server_cpu_throttled_ratio",
+            "max by (name) (rate(container_cpu_cfs_throttled_periods_total[1m])"
+            " / rate(container_cpu_cfs_periods_total[1m]))",
+        ),
         # deriv over 30m: snapshots make the freelist saw-tooth; a shorter window pages on noise.
         RecordingRule(
             "coldstart:consul_boltdb_freelist_growth_bytes_per_hour",

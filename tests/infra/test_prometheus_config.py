@@ -103,7 +103,7 @@ def test_recording_rules_match_the_metrics_contract():
     raw = set(re.findall(r"^\| `([a-z_A-Z]+)`", contract, re.MULTILINE))
     used = set()
     for rule in recording_rules():
-        used |= set(re.findall(r"\b(consul_\w+|nomad_\w+|game_\w+|coldstart_\w+)\b", rule.expr))
+        used |= set(re.findall(r"\b(consul_\w+|nomad_\w+|game_\w+|coldstart_\w+|container_\w+)\b", rule.expr))
     used = {re.sub(r"_(bucket|count|sum)$", "", m) for m in used}
     assert used <= raw, f"recording rules use series not in the contract: {sorted(used - raw)}"
 
