@@ -67,6 +67,7 @@ class LabDrillReport:
     timeline_markdown: str
     report_path: Path
     plot_path: Path | None
+    backends: dict[str, str] = field(default_factory=dict)  # system -> "real (path)" or "stand-in"
 
 
 async def _abort_when_held(client: Any, workflow_id: str, console: Console, grace_s: float = 5.0) -> None:
@@ -165,11 +166,14 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     cfg = LabConfig(state_dir=state_dir / "lab", inventory_path=targets / "lab.yaml", players_rps=200.0, **(lab or {}))
     cfg = cfg.model_copy(update={"worker_metrics": f"{cfg.spec.gateway}:{metrics_port}"})
     started = time.monotonic()
-    console.print("lab: bringing up the platform (network namespaces, stand-ins, PowerDNS, Prometheus, Redis, PostgreSQL)")
+    console.print("lab: bringing up the platform (network namespaces, Consul, Nomad, Vault, PowerDNS, Prometheus, "
+                  "Redis, PostgreSQL)")
+    info: dict[str, Any] = {}
     try:
         # Inside the try: a lab that fails half way up is still taken down.
         info = await asyncio.to_thread(lifecycle.up, cfg)
         console.print(f"lab up in {info['seconds']} s; inventory {info['inventory']}", highlight=False)
+        console.print("backends: " + ", ".join(f"{k} {v}" for k, v in info["backends"].items()), highlight=False)
         # The incident starts now: the lab's baseline snapshot was taken before it.
         params.setdefault("incident_start", datetime.now(timezone.utc).isoformat())
         for fault, options in spec.faults:
@@ -229,7 +233,8 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
         else:
             ramp[-1] = (int(target), admitted)
     verified = code == 0 and any(s.kind == "ramp" and s.percent == 100 for s in status.steps)
-    report_path.write_text(markdown)
+    backends = info.get("backends", {})
+    report_path.write_text("Backends: " + ", ".join(f"{k} {v}" for k, v in backends.items()) + "\n\n" + markdown)
     return LabDrillReport(
         outcome="succeeded" if verified else status.state,
         wall_seconds=wall,
@@ -241,6 +246,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
         timeline_markdown=markdown,
         report_path=report_path,
         plot_path=plot_path,
+        backends=backends,
     )
 
 
@@ -283,6 +289,7 @@ def print_report(console: Console, report: LabDrillReport) -> None:
             bar = "#" * int((admitted if admitted == admitted else 0) / 2)
             ramp.add_row(str(target), "n/a" if admitted != admitted else f"{admitted:.1f}", bar)
         console.print(ramp)
+    console.print("backends: " + ", ".join(f"{k} {v}" for k, v in report.backends.items()), highlight=False)
     console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s, the run {report.run_seconds:.1f} s "
                   f"(configured waits {report.configured_wait_seconds:.1f} s); "
                   f"timeline {report.report_path}" + (f"; ramp plot {report.plot_path}" if report.plot_path else ""),

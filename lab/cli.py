@@ -66,6 +66,9 @@ def up(
         _out.print(f"[red]lab up failed:[/red] {exc}\n(run `coldstart lab down` to clean up)")
         raise typer.Exit(1)
     _out.print_json(json.dumps(info))
+    if fallback := [name for name, how in info["backends"].items() if how == "stand-in"]:
+        _out.print(f"lab: {', '.join(fallback)} on the stand-ins (no {', '.join(fallback)} binary on PATH)",
+                   highlight=False)
 
 
 @lab_app.command()

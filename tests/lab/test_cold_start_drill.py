@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from lab.hashistack.local import missing_binaries
 from tests.lab.conftest import _skip_reason
 
 # Apart from the session lab (cst/10.214) and a developer's lab (cs/10.213).
 DRILL_LAB = dict(prefix="csd", bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
 
 
-@pytest.fixture(scope="module")
-def drill_report(tmp_path_factory):
+@pytest.fixture(scope="module", params=["real", "standin"])
+def drill_report(request, tmp_path_factory):
+    """The same drill on real Consul, Nomad and Vault (the reference) and on the stand-ins (the fallback)."""
     if reason := _skip_reason():
         pytest.skip(reason)
+    if request.param == "real" and (missing := missing_binaries()):
+        pytest.skip(f"real backend: no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
     import asyncio
 
     from cli.lab_drill import run_lab_drill
 
-    state = tmp_path_factory.mktemp("drill")
+    state = tmp_path_factory.mktemp(f"drill-{request.param}")
     console = Console(file=(state / "console.txt").open("w"), width=120)
-    return asyncio.run(run_lab_drill("consul-cold-start", state, console, lab=DRILL_LAB)), state
+    before = os.environ.get("COLDSTART_STANDINS")
+    os.environ["COLDSTART_STANDINS"] = "all" if request.param == "standin" else ""
+    try:
+        report = asyncio.run(run_lab_drill("consul-cold-start", state, console, lab=DRILL_LAB))
+    finally:
+        if before is None:
+            os.environ.pop("COLDSTART_STANDINS", None)
+        else:
+            os.environ["COLDSTART_STANDINS"] = before
+    want = "stand-in" if request.param == "standin" else "real"
+    assert all(v.startswith(want) for v in report.backends.values()), report.backends
+    return report, state
 
 
 def test_drill_recovers_to_full_service(drill_report):
