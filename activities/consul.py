@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 import os
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
@@ -36,7 +38,8 @@ from activities._clients import (
     unavailable,
     validated,
 )
-from activities._consul_snapshot import ArchiveError, kv_diff, normalize, read_meta, read_snapshot, taken_at
+from activities._consul_snapshot import (ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot,
+                                         taken_at)
 from activities.registry import RetryDefaults, action
 
 __all__ = [
@@ -353,7 +356,6 @@ class SnapshotPreview(BaseModel):
     age_seconds: float
     index: int
     sha256: str
-    kv_diff_available: bool
     in_sync: bool = Field(description="the cluster's KV already equals the snapshot's")
     added: list[str] = Field(default_factory=list, description="keys the restore brings back")
     removed: list[str] = Field(default_factory=list, description="keys the restore deletes")
@@ -362,15 +364,27 @@ class SnapshotPreview(BaseModel):
     removed_count: int = 0
     changed_count: int = 0
     truncated: bool = False
-    notes: list[str] = Field(default_factory=list)
 
 
-def _current_kv(client: consul.Consul) -> dict[str, tuple[str | None, int]]:
-    _, entries = _read_prefix(client, "")
-    return {e["Key"]: (normalize(e.get("Value")), int(e.get("Flags") or 0)) for e in entries}
+# Restores write one entry here, inside the restored archive itself (see snapshot_restore). The
+# prefix is bookkeeping: previews and verification leave it out on both sides.
+RESTORE_JOURNAL = "coldstart/journal/snapshot-restores/"
 
 
-def _preview(client: consul.Consul, path: Path, max_keys: int) -> SnapshotPreview:
+def _live_kv(client: consul.Consul) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Every KV entry as read (with its indexes) and the KV index the read was answered at."""
+    index, entries = _read_prefix(client, "")
+    return index, {e["Key"]: e for e in entries}
+
+
+def _comparable(entries: dict[str, Any]) -> dict[str, tuple[str | None, int]]:
+    return {k: (normalize(e.get("Value")), int(e.get("Flags") or 0))
+            for k, e in entries.items() if not k.startswith(RESTORE_JOURNAL)}
+
+
+def _preview(client: consul.Consul, path: Path,
+             max_keys: int) -> tuple[SnapshotPreview, dict[str, tuple[str | None, int]], int]:
+    """(preview, the snapshot's KV, the cluster's KV index when it was compared)."""
     if not path.is_file():
         raise bad(f"snapshot {path} does not exist")
     try:
@@ -378,25 +392,25 @@ def _preview(client: consul.Consul, path: Path, max_keys: int) -> SnapshotPrevie
         when = taken_at(snap.meta)
     except ArchiveError as exc:
         raise bad(f"snapshot {path} is unusable: {exc}") from None
-    common = dict(path=str(path), snapshot_id=str(snap.meta.get("ID")), taken_at=when,
-                  age_seconds=round((datetime.now(timezone.utc) - when).total_seconds(), 3),
-                  index=int(snap.meta.get("Index", 0)), sha256=_sha256(path), notes=list(snap.problems))
-    if snap.kv is None:
-        return SnapshotPreview(**common, kv_diff_available=False, in_sync=False)
-    added, removed, changed = kv_diff(_current_kv(client), snap.kv)
+    target = {k: v for k, v in snap.kv.items() if not k.startswith(RESTORE_JOURNAL)}
+    index, live = _live_kv(client)
+    added, removed, changed = kv_diff(_comparable(live), target)
     total = len(added) + len(removed) + len(changed)
-    return SnapshotPreview(
-        **common, kv_diff_available=True, in_sync=total == 0,
+    preview = SnapshotPreview(
+        path=str(path), snapshot_id=str(snap.meta.get("ID")), taken_at=when,
+        age_seconds=round((datetime.now(timezone.utc) - when).total_seconds(), 3),
+        index=int(snap.meta.get("Index", 0)), sha256=_sha256(path), in_sync=total == 0,
         added=added[:max_keys], removed=removed[:max_keys], changed=changed[:max_keys],
         added_count=len(added), removed_count=len(removed), changed_count=len(changed),
         truncated=max(len(added), len(removed), len(changed)) > max_keys)
+    return preview, target, index
 
 
 @action("consul.snapshot.preview", timeout=300, retry=RetryDefaults(max_attempts=3))
 def snapshot_preview(inp: SnapshotPreviewInput) -> SnapshotPreview:
     """Show what restoring a snapshot would change (age; KV keys added, removed, changed) without restoring."""
     inp = validated(SnapshotPreviewInput, inp)
-    return _preview(consul_client(inp.consul), Path(inp.path), inp.max_keys)
+    return _preview(consul_client(inp.consul), Path(inp.path), inp.max_keys)[0]
 
 
 class SnapshotRestoreInput(BaseModel):
@@ -409,10 +423,68 @@ class SnapshotRestoreInput(BaseModel):
 
 
 class SnapshotRestoreOutput(BaseModel):
-    restored: bool
-    preview: SnapshotPreview = Field(description="computed before restoring")
-    verified: bool = Field(description="the KV read back equal to the snapshot's after the restore")
+    restored: bool = Field(description="this step's restore is applied (by this attempt or an earlier one)")
+    resumed: bool = Field(default=False, description="an earlier attempt of this step had already restored: "
+                          "nothing was sent again")
+    preview: SnapshotPreview = Field(description="the cluster against the snapshot when this attempt started")
+    verified: bool = Field(description="the KV read back as the snapshot's, apart from keys written since the restore")
+    written_since: list[str] = Field(default_factory=list,
+                                     description="keys that differ from the snapshot because they were written "
+                                                 "after the restore")
+    journal_key: str | None = Field(default=None, description="KV entry recording this step's restore")
     seconds: float
+    notes: list[str] = Field(default_factory=list)
+
+
+def _journal(client: consul.Consul, key: str) -> dict[str, Any] | None:
+    """This step's restore record, if a restore carrying it has been applied."""
+    _, entry = call(f"read KV {key}", lambda: client.kv.get(key))
+    try:
+        return json.loads(entry["Value"]) if entry and entry.get("Value") else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _put_snapshot(client: consul.Consul, target: ConsulTarget, path: Path, journal: str,
+                  record: dict[str, Any]) -> None:
+    """PUT the archive with the journal entry added; a lost response still counts if the entry is there."""
+    params: list[tuple[str, Any]] = [("dc", target.datacenter)] if target.datacenter else []
+    with tempfile.TemporaryDirectory(prefix="coldstart-restore-") as tmp:
+        archive = Path(tmp) / path.name
+        try:
+            append_kv(path, archive, journal, json.dumps(record, sort_keys=True).encode(), record["sha256"])
+        except ArchiveError as exc:
+            raise bad(f"snapshot {path} is unusable: {exc}") from None
+        with archive.open("rb") as fh:
+            try:
+                # A file object makes requests stream the body instead of loading the archive.
+                call("consul.snapshot.restore", lambda: client.http.put(
+                    CB.boolean(), "/v1/snapshot", params=params, data=fh, headers=client.prepare_headers()))
+            except ApplicationError as exc:
+                try:
+                    applied = _journal(client, journal) == record
+                except ApplicationError:
+                    applied = False
+                if not applied:
+                    raise exc from None
+
+
+def _check_restored(client: consul.Consul, target: dict[str, tuple[str | None, int]], journal: str,
+                    since: int) -> tuple[bool, list[str], list[str]]:
+    """(journal entry present, keys written after the restore, keys differing from the snapshot otherwise).
+
+    A restore brings entries back with the snapshot's own indexes and every later write gets a raft
+    index above `since` (the KV index read before the restore), so a difference with a higher index
+    is someone's write since. A snapshot key that is missing cannot be dated (tombstones are not
+    readable), so it counts as unexplained.
+    """
+    _, live = _live_kv(client)
+    present = journal in live
+    added, removed, changed = kv_diff(_comparable(live), target)
+    later = sorted([k for k in removed if int(live[k]["CreateIndex"]) > since]
+                   + [k for k in changed if int(live[k]["ModifyIndex"]) > since])
+    unexplained = sorted(set(added + removed + changed) - set(later))
+    return present, later, unexplained
 
 
 @action("consul.snapshot.restore", timeout=1800, heartbeat=120, mutating=True,
@@ -420,35 +492,49 @@ class SnapshotRestoreOutput(BaseModel):
 def snapshot_restore(inp: SnapshotRestoreInput) -> SnapshotRestoreOutput:
     """Reset the cluster to a snapshot (PUT /v1/snapshot); skipped when the KV already equals the snapshot's.
 
-    No undo: take consul.snapshot.save first if the current state should be kept.
+    The archive goes out with one extra KV entry, RESTORE_JOURNAL + this step's tag, so the restore and
+    its record land together: a retry of the step that finds the entry does not PUT again (that would
+    roll back whatever was written since) and verifies instead. No undo: take consul.snapshot.save first.
     """
     inp = validated(SnapshotRestoreInput, inp)
     client = consul_client(inp.consul)
     path = Path(inp.path)
-    preview = _preview(client, path, inp.max_keys)
+    preview, target, index_before = _preview(client, path, inp.max_keys)
     if inp.expect_sha256 and preview.sha256 != inp.expect_sha256.lower():
         raise bad(f"snapshot {path} changed since it was approved (sha256 {preview.sha256[:12]}…, "
                   f"expected {inp.expect_sha256[:12]}…)")
+    journal = f"{RESTORE_JOURNAL}{_step_tag()}"
+    earlier = _journal(client, journal)
+    if earlier is not None and earlier.get("sha256") == preview.sha256:
+        return _resumed(client, preview, target, journal, int(earlier.get("kv_index_before", 0)))
     if preview.in_sync and not inp.force:
         return SnapshotRestoreOutput(restored=False, preview=preview, verified=True, seconds=0.0)
-    heartbeat({"phase": "restoring", "sha256": preview.sha256})
+    heartbeat({"phase": "restoring", "sha256": preview.sha256, "journal_key": journal})
     started = time.monotonic()
-    params: list[tuple[str, Any]] = [("dc", inp.consul.datacenter)] if inp.consul.datacenter else []
-    with path.open("rb") as fh:
-        # A file object makes requests stream the body instead of loading the archive.
-        call("consul.snapshot.restore", lambda: client.http.put(
-            CB.boolean(), "/v1/snapshot", params=params, data=fh, headers=client.prepare_headers()))
+    record = {"sha256": preview.sha256, "snapshot_id": preview.snapshot_id, "kv_index_before": index_before}
+    _put_snapshot(client, inp.consul, path, journal, record)
     seconds = round(time.monotonic() - started, 3)
-    verified = False
-    if preview.kv_diff_available:
-        after = _preview(client, path, inp.max_keys)
-        if not after.in_sync:
-            raise unavailable(
-                f"restored {path.name} but the KV reads back different ({after.added_count} missing, "
-                f"{after.removed_count} extra, {after.changed_count} changed); the restore DID run",
-                retryable=False)
-        verified = True
-    return SnapshotRestoreOutput(restored=True, preview=preview, verified=verified, seconds=seconds)
+    present, later, unexplained = _check_restored(client, target, journal, index_before)
+    if not present:
+        raise unavailable(f"Consul accepted {path.name} but its KV lacks the restore's journal entry {journal}: "
+                          "the restore did not take effect, or another one replaced it", retryable=False)
+    if unexplained:
+        raise unavailable(f"restored {path.name} but the KV reads back different: {len(unexplained)} keys differ "
+                          f"(e.g. {', '.join(unexplained[:5])}); the restore DID run", retryable=False)
+    return SnapshotRestoreOutput(restored=True, preview=preview, verified=True, written_since=later,
+                                 journal_key=journal, seconds=seconds)
+
+
+def _resumed(client: consul.Consul, preview: SnapshotPreview, target: dict[str, tuple[str | None, int]],
+             journal: str, since: int) -> SnapshotRestoreOutput:
+    """An earlier attempt of this step restored the snapshot: verify, never PUT again."""
+    _, later, unexplained = _check_restored(client, target, journal, since)
+    notes = [f"an earlier attempt restored this snapshot (journal {journal}); not sent again"]
+    if unexplained:
+        notes.append(f"{len(unexplained)} keys differ from the snapshot without a later write to explain it "
+                     f"(deleted since, or never restored): {', '.join(unexplained[:5])}")
+    return SnapshotRestoreOutput(restored=True, resumed=True, preview=preview, verified=not unexplained,
+                                 written_since=later, journal_key=journal, seconds=0.0, notes=notes)
 
 
 # =========================================================================== health and leadership

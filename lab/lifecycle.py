@@ -22,7 +22,7 @@ from lab.inventory import (
 )
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.users import register_users, user_services, write_users_file
-from lab.agents import start_consul, start_nomad, start_vault, wait_ready
+from lab.agents import NOMAD_CLIENTS, start_consul, start_nomad, start_vault, wait_ready
 from lab.hashistack import Backends, backends
 from lab.services import (
     STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
@@ -102,7 +102,9 @@ def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
     p = cfg.ports
     targets = ScrapeTargets(
         consul=[f"{cfg.ip(h)}:{p.consul_http}" for h in CONSUL_HOSTS],
-        nomad=[f"{cfg.ip('nomad')}:{p.nomad_http}"],
+        # Real Nomad clients publish their allocation metrics themselves (the stand-in's server does).
+        nomad=[f"{cfg.ip('nomad')}:{p.nomad_http}",
+               *([f"{cfg.ip(h)}:{p.nomad_http}" for h, _, _ in NOMAD_CLIENTS] if found.nomad else [])],
         # The stand-in Vault has no /v1/sys/metrics; a real one (Vault or OpenBao) is scraped.
         vault=[f"{cfg.ip('vault')}:{p.vault_http}"] if found.vault else [],
         dns=[f"{cfg.ip('dns')}:{p.pdns_web}"],
@@ -150,6 +152,9 @@ def _register_cache_job(cfg: LabConfig) -> None:
         "TaskGroups": [{
             "Name": "redis", "Count": 1,
             "Networks": [{"ReservedPorts": [{"Label": "redis", "Value": cfg.ports.redis}]}],
+            # A redis that cannot start fails its allocation within seconds instead of Nomad's default
+            # 2 x 15 s of restarts: the unhealthy-node fault shows quickly in the drill.
+            "RestartPolicy": {"Attempts": 2, "Interval": 300_000_000_000, "Delay": 2_000_000_000, "Mode": "fail"},
             "Tasks": [{"Name": "redis", "Driver": "raw_exec",
                        "Config": {"command": shutil.which("redis-server") or "/usr/bin/redis-server",
                                   "args": redis_args(cfg)}}],

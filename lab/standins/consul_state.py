@@ -7,6 +7,7 @@ import base64
 import datetime as dt
 import random
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Any
 
 from .clock import Clock, RealClock
 from .consul_load import LoadModel, LoadParams
-from .consul_snapshot import build_archive, read_archive
+from .consul_snapshot import (FsmState, SnapshotError, build_archive, decode_state, encode_peers, encode_state,
+                              read_archive)
 from .persist import load_json, save_json
 from .promtext import SampleWindow, Series
 
@@ -422,20 +424,30 @@ class ConsulCluster:
         return idx or self.kv_get_index()
 
     # ---- snapshots -------------------------------------------------------------------
-    def snapshot_save(self) -> tuple[bytes, int]:
-        now = self.clock.time()
-        meta = {
+    def _snapshot_meta(self, taken_ms: int) -> dict[str, Any]:
+        """raft.SnapshotMeta as meta.json carries it (Size is added with the payload)."""
+        servers = list(self.members.values())
+        return {
             "Version": 1,
-            "ID": f"{self.term}-{self.index}-{int(now * 1000)}",
+            "ID": f"{self.term}-{self.index}-{taken_ms}",
             "Index": self.index,
             "Term": self.term,
-            "Configuration": self.raft_configuration(),
-            "ConfigurationIndex": self.index,
-            "ConsulVersion": CONSUL_VERSION,
-            "Datacenter": self.datacenter,
+            "Peers": encode_peers([m.raft_addr for m in servers]),
+            "Configuration": {"Servers": [{"Suffrage": 0, "ID": m.node_id, "Address": m.raft_addr} for m in servers]},
+            "ConfigurationIndex": 1,
         }
-        state = {"kv": self.kv, "tombstones": self.tombstones, "kv_index": self.kv_index}
-        body = build_archive(meta, state, now)
+
+    def snapshot_save(self) -> tuple[bytes, int]:
+        """The KV table as Consul's FSM records; the catalog is agent-local here and left out."""
+        # raft names a snapshot by the server's wall clock (time.Now), which nothing in Consul
+        # models; the actions date snapshots against the wall clock too. The Clock drives telemetry.
+        now = time.time()
+        meta = self._snapshot_meta(int(now * 1000))
+        indexes = {"kvs": self.kv_index}
+        if self.tombstones:
+            indexes["tombstones"] = max(self.tombstones.values())
+        state = FsmState(self.index, self.kv, self.tombstones, indexes)
+        body = build_archive(meta, encode_state(state), now)
         if self.state_dir is not None:
             snaps = self.state_dir / "snapshots"
             snaps.mkdir(parents=True, exist_ok=True)
@@ -443,13 +455,17 @@ class ConsulCluster:
         return body, self.index
 
     def snapshot_restore(self, body: bytes) -> None:
-        """Replace KV state; raises SnapshotError on a bad archive."""
-        meta, state = read_archive(body)
-        self.kv = dict(state.get("kv", {}))
-        self.tombstones = dict(state.get("tombstones", {}))
-        # The raft index keeps moving forward across a restore, as in real Consul.
-        self.index = max(self.index, int(meta.get("Index", 0))) + 1
-        self.kv_index = self.index
+        """Replace the KV table (entries, tombstones, table index); raises SnapshotError on a bad archive."""
+        meta, blob = read_archive(body)
+        if meta.get("Size") != len(blob):
+            raise SnapshotError(f"failed to restore snapshot: failed to write snapshot, size didn't match "
+                                f"({len(blob)} != {meta.get('Size')})")
+        state = decode_state(blob)
+        self.kv = state.kv
+        self.tombstones = state.tombstones
+        # As in Consul: KV reads report the snapshot's table index again, while the raft index moves on.
+        self.kv_index = max([1, state.indexes.get("kvs", 0), *(e["ModifyIndex"] for e in self.kv.values())])
+        self.index = max(self.index, int(meta.get("Index", 0)), state.last_index) + 1
         self.generation += 1
         self._changed()
 

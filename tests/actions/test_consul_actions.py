@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timedelta, timezone
+import os
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import consul
@@ -151,7 +153,7 @@ def test_snapshot_save_preview_restore_idempotent(stack, tmp_path):
     admin.kv.delete("snap/gone")
     admin.kv.put("snap/extra", "new")
     preview = ca.snapshot_preview(ca.SnapshotPreviewInput(consul=target, path=saved.path))
-    assert preview.kv_diff_available and not preview.in_sync
+    assert not preview.in_sync
     assert "snap/keep" in preview.changed and "snap/gone" in preview.added and "snap/extra" in preview.removed
     assert preview.age_seconds >= 0 and preview.sha256 == saved.sha256
     out = ca.snapshot_restore(ca.SnapshotRestoreInput(consul=target, path=saved.path, expect_sha256=saved.sha256))
@@ -175,19 +177,25 @@ def test_snapshot_save_retry_reuses_its_file(stack, tmp_path):
 
 def test_snapshot_select_picks_newest_before(stack, tmp_path):
     target = stack.consul_target()
-    clock = stack.consul.clock
     saved = []
     for _ in range(3):
+        if saved:
+            time.sleep(1.1)  # raft dates each snapshot by the server's wall clock, in milliseconds
         saved.append(ca.snapshot_save(ca.SnapshotSaveInput(consul=target, directory=str(tmp_path))))
-        clock.advance(3600)
+    assert saved[0].taken_at < saved[1].taken_at < saved[2].taken_at
+    for i, snap in enumerate(saved):  # newest file oldest on disk: select must go by the archive's own date
+        os.utime(snap.path, (1_000_000 - i, 1_000_000 - i))
     (tmp_path / "torn.snap").write_bytes(b"\x1f\x8bgarbage")
-    cut = saved[1].taken_at + timedelta(minutes=30)
+    cut = saved[1].taken_at + (saved[2].taken_at - saved[1].taken_at) / 2
     out = ca.snapshot_select(ca.SnapshotSelectInput(store=str(tmp_path), before=cut))
     assert out.path == saved[1].path and out.taken_at == saved[1].taken_at
     assert out.considered == 4 and len(out.unreadable) == 1 and out.age_seconds > 0
     with pytest.raises(ApplicationError) as err:
         ca.snapshot_select(ca.SnapshotSelectInput(store=str(tmp_path), before=saved[0].taken_at))
     assert err.value.non_retryable and err.value.type == "NotFound"
+    with pytest.raises(ApplicationError) as err:
+        ca.snapshot_select(ca.SnapshotSelectInput(store=str(tmp_path), before=cut, max_age_seconds=0.5))
+    assert err.value.non_retryable and err.value.type == "TooOld"
     assert saved[0].taken_at < datetime.now(timezone.utc)
 
 

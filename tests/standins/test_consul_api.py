@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import tarfile
 import threading
 import time
 
 import consul
+import msgpack
 import pytest
 import requests
 from consul.exceptions import ACLPermissionDenied, ConsulException
@@ -111,9 +113,17 @@ def test_snapshot_save_modify_restore_round_trip(consul_lab, tmp_path):
     c = consul_lab.client()
     c.kv.put("keep/one", "original")
     c.kv.put("keep/two", "2")
+    saved_index = c.kv.get("", recurse=True)[0]
     archive = c.snapshot.save()
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(archive))) as tar:
-        assert {"meta.json", "state.json", "SHA256SUMS"} <= set(tar.getnames())
+        assert tar.getnames() == ["meta.json", "state.bin", "SHA256SUMS"]  # what real Consul writes
+        meta = json.loads(tar.extractfile("meta.json").read())
+        state = tar.extractfile("state.bin").read()
+    assert meta["Size"] == len(state) and meta["ID"].startswith(f"{meta['Term']}-{meta['Index']}-")
+    assert [s["Suffrage"] for s in meta["Configuration"]["Servers"]] == [0, 0, 0]
+    records = msgpack.Unpacker(io.BytesIO(state), raw=True)
+    assert records.unpack() == {b"LastIndex": meta["Index"]}
+    assert records.read_bytes(1) == b"\x02" and records.unpack()[b"Key"] == b"keep/one"  # a KVS record
     resp = requests.get(f"http://127.0.0.1:{consul_lab.ports['consul1']}/v1/snapshot", timeout=10)
     assert int(resp.headers["X-Consul-Index"]) > 0
     (tmp_path / "backup.snap").write_bytes(archive)
@@ -124,8 +134,27 @@ def test_snapshot_save_modify_restore_round_trip(consul_lab, tmp_path):
     assert c.kv.get("keep/one")[1]["Value"] == b"original"
     assert c.kv.get("keep/two")[1]["Value"] == b"2"
     assert c.kv.get("extra")[1] is None
-    with pytest.raises(ConsulException):
+    assert c.kv.get("", recurse=True)[0] == saved_index  # KV reads report the snapshot's index again, as Consul does
+    with pytest.raises(ConsulException, match="gzip: invalid header"):
         c.snapshot.restore(b"not an archive")
+
+
+def test_snapshot_restore_refuses_what_consul_refuses(consul_lab):
+    c = consul_lab.client()
+    c.kv.put("stay", "here")
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(c.snapshot.save()))) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar}
+    padded = io.BytesIO()
+    with tarfile.open(fileobj=padded, mode="w") as tar:  # Python's tarfile pads to 10 KiB records; Go's reader minds
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ConsulException, match="unread uncompressed bytes remain"):
+        c.snapshot.restore(gzip.compress(padded.getvalue()))
+    with pytest.raises(ConsulException, match="unexpected EOF"):
+        c.snapshot.restore(c.snapshot.save()[:300])
+    assert c.kv.get("stay")[1]["Value"] == b"here"
 
 
 def test_services_checks_catalog_and_health(consul_lab):
