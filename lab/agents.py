@@ -109,8 +109,9 @@ def _configure_vault(cfg: LabConfig, sec: Secrets) -> None:
     client.auth.approle.update_role_id("worker", sec.read("worker-role-id"))
     try:
         client.auth.approle.create_custom_secret_id("worker", sec.read("worker-secret-id"))
-    except hvac.exceptions.InvalidRequest as exc:
-        if "already registered" not in str(exc):  # a re-run of `lab up`: the same secret id is there
+    except (hvac.exceptions.InvalidRequest, hvac.exceptions.InternalServerError) as exc:
+        # A re-run of `lab up`: the same secret id is there (Vault answers 500, OpenBao 400).
+        if "already registered" not in str(exc):
             raise
 
 

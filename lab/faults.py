@@ -41,6 +41,7 @@ def _post(url: str, body: dict, headers: dict | None = None) -> Any:
 # Real-agent faults: how hard each one pushes.
 SLOW_LEADER_CPU = 0.05  # share of one CPU left to the throttled leader (CFS quota 5 ms per 100 ms)
 CONTENTION_FACTOR = 8.0  # the internal services' reconnect storm: this many times their usual rate
+CONTENTION_WATCHERS = 300  # blocking queries the services hold on their prefix; each write wakes them all
 SQUATTER = "port-squatter"
 _SQUAT = ("import socket,sys,time\n"
           "s=socket.socket()\n"
@@ -53,9 +54,9 @@ _SQUAT = ("import socket,sys,time\n"
 
 def _real(cfg: LabConfig, system: str) -> bool:
     """Whether the running lab's `system` is a real agent (as `lab up` recorded it in the inventory)."""
-    from lab.lifecycle import _recorded_backends
+    from lab.lifecycle import recorded_backends
 
-    return (_recorded_backends(cfg) or {}).get(system, "stand-in").startswith("real")
+    return (recorded_backends(cfg) or {}).get(system, "stand-in").startswith("real")
 
 
 def _cgroup(cfg: LabConfig, host: str) -> str:
@@ -85,16 +86,17 @@ def consul_contention(cfg: LabConfig, **_: Any) -> Any:
     """Heavy load on Consul: KV apply p50 climbs (coldstart:consul_kvs_apply_p50_ms).
 
     Real agents: the internal services' load at CONTENTION_FACTOR times its rate (KV reads and
-    writes, health queries; the agents serve reads through the streaming backend). Stand-in:
+    writes, health queries) with CONTENTION_WATCHERS blocking queries on the prefix they write, so
+    every write fans out to all of them. Stand-in:
     streaming on plus the stand-in's synthetic background load.
     """
     if not _real(cfg, "consul"):
         return _post(f"{cfg.consul_url}/_lab/faults", {"fault": "consul-contention"}, _consul_headers(cfg))
     rps = cfg.internal_rps * CONTENTION_FACTOR
     pids = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=rps, duration=cfg.load_duration_s,
-                        clients=cfg.players_clients)
-    _remember(cfg, "contention", {"internal_rps": rps})
-    return {"internal_rps": rps, "baseline_rps": cfg.internal_rps, "pids": pids}
+                        clients=cfg.players_clients, watchers=CONTENTION_WATCHERS)
+    _remember(cfg, "contention", {"internal_rps": rps, "watchers": CONTENTION_WATCHERS})
+    return {"internal_rps": rps, "baseline_rps": cfg.internal_rps, "watchers": CONTENTION_WATCHERS, "pids": pids}
 
 
 def _make_leader(cfg: LabConfig, host: str, timeout: float = 15.0) -> None:

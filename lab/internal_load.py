@@ -116,6 +116,25 @@ class InternalLoad:
             self.backlog = min(self.backlog + 1, self.args.max_backlog)
         self.backlog_g.set(self.backlog)
 
+    async def watch(self, slot: int, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        """One service instance's blocking query on the shared prefix: every write wakes it and it asks
+        again at once, so watchers multiply the servers' work per write (the outage's fan-out)."""
+        index = "0"
+        while not stop.is_set():
+            # Slots beyond the services' current share sleep: disabled services stop watching too.
+            if slot >= self.args.watchers * self.rate() / max(self.args.rps, 1e-9):
+                await asyncio.sleep(REFRESH_S)
+                continue
+            try:
+                async with http.get(f"{random.choice(self.args.consul)}/v1/kv/coldstart/internal/",
+                                    params={"recurse": "true", "index": index, "wait": "10s"}) as resp:
+                    await resp.read()
+                    index = resp.headers.get("X-Consul-Index", "0") if resp.status == 200 else "0"
+                    if resp.status != 200:
+                        await asyncio.sleep(1.0)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                await asyncio.sleep(1.0)  # blocked or down: try again later, like a client library
+
     async def run(self, stop: asyncio.Event) -> None:
         a = self.args
         deadline = time.monotonic() + a.duration
@@ -125,7 +144,11 @@ class InternalLoad:
         inflight: set[asyncio.Task] = set()
         budget = 0.0
         self.running.set(1)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self.headers) as http:
+        watch_http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20), headers=self.headers,
+                                           connector=aiohttp.TCPConnector(limit=max(a.watchers, 1)))
+        watchers = [asyncio.create_task(self.watch(i, watch_http, stop)) for i in range(a.watchers)]
+        async with watch_http, aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                                     headers=self.headers) as http:
             await self.refresh(http)
             last = refreshed = time.monotonic()
             while not stop.is_set() and time.monotonic() < deadline:
@@ -151,7 +174,7 @@ class InternalLoad:
                     await asyncio.wait_for(stop.wait(), 0.05)
                 except asyncio.TimeoutError:
                     pass
-            for task in list(inflight):
+            for task in [*inflight, *watchers]:
                 task.cancel()
         self.running.set(0)
 
@@ -190,11 +213,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--storm-rps", type=float, default=500.0, help="rate at which queued retries are re-sent")
     ap.add_argument("--max-backlog", type=int, default=5000)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--watchers", type=int, default=0, help="blocking queries held open on the services' prefix")
     ap.add_argument("--timeout", type=float, default=2.0)
     ap.add_argument("--duration", type=float, default=3600.0)
     args = ap.parse_args(argv)
     if not 0 < args.rps <= 2000 or not 0 < args.storm_rps <= 5000 or not 0 < args.duration <= 86400:
         ap.error("rps in (0, 2000], storm-rps in (0, 5000], duration in (0, 86400] s")
+    if not 0 <= args.watchers <= 2000:
+        ap.error("watchers in [0, 2000]")
     asyncio.run(serve(args))
 
 

@@ -28,7 +28,7 @@ from lab.services import (
     STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
 )
 
-__all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "saved_config", "status", "up"]
+__all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "recorded_backends", "saved_config", "status", "up"]
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "lab-files.json"
@@ -198,11 +198,13 @@ def _consul_telemetry(cfg: LabConfig, consul: list) -> None:
     from lab.services import PY
 
     for record in consul:
-        if record.host in CONSUL_HOSTS:
-            cgroups.throttle(f"coldstart-{cfg.prefix}-{record.host}", [record.pid], None)
+        group = f"coldstart-{cfg.prefix}-{record.host}"
+        # A re-run of `up` leaves a placed server (and any slow-leader quota on it) as it is.
+        if record.host in CONSUL_HOSTS and record.pid not in cgroups.pids(group):
+            cgroups.throttle(group, [record.pid], None)
     exporter = start_daemon(cfg.spec, "prom", "cgroup-exporter", [
         PY, "-m", "lab.cgroup_exporter", "--listen", f"{cfg.ip('prom')}:{cfg.ports.cgroup_exporter}",
-        "--prefix", f"coldstart-{cfg.prefix}-"])
+        "--prefix", f"coldstart-{cfg.prefix}-"], host_sysfs=True)
     wait_for_port(cfg.ip("prom"), cfg.ports.cgroup_exporter, timeout=15, pid=exporter.pid)
     canary = [PY, "-m", "lab.consul_canary", "--token-file", str(Secrets(cfg).file("consul-token")),
               "--duration", str(cfg.load_duration_s)]
@@ -443,11 +445,11 @@ def status(cfg: LabConfig) -> dict[str, Any]:
         "netns": state.netns,
         "leftovers": leftovers(cfg.spec),
         "prometheus": cfg.prometheus_url,
-        "backends": _recorded_backends(cfg),
+        "backends": recorded_backends(cfg),
     }
 
 
-def _recorded_backends(cfg: LabConfig) -> dict[str, str] | None:
+def recorded_backends(cfg: LabConfig) -> dict[str, str] | None:
     """What the running lab was built on (its inventory's facts), not what PATH holds now."""
     try:
         import yaml

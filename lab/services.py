@@ -111,9 +111,9 @@ def players_argv(cfg: LabConfig, rps: float, duration: float, clients: int) -> l
             "--players", str(cfg.seed_players)]
 
 
-def internal_argv(cfg: LabConfig, sec: Secrets, rps: float, duration: float) -> list[str]:
+def internal_argv(cfg: LabConfig, sec: Secrets, rps: float, duration: float, watchers: int = 0) -> list[str]:
     argv = [PY, "-m", "lab.internal_load", "--token-file", str(sec.file("consul-token")),
-            "--metrics", f"{cfg.ip('internal')}:{cfg.ports.internal_metrics}",
+            "--metrics", f"{cfg.ip('internal')}:{cfg.ports.internal_metrics}", "--watchers", str(watchers),
             "--rps", str(rps), "--duration", str(duration), "--nomad", cfg.nomad_url,
             "--users-file", str(cfg.path("users", "internal-users.json"))]
     for host in CONSUL_HOSTS:
@@ -122,12 +122,12 @@ def internal_argv(cfg: LabConfig, sec: Secrets, rps: float, duration: float) -> 
 
 
 def restart_load(cfg: LabConfig, *, players_rps: float, internal_rps: float, duration: float,
-                 clients: int) -> dict[str, int]:
+                 clients: int, watchers: int = 0) -> dict[str, int]:
     """(Re)start both generators with new bounds; they die with the lab (PIDs are in its state)."""
     sec = Secrets(cfg)
     spec = cfg.spec
     stop_daemon(spec, "players", "players")
     stop_daemon(spec, "internal", "internal-load")
     p = start_daemon(spec, "players", "players", players_argv(cfg, players_rps, duration, clients))
-    i = start_daemon(spec, "internal", "internal-load", internal_argv(cfg, sec, internal_rps, duration))
+    i = start_daemon(spec, "internal", "internal-load", internal_argv(cfg, sec, internal_rps, duration, watchers))
     return {"players": p.pid, "internal-load": i.pid}

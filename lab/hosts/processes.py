@@ -96,8 +96,12 @@ def kill_pid(pid: int, starttime: int | None = None, *, grace: float = 3.0) -> b
     return True
 
 
-def start_daemon(spec: LabSpec, host: str, name: str, argv: list[str]) -> DaemonRecord:
-    """Start argv in the host's namespace, detached, logging to the state dir; PID is recorded."""
+def start_daemon(spec: LabSpec, host: str, name: str, argv: list[str], *, host_sysfs: bool = False) -> DaemonRecord:
+    """Start argv in the host's namespace, detached, logging to the state dir; PID is recorded.
+
+    host_sysfs: enter only the network namespace (nsenter), keeping the machine's /sys and its
+    cgroup mounts, which `ip netns exec` replaces with a fresh sysfs.
+    """
     if host not in spec.hosts:
         raise KeyError(f"unknown lab host {host!r}")
     key = f"{host}/{name}"
@@ -109,9 +113,11 @@ def start_daemon(spec: LabSpec, host: str, name: str, argv: list[str]) -> Daemon
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{host}-{name}.log"
     with open(log, "ab") as sink:
-        # `ip netns exec` execs argv in place, so the Popen PID is the daemon's PID.
+        # `ip netns exec` and nsenter exec argv in place, so the Popen PID is the daemon's PID.
+        enter = ["nsenter", f"--net=/run/netns/{spec.netns(host)}"] if host_sysfs else [
+            "ip", "netns", "exec", spec.netns(host)]
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", spec.netns(host), *argv],
+            [*enter, *argv],
             stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C meant for the test runner must not hit daemons
         )
