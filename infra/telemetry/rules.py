@@ -58,11 +58,15 @@ def recording_rules() -> list[RecordingRule]:
             "coldstart:consul_boltdb_freelist_growth_bytes_per_hour",
             "max(deriv(consul_raft_boltdb_freelistBytes[30m])) * 3600",
         ),
-        # increase() tolerates the counter-like gauge resetting when a Nomad client restarts.
+        # Nomad clients count failures per allocation (nomad_client_allocs_failed, no node labels);
+        # their node gauges on the same scrape target say which node it is and whether it is ready
+        # and eligible, so the failures are joined to those by instance. increase() tolerates a
+        # client restart resetting the counters.
         RecordingRule(
             "coldstart:nomad_eligible_node_failed_allocs_10m",
-            "sum by (node_id) (increase(nomad_client_allocations_failed"
-            '{node_status="ready",node_scheduling_eligibility="eligible"}[10m]))',
+            "sum by (node_id) (sum by (instance) (increase(nomad_client_allocs_failed[10m]))"
+            " * on (instance) group_left (node_id) (max by (instance, node_id) (nomad_client_allocations_running"
+            '{node_status="ready",node_scheduling_eligibility="eligible"}) * 0 + 1))',
         ),
         RecordingRule(
             "coldstart:cache_hit_ratio",

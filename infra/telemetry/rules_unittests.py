@@ -87,12 +87,15 @@ CASES: tuple[Case, ...] = (
          {f"consul_autopilot_failure_tolerance{{{_C}}}": "1x20"}, "15m"),
     # --- Nomad
     Case("NomadEligibleNodeFailingAllocations", "eligible node failing an alloc a minute",
-         {f'nomad_client_allocations_failed{{node_id="n1",{_N}}}': "0+1x30"}, "20m",
+         {'nomad_client_allocs_failed{instance="c1:4646",alloc_id="a1",job="cache",task="redis"}': "0+1x30",
+          f'nomad_client_allocations_running{{instance="c1:4646",node_id="n1",{_N}}}': "0x30"}, "20m",
          fires=(({"node_id": "n1"}, "Nomad node n1 is ready and eligible but allocations keep failing"),)),
     Case("NomadEligibleNodeFailingAllocations", "old failures, and failures on an ineligible node",
-         {f'nomad_client_allocations_failed{{node_id="n1",{_N}}}': "5x30",
-          'nomad_client_allocations_failed{node_id="n2",node_status="ready",node_scheduling_eligibility="ineligible"}':
-              "0+1x30"}, "20m"),
+         {'nomad_client_allocs_failed{instance="c1:4646",alloc_id="a1",job="cache",task="redis"}': "5x30",
+          f'nomad_client_allocations_running{{instance="c1:4646",node_id="n1",{_N}}}': "1x30",
+          'nomad_client_allocs_failed{instance="c2:4646",alloc_id="a2",job="cache",task="redis"}': "0+1x30",
+          'nomad_client_allocations_running{instance="c2:4646",node_id="n2",node_status="ready",'
+          'node_scheduling_eligibility="ineligible"}': "0x30"}, "20m"),
     # --- Return to service (15 s samples: the contract's rates are over 1m)
     Case("CacheHitRatioLow", "cold cache (10% hits)",
          {f'game_cache_requests_total{{result="hit",{_E}}}': "0+10x80",
