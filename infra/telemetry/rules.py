@@ -64,7 +64,12 @@ def recording_rules() -> list[RecordingRule]:
         # client restart resetting the counters.
         RecordingRule(
             "coldstart:nomad_eligible_node_failed_allocs_10m",
-            "sum by (node_id) (sum by (instance) (increase(nomad_client_allocs_failed[10m]))"
+            # A client exports an allocation's counter only once it has failed, so a series born in
+            # the window counts in full (increase() would miss its first failures).
+            "sum by (node_id) (sum by (instance) ("
+            "(sum by (instance, alloc_id) (nomad_client_allocs_failed)"
+            " unless sum by (instance, alloc_id) (nomad_client_allocs_failed offset 10m))"
+            " or sum by (instance, alloc_id) (increase(nomad_client_allocs_failed[10m])))"
             " * on (instance) group_left (node_id) (max by (instance, node_id) (nomad_client_allocations_running"
             '{node_status="ready",node_scheduling_eligibility="eligible"}) * 0 + 1))',
         ),
