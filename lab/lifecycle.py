@@ -154,7 +154,7 @@ def _register_cache_job(cfg: LabConfig) -> None:
             "Networks": [{"ReservedPorts": [{"Label": "redis", "Value": cfg.ports.redis}]}],
             # A redis that cannot start fails its allocation within seconds instead of Nomad's default
             # 2 x 15 s of restarts: the unhealthy-node fault shows quickly in the drill.
-            "RestartPolicy": {"Attempts": 2, "Interval": 300_000_000_000, "Delay": 2_000_000_000, "Mode": "fail"},
+            "RestartPolicy": {"Attempts": 3, "Interval": 300_000_000_000, "Delay": 2_000_000_000, "Mode": "fail"},
             "Tasks": [{"Name": "redis", "Driver": "raw_exec",
                        "Config": {"command": shutil.which("redis-server") or "/usr/bin/redis-server",
                                   "args": redis_args(cfg)}}],
