@@ -78,35 +78,59 @@ def read_group_count(api: Any, job: str, group: str | None, namespace: str = "de
 
 
 ACTIVE_DEPLOYMENT = ("initializing", "pending", "running", "paused", "blocked", "unblocking")
+SCALE_BLOCKED = "job scaling blocked due to active deployment"
+DEPLOYMENT_POLL_S = 0.5
 
 
-def wait_for_no_active_deployment(api: Any, job: str, namespace: str = "default", timeout_s: float = 600.0) -> None:
-    """Block (heartbeating) while the job's latest deployment is still active.
+def _latest_deployment(api: Any, job: str, namespace: str) -> dict[str, Any] | None:
+    """GET /v1/job/:id/deployment: the job's most recent deployment, or None (Nomad answers null)."""
+    return call(f"read deployment of {job}", lambda: api.job.request(
+        job, "deployment", method="get", params={"namespace": namespace}).json(), not_found=None) or None
+
+
+def _needs_operator(dep: dict[str, Any]) -> str | None:
+    """Why an active deployment cannot finish by itself (paused, or canaries waiting to be promoted), or None."""
+    if dep.get("Status") == "paused":
+        return "is paused"
+    waiting = [name for name, g in (dep.get("TaskGroups") or {}).items()
+               if g.get("DesiredCanaries") and not g.get("Promoted") and not g.get("AutoPromote")
+               and len(g.get("PlacedCanaries") or []) >= g["DesiredCanaries"]
+               and int(g.get("HealthyAllocs") or 0) >= g["DesiredCanaries"]]
+    return f"waits for its canaries in {waiting} to be promoted" if waiting else None
+
+
+def wait_for_no_active_deployment(api: Any, job: str, namespace: str = "default", timeout_s: float = 600.0) -> bool:
+    """Block (heartbeating) while the job's latest deployment is still active; True if there was one to wait for.
 
     Real Nomad starts a deployment on every register or scale of a job with an update block (service
-    jobs have one by default) and refuses to scale while it runs (HTTP 400 "job scaling blocked due
-    to active deployment").
+    and system jobs have one by default) and refuses to scale while it runs (HTTP 400 "job scaling
+    blocked due to active deployment"). It ends on its own: successful once every allocation has been
+    healthy for min_healthy_time, failed on an unhealthy one or at its progress deadline. One that
+    needs an operator (paused, canaries to promote) is an error at once rather than a long wait.
     """
     deadline = time.monotonic() + timeout_s
+    waited = False
     while True:
-        dep = call(f"read deployment of {job}", lambda: api.job.request(
-            job, "deployment", method="get", params={"namespace": namespace}).json(),
-            not_found=f"Nomad job {job!r} not found in namespace {namespace!r}")
+        dep = _latest_deployment(api, job, namespace)
         status = (dep or {}).get("Status")
         if status not in ACTIVE_DEPLOYMENT:
-            return
+            return waited
+        label = f"{job}: deployment {dep['ID'][:8]} of version {dep.get('JobVersion')}"
+        if why := _needs_operator(dep):
+            raise unavailable(f"{label} {why}; resume, promote or fail it first", retryable=False)
         if time.monotonic() > deadline:
-            raise unavailable(f"{job}: deployment {dep.get('ID', '?')[:8]} still {status} after {timeout_s:.0f}s "
-                              f"({dep.get('StatusDescription', '')})")
-        heartbeat({"waiting_for_deployment": dep.get("ID"), "status": status})
-        time.sleep(1.0)
+            raise unavailable(f"{label} still {status} after {timeout_s:.0f}s ({dep.get('StatusDescription', '')})")
+        heartbeat({"waiting_for_deployment": dep["ID"], "job": job, "status": status})
+        waited = True
+        time.sleep(DEPLOYMENT_POLL_S)
 
 
 def update_job(api: Any, job: str, namespace: str, mutate: Any) -> tuple[dict[str, Any], bool]:
     """Re-register a job after `mutate(spec) -> bool` edits a copy of it (False: nothing to change).
 
     Waits out an active deployment first and enforces the modify index it read; on a conflict it
-    re-reads and asks `mutate` again. Returns (the spec as it was before, changed).
+    re-reads and asks `mutate` again. Reads the job back: `mutate` must then find nothing to change.
+    Returns (the spec as it was before, changed).
     """
     for _ in range(ENFORCE_ATTEMPTS):
         wait_for_no_active_deployment(api, job, namespace)
@@ -123,6 +147,9 @@ def update_job(api: Any, job: str, namespace: str, mutate: Any) -> tuple[dict[st
             if "job modify index" in describe(exc).lower():
                 continue
             raise translate(f"register {job}", exc) from None
+        after = _job(api, job, namespace)
+        if mutate(copy.deepcopy(after)):
+            raise unavailable(f"registered {job} (version {after.get('Version')}), but it reads back without the change")
         return before, True
     raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} index conflicts)")
 
@@ -130,8 +157,9 @@ def update_job(api: Any, job: str, namespace: str, mutate: Any) -> tuple[dict[st
 def scale_group(api: Any, job: str, group: str | None, namespace: str, count: int, message: str) -> tuple[int, bool]:
     """Set a task group's count with the job's modify index enforced; returns (previous count, changed).
 
-    POST /v1/job/:id/scale through python-nomad's generic request (it has no scale wrapper).
-    An index conflict means someone else changed the job: re-read and decide again.
+    POST /v1/job/:id/scale through python-nomad's generic request (it has no scale wrapper). Nomad
+    refuses to scale while a deployment of the job runs, so an active one is waited out (heartbeating)
+    and the job read again. An index conflict means someone else changed the job: re-read and decide again.
     """
     for _ in range(ENFORCE_ATTEMPTS):
         spec = _job(api, job, namespace)
@@ -139,19 +167,23 @@ def scale_group(api: Any, job: str, group: str | None, namespace: str, count: in
         previous = int(tg.get("Count") or 0)
         if previous == count:
             return previous, False
+        if wait_for_no_active_deployment(api, job, namespace):
+            continue  # the job may have changed while its deployment ran: read it again
         body = {"Count": count, "Target": {"Group": tg["Name"]}, "Message": message,
                 "EnforceIndex": True, "JobModifyIndex": spec["JobModifyIndex"]}
         try:
             api.job.request(job, "scale", method="post", json=body, params={"namespace": namespace})
         except CLIENT_ERRORS as exc:
-            if "job modify index" in describe(exc).lower():
-                continue  # someone changed the job since we read it
+            text = describe(exc).lower()
+            if "job modify index" in text or SCALE_BLOCKED in text:
+                continue  # someone changed the job, or a deployment began, since we read it
             raise translate(f"scale {job}/{tg['Name']}", exc) from None
         after = _group(_job(api, job, namespace), tg["Name"])
         if int(after.get("Count") or 0) != count:
             raise unavailable(f"scaled {job}/{tg['Name']} to {count} but it reads back {after.get('Count')}")
         return previous, True
-    raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} index conflicts)")
+    raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} attempts: index conflicts or "
+                      "new deployments)")
 
 
 class ScaleInput(BaseModel):
@@ -172,9 +204,10 @@ class ScaleOutput(BaseModel):
     undo: ScaleInput
 
 
-@action("nomad.jobs.scale", timeout=120, mutating=True, undo="nomad.jobs.scale", undo_from_output="undo")
+@action("nomad.jobs.scale", timeout=900, heartbeat=60, mutating=True, undo="nomad.jobs.scale",
+        undo_from_output="undo")
 def jobs_scale(inp: ScaleInput) -> ScaleOutput:
-    """Set a task group's count (modify index enforced); the output's undo puts the previous count back."""
+    """Set a task group's count (modify index enforced, an active deployment waited out); the undo puts it back."""
     inp = validated(ScaleInput, inp)
     api = nomad_client(inp.nomad)
     group, _ = read_group_count(api, inp.job, inp.group, inp.namespace)
@@ -369,8 +402,14 @@ def _clean(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _allocs(api: Any, job: str, namespace: str) -> list[dict[str, Any]]:
+    """GET /v1/job/:id/allocations: list entries (no AllocatedResources; see _alloc)."""
     return call(f"list allocations of {job}", lambda: api.job.request(
         job, "allocations", method="get", params={"namespace": namespace}).json(), not_found=None) or []
+
+
+def _alloc(api: Any, alloc_id: str) -> dict[str, Any]:
+    """GET /v1/allocation/:id: the whole allocation, with AllocatedResources."""
+    return call(f"read allocation {alloc_id}", lambda: api.allocation.get_allocation(alloc_id))
 
 
 def _view(a: dict[str, Any]) -> AllocView:
@@ -386,30 +425,92 @@ def _expected(api: Any, spec: dict[str, Any]) -> int:
     if spec.get("Type") != "system":
         return sum(int(g.get("Count") or 0) for g in spec["TaskGroups"])
     dcs = spec.get("Datacenters") or ["*"]
+    pool = spec.get("NodePool") or "default"
     nodes = call("list nodes", lambda: api.nodes.get_nodes())
     fit = [n for n in nodes if n.get("Status") == "ready" and n.get("SchedulingEligibility") == "eligible"
-           and not n.get("Drain") and ("*" in dcs or n.get("Datacenter") in dcs)]
+           and not n.get("Drain") and ("*" in dcs or n.get("Datacenter") in dcs)
+           and (pool == "all" or (n.get("NodePool") or "default") == pool)]
     return len(fit) * len(spec["TaskGroups"])
 
 
-def _healthy(a: dict[str, Any]) -> bool:
+def _uses_deployments(spec: dict[str, Any]) -> bool:
+    """Nomad rolls this job out with a deployment: a service or system job with a non-empty update block."""
+    return spec.get("Type") in ("service", "system") and any(
+        int((g.get("Update") or {}).get("MaxParallel") or 0) > 0 for g in spec["TaskGroups"])
+
+
+def _healthy(a: dict[str, Any], deployed: bool) -> bool:
     if a.get("DesiredStatus") != "run" or a.get("ClientStatus") != "running":
         return False
-    # With an update block Nomad reports deployment health; without one, running is all there is.
-    ds = a.get("DeploymentStatus") or {}
-    return ds.get("Healthy") is not False
+    # Under a deployment, healthy is what the client reported (DeploymentStatus.Healthy, absent until
+    # min_healthy_time has passed); without one, running is all there is.
+    return not deployed or (a.get("DeploymentStatus") or {}).get("Healthy") is True
+
+
+TERMINAL = ("complete", "failed", "lost")
+
+
+def _stop_and_purge(api: Any, inp: RedeployInput, state: dict[str, Any]) -> None:
+    """Stop the job (no purge), wait until every allocation is terminal on its client, then purge.
+
+    A purge alone drops the allocations from the API at once while their tasks still run until their
+    kill_timeout (longer for a task that ignores its kill signal), so nothing would show them gone.
+    Resumable: a stopped job is not stopped again, a purged one is not there to purge.
+    """
+    current = _job_or_none(api, inp.job, inp.namespace)
+    if current is None:
+        return
+    if not current.get("Stop"):
+        call(f"stop {inp.job}", lambda: api.job.deregister_job(inp.job, purge=False, namespace=inp.namespace))
+    deadline = time.monotonic() + inp.stop_timeout_seconds  # per attempt: a retry waits afresh
+    while True:
+        running = [a for a in _allocs(api, inp.job, inp.namespace) if a.get("ClientStatus") not in TERMINAL]
+        if not running:
+            break
+        if time.monotonic() > deadline:
+            raise unavailable(f"stopped {inp.job}, but {len(running)} allocation(s) still "
+                              f"{sorted({a.get('ClientStatus') for a in running})} after "
+                              f"{inp.stop_timeout_seconds:.0f}s on {sorted({a.get('NodeName', '?') for a in running})};"
+                              " not purged, a retry resumes here", details=state)
+        heartbeat(state)
+        time.sleep(inp.poll_seconds)
+    try:
+        call(f"purge {inp.job}", lambda: api.job.deregister_job(inp.job, purge=True, namespace=inp.namespace))
+    except ApplicationError as exc:
+        if exc.type != "NotFound":
+            raise
+    state["purged"] = True
+    heartbeat(state)
+
+
+def _job_or_none(api: Any, job: str, namespace: str) -> dict[str, Any] | None:
+    try:
+        return _job(api, job, namespace)
+    except ApplicationError as exc:
+        if exc.type == "NotFound":
+            return None
+        raise
+
+
+def _deployment_of(api: Any, job: dict[str, Any], namespace: str) -> dict[str, Any] | None:
+    """The deployment of exactly this registration (job create index and version), or None yet."""
+    dep = _latest_deployment(api, job["ID"], namespace)
+    if dep and dep.get("JobCreateIndex") == job.get("CreateIndex") and dep.get("JobVersion") == job.get("Version"):
+        return dep
+    return None
 
 
 @action("nomad.job.redeploy_from_scratch", timeout=6 * 3600, heartbeat=60, mutating=True,
         retry=RetryDefaults(max_attempts=3))
 def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
-    """Stop and purge a job, register it again and wait (to a deadline) until every allocation is healthy.
+    """Stop a job, wait for its tasks to end, purge it, register it again and wait until its deployment is healthy.
 
-    For caches that must come up from a standing start: the old allocations, reschedule
-    trackers and deployments go with the purge. Progress is heartbeated (phase, recorded spec,
-    register index) and a retried attempt resumes there, so a crash after the purge still
-    registers the recorded spec. A fresh registration places every allocation directly: Nomad
-    only uses canaries when updating an existing job, so there are none to promote here.
+    For caches that must come up from a standing start: the old allocations, reschedule trackers and
+    deployments go with the purge, and no old task (one ignoring its kill signal runs until its
+    kill_timeout) is left beside a new one. Progress is heartbeated (phase, recorded spec, register
+    index) and a retried attempt resumes there, so a crash after the purge still registers the
+    recorded spec. A fresh registration places every allocation directly: Nomad only uses canaries
+    when updating an existing job, so there are none to promote here.
     """
     inp = validated(RedeployInput, inp)
     api = nomad_client(inp.nomad)
@@ -420,12 +521,10 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
         if inp.job_spec is not None:
             spec, source = inp.job_spec, "inline"
         else:
-            try:
-                spec, source = _job(api, inp.job, inp.namespace), "recorded"
-            except ApplicationError as exc:
-                if exc.type == "NotFound":
-                    raise bad(f"job {inp.job} does not exist and no job_spec was given") from None
-                raise
+            recorded = _job_or_none(api, inp.job, inp.namespace)
+            if recorded is None:
+                raise bad(f"job {inp.job} does not exist and no job_spec was given")
+            spec, source = recorded, "recorded"
         spec = _clean(spec)
         if spec.get("ID") != inp.job:
             raise bad(f"job_spec ID {spec.get('ID')!r} is not {inp.job!r}")
@@ -434,23 +533,8 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
         heartbeat(state)
     spec, source = state["spec"], state["source"]
     stop_started = time.monotonic()
-    purged = False
     if state["phase"] == "stop":
-        try:
-            call(f"stop and purge {inp.job}", lambda: api.job.deregister_job(inp.job, purge=True,
-                                                                             namespace=inp.namespace))
-            purged = True
-        except ApplicationError as exc:
-            if exc.type != "NotFound":
-                raise
-        # Wait for the old allocations to finish, so the new ones do not race them for ports.
-        deadline = time.monotonic() + inp.stop_timeout_seconds
-        while any(a.get("ClientStatus") in ("pending", "running") for a in _allocs(api, inp.job, inp.namespace)):
-            if time.monotonic() > deadline:
-                raise unavailable(f"purged {inp.job}, but old allocations still run after "
-                                  f"{inp.stop_timeout_seconds:.0f}s; a retry resumes here", details=state)
-            heartbeat(state)
-            time.sleep(inp.poll_seconds)
+        _stop_and_purge(api, inp, state)
         state["phase"] = "register"
         heartbeat(state)
     stop_seconds = round(time.monotonic() - stop_started, 3)
@@ -458,19 +542,29 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
         resp = call(f"register {inp.job}", lambda: api.job.register_job(inp.job, {"Job": spec}))
         state.update(phase="wait", index=int(resp.get("JobModifyIndex") or 0), t_register=time.time())
         heartbeat(state)
-    expected = _expected(api, spec)
+    registered = _job(api, inp.job, inp.namespace)
+    expected = _expected(api, registered)
     if expected == 0:
         raise ApplicationError(f"{inp.job} is registered but no node can take it (no eligible ready node in its "
-                               "datacenters)", type="NoCapacity", non_retryable=True)
+                               "datacenters and node pool)", type="NoCapacity", non_retryable=True)
+    deployed = _uses_deployments(registered)
     wait_started = time.monotonic()
     deadline = state.get("t_register", time.time()) + inp.deadline_seconds
     while True:
         live = [a for a in _allocs(api, inp.job, inp.namespace) if a.get("DesiredStatus") == "run"]
-        healthy = [a for a in live if _healthy(a)]
+        healthy = [a for a in live if _healthy(a, deployed)]
         failed = [a for a in live if a.get("ClientStatus") == "failed"]
-        state["progress"] = {"healthy": len(healthy), "expected": expected, "failed": len(failed)}
+        dep = _deployment_of(api, registered, inp.namespace) if deployed else None
+        state["progress"] = {"healthy": len(healthy), "expected": expected, "failed": len(failed),
+                             "deployment": (dep or {}).get("Status")}
         heartbeat(state)
-        if len(healthy) >= expected:
+        if dep is not None and dep["Status"] in ("failed", "cancelled"):
+            raise ApplicationError(
+                f"{inp.job} registered, but its deployment {dep['ID'][:8]} {dep['Status']}: "
+                f"{dep.get('StatusDescription', '')} ({len(healthy)}/{expected} healthy); the job stays registered",
+                {"deployment": dep["ID"], "failed": [_view(a).model_dump() for a in failed]},
+                type="DeploymentFailed", non_retryable=True)
+        if len(healthy) >= expected and (not deployed or (dep is not None and dep["Status"] == "successful")):
             break
         if time.time() > deadline:
             raise ApplicationError(
@@ -480,11 +574,12 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
                 {"healthy": [a["ID"] for a in healthy], "failed": [_view(a).model_dump() for a in failed]},
                 type="DeadlineExceeded", non_retryable=True)
         time.sleep(inp.poll_seconds)
-    views = [_view(a) for a in healthy]
+    # List entries carry no AllocatedResources: read each allocation for its ports.
+    views = [_view(_alloc(api, a["ID"])) for a in healthy] if inp.port_label else [_view(a) for a in healthy]
     endpoints = [v.ports[inp.port_label] for v in views if inp.port_label in v.ports] if inp.port_label else []
     if inp.port_label and not endpoints:
         raise bad(f"{inp.job} redeployed and healthy, but no allocation has a port labelled {inp.port_label!r}")
-    return RedeployOutput(job=inp.job, spec_source=source, purged=purged, job_modify_index=int(state.get("index", 0)),
-                          allocations=views, expected=expected, stop_seconds=stop_seconds,
-                          deploy_seconds=round(time.monotonic() - wait_started, 3),
+    return RedeployOutput(job=inp.job, spec_source=source, purged=bool(state.get("purged")),
+                          job_modify_index=int(state.get("index", 0)), allocations=views, expected=expected,
+                          stop_seconds=stop_seconds, deploy_seconds=round(time.monotonic() - wait_started, 3),
                           failed_allocations=[_view(a) for a in failed], endpoints=endpoints)

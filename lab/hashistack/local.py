@@ -73,17 +73,23 @@ def _wait(what: str, probe, timeout: float, proc: subprocess.Popen, log: Path) -
 @dataclass
 class LocalStack:
     """One Consul server (ACLs on, default deny), a Nomad server and a raw_exec client registering
-    services in that Consul, and a Vault/OpenBao dev server; all on free 127.0.0.1 ports."""
+    services in that Consul, and a Vault/OpenBao dev server; all on free 127.0.0.1 ports.
+
+    `nomad_clients` > 1 starts more client nodes (cache2, cache3, ...), each with its own ports and
+    data dir; they share 127.0.0.1, so two of them cannot really bind one static port.
+    """
 
     root: Path
     consul_token: str = "coldstart-test-management-token"
     vault_token: str = "coldstart-test-root-token"
     consul_servers: int = 1
+    nomad_clients: int = 1
     found: Backends = field(default_factory=backends)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     consuls: list[ConsulAgent] = field(default_factory=list)
     nomad_server: NomadAgent | None = None
     nomad_client: NomadAgent | None = None
+    nomad_client_agents: list[NomadAgent] = field(default_factory=list)
     vault: VaultServer | None = None
 
     @property
@@ -147,19 +153,31 @@ class LocalStack:
         _wait("nomad server", lambda: httpx.get(f"{self.nomad_url}/v1/operator/keyring/keys", timeout=1)
               .status_code == 200 and httpx.get(f"{self.nomad_url}/v1/operator/keyring/keys", timeout=1).json(),
               30, server_proc, server_log)
-        self.nomad_client = NomadAgent(
-            "cache1", self.root / "nomad-client", "127.0.0.1", server=False, http_port=free_port(),
-            rpc_port=free_port(), serf_port=free_port(), servers=[f"127.0.0.1:{self.nomad_server.rpc_port}"],
-            network_interface="lo", node_class="cache", consul_address=f"127.0.0.1:{self.consul.http_port}",
-            consul_token=self.consul_token)
-        client_proc, client_log = self._start("nomad-client", self.nomad_client.argv(
-            self.found.nomad, self.nomad_client.write(self.root / "nomad-client.hcl")))
-        _wait("nomad client", lambda: any(n.get("Status") == "ready" for n in
-                                          httpx.get(f"{self.nomad_url}/v1/nodes", timeout=1).json()),
-              40, client_proc, client_log)
+        self.add_nomad_clients(self.nomad_clients)
         _wait("vault", lambda: httpx.get(f"{self.vault_url}/v1/sys/health", timeout=1).status_code == 200,
               30, vault_proc, vault_log)
         return self
+
+    def add_nomad_clients(self, total: int) -> list[NomadAgent]:
+        """Start raw_exec client nodes (cache1, cache2, ...) until there are `total`; wait until all are ready."""
+        started = []
+        for i in range(len(self.nomad_client_agents) + 1, total + 1):
+            suffix = "" if i == 1 else str(i)
+            agent = NomadAgent(
+                f"cache{i}", self.root / f"nomad-client{suffix}", "127.0.0.1", server=False, http_port=free_port(),
+                rpc_port=free_port(), serf_port=free_port(), servers=[f"127.0.0.1:{self.nomad_server.rpc_port}"],
+                network_interface="lo", node_class="cache", consul_address=f"127.0.0.1:{self.consul.http_port}",
+                consul_token=self.consul_token)
+            started.append((agent, *self._start(f"nomad-client{suffix}", agent.argv(
+                self.found.nomad, agent.write(self.root / f"nomad-client{suffix}.hcl")))))
+            self.nomad_client_agents.append(agent)
+        self.nomad_client = self.nomad_client_agents[0] if self.nomad_client_agents else None
+        names = {a.name for a in self.nomad_client_agents}
+        for agent, proc, log in started:
+            _wait(f"nomad client {agent.name}", lambda: names <= {
+                n["Name"] for n in httpx.get(f"{self.nomad_url}/v1/nodes", timeout=1).json()
+                if n.get("Status") == "ready"}, 40, proc, log)
+        return [agent for agent, _, _ in started]
 
     def stop(self) -> None:
         # Stop the jobs first so the client kills its tasks; whatever is left is swept below.
@@ -168,8 +186,8 @@ class LocalStack:
                 httpx.delete(f"{self.nomad_url}/v1/job/{job['ID']}", params={"purge": "true"}, timeout=2)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and any(
-                    a.get("ClientStatus") == "running"
-                    for a in httpx.get(f"{self.nomad_client.url}/v1/allocations", timeout=2).json()):
+                    a.get("ClientStatus") == "running" for agent in self.nomad_client_agents
+                    for a in httpx.get(f"{agent.url}/v1/allocations", timeout=2).json()):
                 time.sleep(0.2)
         except (httpx.HTTPError, AttributeError, ValueError):
             pass

@@ -1,4 +1,4 @@
-"""Nomad HTTP API stand-in: jobs, evaluations, allocations, nodes, a spread scheduler and raw_exec tasks."""
+"""Nomad HTTP API stand-in: jobs, deployments, evaluations, allocations, nodes, a spread scheduler and raw_exec tasks."""
 
 from __future__ import annotations
 
@@ -146,6 +146,52 @@ async def job_scale(request: web.Request) -> web.Response:
 async def job_scale_status(request: web.Request) -> web.Response:
     """GET /v1/job/:job_id/scale -- https://developer.hashicorp.com/nomad/api-docs/jobs#read-job-scale-status"""
     return _json(request, _state(request).scale_status(_ns(request), request.match_info["job_id"]))
+
+
+async def job_deployment(request: web.Request) -> web.Response:
+    """GET /v1/job/:job_id/deployment -- the latest deployment, or null -- https://developer.hashicorp.com/nomad/api-docs/jobs#read-job-39-s-most-recent-deployment"""
+    dep = _state(request).latest_deployment(_ns(request), request.match_info["job_id"])
+    return _json(request, public(dep) if dep else None)
+
+
+async def job_deployments(request: web.Request) -> web.Response:
+    """GET /v1/job/:job_id/deployments -- newest first -- https://developer.hashicorp.com/nomad/api-docs/jobs#list-job-deployments"""
+    st = _state(request)
+    return _json(request, [public(d) for d in st._deployments_of(_ns(request), request.match_info["job_id"])])
+
+
+# ---- deployments -----------------------------------------------------------------------------
+async def deployments_list(request: web.Request) -> web.Response:
+    """GET /v1/deployments[?prefix=] -- https://developer.hashicorp.com/nomad/api-docs/deployments#list-deployments"""
+    st = _state(request)
+    prefix, ns = request.query.get("prefix", ""), _ns(request)
+    deps = [public(d) for d in st.deployments.values()
+            if d["ID"].startswith(prefix) and (ns == "*" or d["Namespace"] == ns)]
+    return _json(request, sorted(deps, key=lambda d: d["CreateIndex"], reverse=True))
+
+
+async def deployment_read(request: web.Request) -> web.Response:
+    """GET /v1/deployment/:deployment_id -- https://developer.hashicorp.com/nomad/api-docs/deployments#read-deployment"""
+    return _json(request, public(_state(request).deployment(request.match_info["deployment_id"])))
+
+
+async def deployment_allocations(request: web.Request) -> web.Response:
+    """GET /v1/deployment/allocations/:deployment_id -- https://developer.hashicorp.com/nomad/api-docs/deployments#list-allocations-for-deployment"""
+    st = _state(request)
+    dep = st.deployment(request.match_info["deployment_id"])
+    allocs = [a for a in st.allocs.values() if a.get("DeploymentID") == dep["ID"]]
+    return _json(request, [st.alloc_stub(a) for a in sorted(allocs, key=lambda a: a["CreateIndex"])])
+
+
+async def deployment_pause(request: web.Request) -> web.Response:
+    """POST /v1/deployment/pause/:deployment_id {"Pause"} -- https://developer.hashicorp.com/nomad/api-docs/deployments#pause-deployment"""
+    body = await _body(request)
+    return _json(request, _state(request).pause_deployment(request.match_info["deployment_id"], bool(body.get("Pause"))))
+
+
+async def deployment_fail(request: web.Request) -> web.Response:
+    """POST /v1/deployment/fail/:deployment_id -- https://developer.hashicorp.com/nomad/api-docs/deployments#fail-deployment"""
+    return _json(request, _state(request).fail_deployment(request.match_info["deployment_id"]))
 
 
 # ---- allocations -----------------------------------------------------------------------------
@@ -338,6 +384,15 @@ def make_app(st: NomadState, rpc_addr: str = "127.0.0.1:4647", run_housekeeping:
     r.add_get("/v1/job/{job_id}/scale", job_scale_status)
     r.add_post("/v1/job/{job_id}/scale", job_scale)
     r.add_put("/v1/job/{job_id}/scale", job_scale)
+    r.add_get("/v1/job/{job_id}/deployment", job_deployment)
+    r.add_get("/v1/job/{job_id}/deployments", job_deployments)
+    r.add_get("/v1/deployments", deployments_list)
+    r.add_get("/v1/deployment/allocations/{deployment_id}", deployment_allocations)
+    r.add_post("/v1/deployment/fail/{deployment_id}", deployment_fail)
+    r.add_post("/v1/deployment/pause/{deployment_id}", deployment_pause)
+    r.add_put("/v1/deployment/pause/{deployment_id}", deployment_pause)
+    r.add_put("/v1/deployment/fail/{deployment_id}", deployment_fail)
+    r.add_get("/v1/deployment/{deployment_id}", deployment_read)
     r.add_get("/v1/allocations", allocations_list)
     r.add_get("/v1/allocation/{alloc_id}", allocation_read)
     r.add_post("/v1/allocation/{alloc_id}/stop", allocation_stop)

@@ -13,7 +13,16 @@ from typing import Any
 
 from .listeners import setns
 
-__all__ = ["ProcessDriver"]
+__all__ = ["ProcessDriver", "kill_signal"]
+
+
+def kill_signal(task: dict[str, Any]) -> int:
+    """The task's kill_signal; Nomad sends SIGINT when it names none."""
+    name = (task.get("KillSignal") or "SIGINT").upper()
+    try:
+        return int(signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])
+    except KeyError:
+        return int(signal.SIGINT)
 
 
 def _enter_netns(netns: str) -> Callable[[], None]:
@@ -69,6 +78,7 @@ class ProcessDriver:
         finally:
             out.close()
             err.close()
+        proc.kill_signal = kill_signal(task)  # type: ignore[attr-defined]
         self.procs.setdefault(alloc_id, {})[task["Name"]] = proc
         watcher = asyncio.create_task(self._watch(alloc_id, task["Name"], proc, on_exit))
         self._watchers.add(watcher)
@@ -87,10 +97,10 @@ class ProcessDriver:
         return bool(self.procs.get(alloc_id))
 
     async def kill(self, alloc_id: str, timeout: float = 5.0) -> None:
-        """SIGTERM the task groups, SIGKILL after the kill timeout, like Nomad's kill_timeout."""
+        """Send each task its kill_signal (SIGINT by default), SIGKILL after the kill timeout, as Nomad does."""
         procs = list(self.procs.get(alloc_id, {}).values())
         for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, getattr(proc, "kill_signal", signal.SIGINT))
         for proc in procs:
             try:
                 await asyncio.wait_for(proc.wait(), timeout)

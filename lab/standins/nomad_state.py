@@ -7,6 +7,7 @@ import copy
 import datetime as dt
 import hashlib
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,26 @@ SERVER_JOB_FIELDS = {
     "SubmitTime", "Stable",
 }
 _NS = uuid.UUID("6ba7b812-9dad-11d1-80b4-00c04fd430c9")
+# The update block Nomad gives every group of a service or system job that names none (or only some fields):
+# https://developer.hashicorp.com/nomad/docs/job-specification/update
+DEFAULT_UPDATE = {
+    "AutoPromote": False, "AutoRevert": False, "Canary": 0, "HealthCheck": "checks",
+    "HealthyDeadline": 300 * NS_PER_S, "MaxParallel": 1, "MinHealthyTime": 10 * NS_PER_S,
+    "ProgressDeadline": 600 * NS_PER_S, "Stagger": 30 * NS_PER_S,
+}
+DEPLOYMENT_TYPES = ("service", "system")
+ACTIVE_DEPLOYMENT = ("initializing", "pending", "running", "paused", "blocked", "unblocking")
+SCALE_BLOCKED = "job scaling blocked due to active deployment"
+# How often the client side re-checks a deployment's allocations for health (seconds of real time).
+HEALTH_POLL_S = 0.1
+# Fields of GET /v1/job/:id/allocations entries (AllocListStub); the full allocation is GET /v1/allocation/:id.
+ALLOC_STUB_FIELDS = (
+    "ClientDescription", "ClientStatus", "CreateIndex", "CreateTime", "DeploymentStatus", "DesiredDescription",
+    "DesiredStatus", "DesiredTransition", "EvalID", "FollowupEvalID", "ID", "JobID", "JobType", "JobVersion",
+    "ModifyIndex", "ModifyTime", "Name", "Namespace", "NextAllocation", "NodeID", "NodeName",
+    "PreemptedAllocations", "PreemptedByAllocation", "RescheduleTracker", "TaskGroup", "TaskStates",
+)
+TRANSITION_FIELDS = ("ForceReschedule", "Migrate", "MigrateDisablePlacement", "NoShutdownDelay", "Reschedule")
 
 
 class NomadError(Exception):
@@ -57,6 +78,10 @@ def _rfc3339(ts: float) -> str:
 
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _given(block: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (block or {}).items() if v is not None}
 
 
 def _spec(job: dict[str, Any]) -> dict[str, Any]:
@@ -86,6 +111,8 @@ class NomadState:
         self.queued: dict[str, dict[str, int]] = {}
         self.allocs: dict[str, dict[str, Any]] = {}
         self.evals: dict[str, dict[str, Any]] = {}
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self._progress_by: dict[str, float] = {}  # deployment ID -> event-loop time of its progress deadline
         self.unhealthy: set[str] = set()  # node IDs whose allocs fail (lab fault)
         self.dirty = False
         self.stopping = False  # stand-in shutdown: task exits then are not failures
@@ -129,6 +156,7 @@ class NomadState:
         self.queued = data["queued"]
         self.allocs = data["allocs"]
         self.evals = data["evals"]
+        self.deployments = data.get("deployments", {})
         for nid, saved in data.get("nodes", {}).items():
             if nid in self.nodes:
                 for f in ("SchedulingEligibility", "Drain", "DrainStrategy", "LastDrain", "ModifyIndex"):
@@ -140,10 +168,13 @@ class NomadState:
                 alloc["_restore"] = True
 
     def restore_tasks(self) -> None:
-        """Call on the server loop after startup to restart restored allocs."""
+        """Call on the server loop after startup to restart restored allocs and watch active deployments."""
         for alloc in self.allocs.values():
             if alloc.pop("_restore", False):
                 self._spawn(self._start_alloc(alloc["ID"]))
+        for dep in self.deployments.values():
+            if dep["Status"] in ACTIVE_DEPLOYMENT:
+                self._watch_deployment(dep)
 
     def save_state(self) -> None:
         if self.state_file is None or not self.dirty:
@@ -158,6 +189,7 @@ class NomadState:
                 "queued": self.queued,
                 "allocs": self.allocs,
                 "evals": self.evals,
+                "deployments": self.deployments,
                 "nodes": self.nodes,
             },
         )
@@ -318,6 +350,12 @@ class NomadState:
         job.setdefault("Meta", None)
         job.setdefault("ParentID", "")
         job["Stop"] = bool(job.get("Stop", False))
+        job_update = _given(job.get("Update"))
+        if job["Type"] in DEPLOYMENT_TYPES:
+            job["Update"] = {**{k: type(v)() for k, v in DEFAULT_UPDATE.items()}, "MaxParallel": 1,
+                             "Stagger": DEFAULT_UPDATE["Stagger"], **job_update}
+        else:
+            job["Update"] = None
         groups = job.get("TaskGroups") or []
         if not groups:
             raise NomadError(500, "1 error occurred:\n\t* Missing job task groups\n\n")
@@ -326,6 +364,9 @@ class NomadState:
                 raise NomadError(500, "1 error occurred:\n\t* Missing task group name\n\n")
             tg["Count"] = 1 if tg.get("Count") is None else int(tg["Count"])
             tg["ReschedulePolicy"] = {**DEFAULT_RESCHEDULE, **(tg.get("ReschedulePolicy") or {})}
+            # Group update = defaults, then the job's update block, then the group's (fields given win).
+            tg["Update"] = ({**DEFAULT_UPDATE, **job_update, **_given(tg.get("Update"))}
+                            if job["Type"] in DEPLOYMENT_TYPES else None)
             if not tg.get("Tasks"):
                 raise NomadError(500, f"1 error occurred:\n\t* Missing tasks for task group {tg['Name']}\n\n")
             for task in tg["Tasks"]:
@@ -403,30 +444,46 @@ class NomadState:
         self.versions.pop(key, None)
         self.queued.pop(key, None)
         ev = self.evaluate(namespace, job_id, "job-deregister")
+        # As in Nomad, a purge drops the job's allocations and deployments from the state store at once;
+        # their tasks are still being killed (kill_timeout) on the client.
+        for alloc in self._job_allocs(namespace, job_id):
+            del self.allocs[alloc["ID"]]
+        for dep in self._deployments_of(namespace, job_id):
+            del self.deployments[dep["ID"]]
         return {"EvalID": ev["ID"], "EvalCreateIndex": ev["CreateIndex"], "JobModifyIndex": ev["CreateIndex"],
                 "VolumeEvalID": "", "VolumeEvalIndex": 0, "Index": self.index}
 
     def scale(self, namespace: str, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        job = self.jobs.get(self.key(namespace, job_id))
-        if job is None:
-            raise NomadError(404, "job not found")
+        """Nomad's Job.Scale, checks in its order: arguments, job, group, active deployment, modify index."""
         group = (body.get("Target") or {}).get("Group")
         if not group:
             raise NomadError(400, "missing task group name for scaling action")
+        count = body.get("Count")
+        if count is not None and int(count) < 0:
+            raise NomadError(400, "scaling action count can't be negative")
+        job = self.jobs.get(self.key(namespace, job_id))
+        if job is None:
+            raise NomadError(404, f'job "{job_id}" not found')
+        if job["Type"] == "system" and count is not None and int(count) > 1:
+            raise NomadError(400, 'jobs of type "system" can only be scaled to 1 or 0')
         tg = next((g for g in job["TaskGroups"] if g["Name"] == group), None)
         if tg is None:
-            raise NomadError(400, f"task group {group!r} specified for scaling does not exist in job")
-        count = body.get("Count")
+            raise NomadError(400, f'task group "{group}" specified for scaling does not exist in job')
         if count is None:
             # A scaling event without a count only records a message; no new version.
-            return {"EvalID": "", "EvalCreateIndex": 0, "JobModifyIndex": job["JobModifyIndex"],
+            return {"EvalID": "", "EvalCreateIndex": 0, "JobModifyIndex": job["ModifyIndex"],
                     "Warnings": "", "Index": self.index}
-        if int(count) < 0:
-            raise NomadError(400, "scaling action count can't be negative")
+        latest = self.latest_deployment(namespace, job_id)
+        if latest is not None and latest["Status"] in ACTIVE_DEPLOYMENT and latest["JobCreateIndex"] == job["CreateIndex"]:
+            raise NomadError(400, SCALE_BLOCKED)
+        # Scale enforces JobModifyIndex whenever it is given, whatever EnforceIndex says.
+        modify_index = int(body.get("JobModifyIndex") or 0)
+        if modify_index and modify_index != job["JobModifyIndex"]:
+            raise NomadError(500, f"{ENFORCE_PREFIX} {modify_index}: job exists with conflicting job modify "
+                                  f"index: {job['JobModifyIndex']}")
         new = copy.deepcopy(job)
         next(g for g in new["TaskGroups"] if g["Name"] == group)["Count"] = int(count)
-        return self.register(new, enforce=bool(body.get("EnforceIndex")),
-                             modify_index=int(body.get("JobModifyIndex") or 0), trigger="job-scaling")
+        return self.register(new, trigger="job-scaling")
 
     def scale_status(self, namespace: str, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(self.key(namespace, job_id))
@@ -476,6 +533,240 @@ class NomadState:
             "CreateIndex": job["CreateIndex"], "ModifyIndex": job["ModifyIndex"],
             "JobModifyIndex": job["JobModifyIndex"], "SubmitTime": job["SubmitTime"],
         }
+
+    # ---- deployments -----------------------------------------------------------------------
+    # https://developer.hashicorp.com/nomad/docs/job-specification/update and the scheduler's reconciler:
+    # a service or system job with an update block gets a deployment when a new version (or a fresh job)
+    # places or updates allocations; it succeeds once every group has DesiredTotal healthy allocations
+    # (a task running for min_healthy_time) and fails on an unhealthy one or at the progress deadline.
+    def _deployments_of(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
+        deps = [d for d in self.deployments.values() if d["JobID"] == job_id and d["Namespace"] == namespace]
+        return sorted(deps, key=lambda d: d["CreateIndex"], reverse=True)
+
+    def latest_deployment(self, namespace: str, job_id: str) -> dict[str, Any] | None:
+        deps = self._deployments_of(namespace, job_id)
+        return deps[0] if deps else None
+
+    def deployment(self, dep_id: str) -> dict[str, Any]:
+        dep = self.deployments.get(dep_id)
+        if dep is None:
+            matches = [d for d in self.deployments.values() if d["ID"].startswith(dep_id)] if len(dep_id) >= 2 else []
+            if len(matches) != 1:
+                raise NomadError(404, "deployment not found")
+            dep = matches[0]
+        return dep
+
+    def fail_deployment(self, dep_id: str) -> dict[str, Any]:
+        """POST /v1/deployment/fail/:id, as an operator would."""
+        dep = self.deployment(dep_id)
+        if dep["Status"] not in ACTIVE_DEPLOYMENT:
+            raise NomadError(500, "can't fail terminal deployment")
+        self._end_deployment(dep, "failed", "Deployment marked as failed")
+        ev = self.evaluate(dep["Namespace"], dep["JobID"], "deployment-watcher")
+        return {"EvalID": ev["ID"], "EvalCreateIndex": ev["CreateIndex"],
+                "DeploymentModifyIndex": dep["ModifyIndex"], "RevertedJobVersion": None, "Index": self.index}
+
+    def pause_deployment(self, dep_id: str, pause: bool) -> dict[str, Any]:
+        """POST /v1/deployment/pause/:id {"Pause"}: a paused deployment stays active (and blocks scaling)."""
+        dep = self.deployment(dep_id)
+        if dep["Status"] not in ACTIVE_DEPLOYMENT:
+            raise NomadError(500, f"can't {'pause' if pause else 'resume'} terminal deployment")
+        if pause:
+            self._set_status(dep, "paused", "Deployment is paused")
+            return {"EvalID": "", "EvalCreateIndex": 0, "DeploymentModifyIndex": dep["ModifyIndex"],
+                    "RevertedJobVersion": None, "Index": self.index}
+        self._set_status(dep, "running", "Deployment is running")
+        self._arm_progress(dep)
+        self._maybe_complete(dep)
+        ev = self.evaluate(dep["Namespace"], dep["JobID"], "deployment-watcher")
+        return {"EvalID": ev["ID"], "EvalCreateIndex": ev["CreateIndex"], "DeploymentModifyIndex": dep["ModifyIndex"],
+                "RevertedJobVersion": None, "Index": self.index}
+
+    def _current_deployment(self, namespace: str, job_id: str, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The reconciler's cancelUnneededDeployments: the latest deployment if it is for this job version
+        and not yet successful; an active one for a stopped job or an older version is cancelled."""
+        dep = self.latest_deployment(namespace, job_id)
+        if dep is None:
+            return None
+        active = dep["Status"] in ACTIVE_DEPLOYMENT
+        if job is None or job["Stop"]:
+            if active:
+                self._end_deployment(dep, "cancelled", "Cancelled because job is stopped")
+            return None
+        if dep["JobCreateIndex"] != job["CreateIndex"] or dep["JobVersion"] != job["Version"]:
+            if active:
+                self._end_deployment(dep, "cancelled", "Cancelled due to newer version of job")
+            return None
+        return None if dep["Status"] == "successful" else dep
+
+    def _deploy_group(self, job: dict[str, Any], tg: dict[str, Any], dep: dict[str, Any] | None, desired: int,
+                      had_running: bool, updating: bool) -> dict[str, Any] | None:
+        """The reconciler's createDeployment for one group; returns the job's deployment (maybe new)."""
+        strategy = tg.get("Update") or {}
+        if dep is not None and tg["Name"] in dep["TaskGroups"]:
+            return dep
+        if job["Type"] not in DEPLOYMENT_TYPES or int(strategy.get("MaxParallel") or 0) <= 0 or desired <= 0:
+            return dep
+        if had_running and not updating:
+            return dep
+        if dep is None:
+            dep = self._new_deployment(job)
+        deadline = int(strategy.get("ProgressDeadline") or 0)
+        dep["TaskGroups"][tg["Name"]] = {
+            "AutoPromote": bool(strategy.get("AutoPromote")), "AutoRevert": bool(strategy.get("AutoRevert")),
+            "DesiredCanaries": 0, "DesiredTotal": desired, "HealthyAllocs": 0, "PlacedAllocs": 0,
+            "PlacedCanaries": None, "ProgressDeadline": deadline, "Promoted": False,
+            "RequireProgressBy": _rfc3339(self.clock.time() + deadline / NS_PER_S) if deadline else None,
+            "UnhealthyAllocs": 0,
+        }
+        self._arm_progress(dep)
+        return dep
+
+    def _new_deployment(self, job: dict[str, Any]) -> dict[str, Any]:
+        idx = self._next()
+        now = self.now_ns()
+        dep = {
+            "ID": str(uuid.uuid4()), "Namespace": job["Namespace"], "JobID": job["ID"], "JobVersion": job["Version"],
+            "JobModifyIndex": job["JobModifyIndex"], "JobSpecModifyIndex": job["JobModifyIndex"],
+            "JobCreateIndex": job["CreateIndex"], "IsMultiregion": False, "EvalPriority": job["Priority"],
+            "Status": "running", "StatusDescription": "Deployment is running", "TaskGroups": {},
+            "CreateIndex": idx, "ModifyIndex": idx, "CreateTime": now, "ModifyTime": now,
+        }
+        self.deployments[dep["ID"]] = dep
+        self._watch_deployment(dep)
+        return dep
+
+    def _set_status(self, dep: dict[str, Any], status: str, description: str) -> None:
+        dep["Status"], dep["StatusDescription"] = status, description
+        dep["ModifyIndex"] = self._next()
+        dep["ModifyTime"] = self.now_ns()
+
+    def _maybe_complete(self, dep: dict[str, Any]) -> bool:
+        """A running deployment whose groups all have DesiredTotal healthy allocations is successful."""
+        if dep["Status"] != "running" or any(g["HealthyAllocs"] < g["DesiredTotal"] for g in dep["TaskGroups"].values()):
+            return False
+        self._end_deployment(dep, "successful", "Deployment completed successfully")
+        return True
+
+    def _end_deployment(self, dep: dict[str, Any], status: str, description: str) -> None:
+        self._set_status(dep, status, description)
+        if status != "successful":
+            return
+        # A successful deployment marks its job version stable.
+        key = self.key(dep["Namespace"], dep["JobID"])
+        for job in [self.jobs.get(key), *self.versions.get(key, [])]:
+            if job is not None and job["Version"] == dep["JobVersion"] and job["CreateIndex"] == dep["JobCreateIndex"]:
+                job["Stable"] = True
+
+    def _join_deployment(self, alloc: dict[str, Any], dep: dict[str, Any] | None) -> None:
+        """A placed or in-place updated allocation becomes part of an active deployment: health unknown."""
+        if dep is None or dep["Status"] not in ACTIVE_DEPLOYMENT or alloc["TaskGroup"] not in dep["TaskGroups"]:
+            return
+        if alloc.get("DeploymentID") == dep["ID"]:
+            return
+        alloc["DeploymentID"] = dep["ID"]
+        alloc["DeploymentStatus"] = None
+        dep["TaskGroups"][alloc["TaskGroup"]]["PlacedAllocs"] += 1
+        self._spawn(self._watch_health(alloc["ID"], dep["ID"]))
+
+    def _destructive_limit(self, tg: dict[str, Any], dep: dict[str, Any] | None, live: list[dict[str, Any]],
+                           wanted: int) -> int:
+        """How many old-spec allocations may be replaced now: max_parallel less those of the deployment
+        not yet healthy (none once one is unhealthy or the deployment is not running); all without an update block."""
+        strategy = tg.get("Update") or {}
+        if not wanted or int(strategy.get("MaxParallel") or 0) <= 0 or dep is None:
+            return wanted
+        if dep["Status"] != "running":  # failed, paused, ...
+            return 0
+        part = [a for a in live if a.get("DeploymentID") == dep["ID"]]
+        if any((a.get("DeploymentStatus") or {}).get("Healthy") is False for a in part):
+            return 0
+        pending = sum(1 for a in part if not (a.get("DeploymentStatus") or {}).get("Healthy"))
+        return max(0, min(wanted, int(strategy["MaxParallel"]) - pending))
+
+    def _strategy(self, alloc: dict[str, Any]) -> dict[str, Any]:
+        job = self._job_for_alloc(alloc) or {}
+        tg = next((g for g in job.get("TaskGroups", []) if g["Name"] == alloc["TaskGroup"]), {})
+        return tg.get("Update") or DEFAULT_UPDATE
+
+    async def _watch_health(self, alloc_id: str, dep_id: str) -> None:
+        """The client's allocation health tracker without service checks: healthy once its tasks have run
+        for min_healthy_time, unhealthy if one stops first or healthy_deadline passes (real time, as the
+        task processes are real)."""
+        loop = asyncio.get_running_loop()
+        alloc = self.allocs.get(alloc_id)
+        if alloc is None:
+            return
+        strategy = self._strategy(alloc)
+        if strategy.get("HealthCheck") == "manual":
+            return
+        min_healthy = int(strategy.get("MinHealthyTime") or 0) / NS_PER_S
+        healthy_by = loop.time() + (int(strategy.get("HealthyDeadline") or 0) / NS_PER_S or float("inf"))
+        running_since: float | None = None
+        while True:
+            alloc, dep = self.allocs.get(alloc_id), self.deployments.get(dep_id)
+            if (alloc is None or dep is None or dep["Status"] not in ACTIVE_DEPLOYMENT
+                    or alloc.get("DeploymentID") != dep_id or alloc.get("DeploymentStatus") is not None
+                    or alloc["DesiredStatus"] != "run"):
+                return
+            now = loop.time()
+            if alloc["ClientStatus"] in ("failed", "complete", "lost"):
+                self._set_health(alloc, dep, False)
+                return
+            if alloc["ClientStatus"] == "running":
+                running_since = now if running_since is None else running_since
+                if now - running_since >= min_healthy:
+                    self._set_health(alloc, dep, True)
+                    return
+            if now >= healthy_by:
+                self._set_health(alloc, dep, False)
+                return
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    def _set_health(self, alloc: dict[str, Any], dep: dict[str, Any], healthy: bool) -> None:
+        idx = self._next()
+        alloc["DeploymentStatus"] = {"Canary": False, "Healthy": healthy, "ModifyIndex": idx,
+                                     "Timestamp": _rfc3339(self.clock.time())}
+        alloc["ModifyIndex"] = idx
+        state = dep["TaskGroups"][alloc["TaskGroup"]]
+        state["HealthyAllocs" if healthy else "UnhealthyAllocs"] += 1
+        if not healthy:
+            # With a progress deadline the failed allocation may still be rescheduled within the deployment,
+            # which then fails at the deadline; without one the first unhealthy allocation fails it.
+            if not state["ProgressDeadline"]:
+                self._end_deployment(dep, "failed", "Failed due to unhealthy allocations")
+            return
+        if state["ProgressDeadline"]:
+            state["RequireProgressBy"] = _rfc3339(self.clock.time() + state["ProgressDeadline"] / NS_PER_S)
+            self._arm_progress(dep)
+        if not self._maybe_complete(dep) and self.key(dep["Namespace"], dep["JobID"]) in self.jobs:
+            self.evaluate(dep["Namespace"], dep["JobID"], "deployment-watcher")  # the next batch of a rolling update
+
+    def _arm_progress(self, dep: dict[str, Any]) -> None:
+        """(Re)start the progress deadline: the longest of the groups' (0 in all of them: none)."""
+        deadlines = [g["ProgressDeadline"] for g in dep["TaskGroups"].values() if g["ProgressDeadline"]]
+        deadline = max(deadlines) / NS_PER_S if deadlines else float("inf")
+        self._progress_by[dep["ID"]] = asyncio.get_running_loop().time() + deadline
+
+    def _watch_deployment(self, dep: dict[str, Any]) -> None:
+        """Arm the progress deadline and the health trackers of allocations whose health is still unknown."""
+        self._arm_progress(dep)
+        self._spawn(self._watch_progress(dep["ID"]))
+        for alloc in self.allocs.values():
+            if alloc.get("DeploymentID") == dep["ID"] and alloc.get("DeploymentStatus") is None:
+                self._spawn(self._watch_health(alloc["ID"], dep["ID"]))
+
+    async def _watch_progress(self, dep_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            dep = self.deployments.get(dep_id)
+            if dep is None or dep["Status"] not in ACTIVE_DEPLOYMENT:
+                self._progress_by.pop(dep_id, None)
+                return
+            if dep["Status"] == "running" and loop.time() >= self._progress_by.get(dep_id, float("inf")):
+                self._end_deployment(dep, "failed", "Failed due to progress deadline")
+                return
+            await asyncio.sleep(0.5)
 
     # ---- evaluations and scheduling ------------------------------------------------------
     def evaluate(self, namespace: str, job_id: str, trigger: str, node_id: str = "") -> dict[str, Any]:
@@ -538,6 +829,15 @@ class NomadState:
                     return True
         return False
 
+    def _distinct_host_taken(self, job: dict[str, Any], tg: dict[str, Any], node: dict[str, Any],
+                             taken: list[dict[str, Any]]) -> bool:
+        """The distinct_hosts constraint (job or group): no two live allocations of the job on one node."""
+        if not any(c.get("Operand") == "distinct_hosts" and str(c.get("RTarget", "true")).lower() != "false"
+                   for c in (job.get("Constraints") or []) + (tg.get("Constraints") or [])):
+            return False
+        mine = self._job_allocs(job["Namespace"], job["ID"]) + list(taken)
+        return any(a["NodeID"] == node["ID"] and self._live(a) for a in mine)
+
     def _node_load(self) -> dict[str, int]:
         load = {nid: 0 for nid in self.nodes}
         for a in self.allocs.values():
@@ -569,6 +869,7 @@ class NomadState:
         failed_tgs: dict[str, Any] = {}
         queued: dict[str, int] = {}
         now = self.clock.time()
+        dep = self._current_deployment(ns, job_id, job)
         for name in sorted(set(groups) | {a["TaskGroup"] for a in allocs}):
             tg = groups.get(name)
             mine = [a for a in allocs if a["TaskGroup"] == name]
@@ -577,29 +878,41 @@ class NomadState:
                     if a["DesiredStatus"] == "run":
                         self._stop_alloc(a, "alloc not needed due to job update")
                 continue
-            tg_hash = _hash({k: v for k, v in tg.items() if k != "Count"})
-            live = []
-            for a in sorted(mine, key=lambda a: a["CreateIndex"]):
-                if not self._live(a):
-                    continue
-                if a["_tg_hash"] != tg_hash:
-                    self._stop_alloc(a, "alloc is being updated due to job update")
-                else:
+            tg_hash = _group_hash(tg)
+            live = [a for a in sorted(mine, key=lambda a: a["CreateIndex"]) if self._live(a)]
+            same = [a for a in live if a["_tg_hash"] == tg_hash]
+            old = [a for a in live if a["_tg_hash"] != tg_hash]
+            inplace = [a for a in same if a["JobVersion"] != job["Version"]]
+            had_running = any(a["JobVersion"] == job["Version"]
+                              and a.get("_job_create_index", job["CreateIndex"]) == job["CreateIndex"] for a in mine)
+            system = job["Type"] == "system"
+            desired = len(self._feasible(job)) if system else tg["Count"]
+            dep = self._deploy_group(job, tg, dep, desired, had_running, bool(inplace or old))
+            if not system and len(live) > tg["Count"]:
+                # Old-spec allocations go first (they were to be replaced), then the highest indexes.
+                extra = old + sorted(same, key=_alloc_index, reverse=True)
+                for a in extra[: len(live) - tg["Count"]]:
+                    self._stop_alloc(a, "alloc not needed due to job update")
+                same, old = [a for a in same if self._live(a)], [a for a in old if self._live(a)]
+                live = [a for a in live if self._live(a)]
+            for a in same:
+                if a["JobVersion"] != job["Version"]:  # an unchanged group spec: the allocation is updated in place
                     a["JobVersion"] = job["Version"]
-                    live.append(a)
-            if job["Type"] == "system":
+                    a["_job_create_index"] = job["CreateIndex"]
+                    self._join_deployment(a, dep)
+            replace = old[: self._destructive_limit(tg, dep, live, len(old))]
+            for a in replace:
+                self._stop_alloc(a, "alloc is being updated due to job update")
+            live = same + [a for a in old if a not in replace]
+            if system:
                 # https://developer.hashicorp.com/nomad/docs/schedulers#system: one allocation on every
                 # feasible node; failed ones are not rescheduled elsewhere, ineligible nodes get nothing new.
                 have = {a["NodeID"] for a in live} | {a["NodeID"] for a in mine if a["DesiredStatus"] == "run"
                                                       and a["ClientStatus"] == "failed"}
                 for node in self._feasible(job):
                     if node["ID"] not in have:
-                        self._place(job, tg, tg_hash, ev, None, set(), live, node=node)
+                        self._place(job, tg, tg_hash, ev, None, set(), live, node=node, dep=dep)
                 continue
-            if len(live) > tg["Count"]:
-                for a in sorted(live, key=_alloc_index, reverse=True)[: len(live) - tg["Count"]]:
-                    self._stop_alloc(a, "alloc not needed due to job update")
-                live = [a for a in live if a["DesiredStatus"] == "run"]
             slots = tg["Count"] - len(live)
             waiting = [a for a in mine if a["DesiredStatus"] == "run" and a["ClientStatus"] == "failed"
                        and not a.get("NextAllocation")]
@@ -617,7 +930,7 @@ class NomadState:
             placements.extend((None, set()) for _ in range(max(0, slots)))
             unplaced = 0
             for prev, avoid in placements:
-                if not self._place(job, tg, tg_hash, ev, prev, avoid, live + [p for p, _ in placements if p]):
+                if not self._place(job, tg, tg_hash, ev, prev, avoid, live + [p for p, _ in placements if p], dep=dep):
                     unplaced += 1
             if unplaced:
                 queued[name] = unplaced
@@ -660,9 +973,10 @@ class NomadState:
                 ev.pop("_due")
                 self._process(ev)
 
-    def _place(self, job, tg, tg_hash, ev, prev, avoid, taken, node=None) -> bool:
+    def _place(self, job, tg, tg_hash, ev, prev, avoid, taken, node=None, dep=None) -> bool:
         if node is None:
-            nodes = [n for n in self._feasible(job) if not self._ports_taken(tg, n)]
+            nodes = [n for n in self._feasible(job) if not self._ports_taken(tg, n)
+                     and not self._distinct_host_taken(job, tg, n, taken)]
             if not nodes:
                 return False
             load = self._node_load()
@@ -691,15 +1005,16 @@ class NomadState:
             "ClientStatus": "pending", "ClientDescription": "No tasks have started",
             "TaskStates": {t["Name"]: _task_state("pending", now, "Received", "Task received by client")
                            for t in tg["Tasks"]},
-            "DeploymentStatus": None, "FollowupEvalID": "", "RescheduleTracker": tracker,
+            "DeploymentID": "", "DeploymentStatus": None, "FollowupEvalID": "", "RescheduleTracker": tracker,
             "PreviousAllocation": prev["ID"] if prev else "", "NextAllocation": "",
             "PreemptedAllocations": None, "PreemptedByAllocation": "",
             "CreateIndex": idx, "ModifyIndex": idx, "AllocModifyIndex": idx, "CreateTime": now, "ModifyTime": now,
             "AllocatedResources": _allocated(tg, node),
-            "_tg_hash": tg_hash, "_failed_at": None,
+            "_tg_hash": tg_hash, "_failed_at": None, "_job_create_index": job["CreateIndex"],
         }
         self.allocs[alloc_id] = alloc
         taken.append(alloc)
+        self._join_deployment(alloc, dep)
         self._spawn(self._start_alloc(alloc_id))
         return True
 
@@ -737,7 +1052,7 @@ class NomadState:
                     "node_name": node.get("Name", ""),
                 })
                 try:
-                    await self.driver.start(alloc_id, task, env, netns, self._on_exit)
+                    await self.driver.start(alloc_id, _interpolated(task, node, env), env, netns, self._on_exit)
                 except OSError as exc:
                     await self._fail_alloc(alloc_id, f"failed to launch command with args: {exc}", kill=True)
                     return
@@ -790,17 +1105,16 @@ class NomadState:
         alloc["ModifyIndex"] = alloc["AllocModifyIndex"] = self._next()
         alloc["ModifyTime"] = self.now_ns()
         if alloc["ClientStatus"] in ("pending", "running"):
-            self._spawn(self._finish_stop(alloc["ID"]))
+            # Taken now: a purge drops the job and the allocation from the state while the kill goes on.
+            self._spawn(self._finish_stop(alloc, self._kill_timeout(alloc)))
 
-    async def _finish_stop(self, alloc_id: str) -> None:
-        alloc = self.allocs[alloc_id]
+    def _kill_timeout(self, alloc: dict[str, Any]) -> float:
         job = self._job_for_alloc(alloc)
-        timeout = 5.0
-        if job:
-            tg = next((g for g in job["TaskGroups"] if g["Name"] == alloc["TaskGroup"]), None)
-            if tg:
-                timeout = max(t["KillTimeout"] for t in tg["Tasks"]) / NS_PER_S
-        await self.driver.kill(alloc_id, timeout)
+        tg = next((g for g in (job or {}).get("TaskGroups", []) if g["Name"] == alloc["TaskGroup"]), None)
+        return max(t["KillTimeout"] for t in tg["Tasks"]) / NS_PER_S if tg else 5.0
+
+    async def _finish_stop(self, alloc: dict[str, Any], timeout: float) -> None:
+        await self.driver.kill(alloc["ID"], timeout)
         if alloc["ClientStatus"] in ("pending", "running"):
             now = self.now_ns()
             alloc["ClientStatus"] = "complete"
@@ -828,11 +1142,19 @@ class NomadState:
         return alloc
 
     def alloc_stub(self, alloc: dict[str, Any]) -> dict[str, Any]:
-        keep = {"PreviousAllocation", "NextAllocation", "AllocModifyIndex", "DesiredTransition"}
-        return {k: v for k, v in public(alloc).items() if k not in keep}
+        """A list entry as Nomad's AllocListStub: no AllocatedResources, Job or DeploymentID (read the allocation)."""
+        stub = {k: alloc.get(k) for k in ALLOC_STUB_FIELDS}
+        stub["DesiredTransition"] = {k: (alloc.get("DesiredTransition") or {}).get(k) for k in TRANSITION_FIELDS}
+        stub["DesiredDescription"] = stub["DesiredDescription"] or ""
+        stub["FollowupEvalID"] = stub["FollowupEvalID"] or ""
+        stub["NextAllocation"] = stub["NextAllocation"] or ""
+        stub["PreemptedByAllocation"] = stub["PreemptedByAllocation"] or ""
+        return stub
 
     def alloc_full(self, alloc: dict[str, Any]) -> dict[str, Any]:
         out = public(alloc)
+        out.setdefault("DeploymentID", "")
+        out["DesiredTransition"] = {k: (alloc.get("DesiredTransition") or {}).get(k) for k in TRANSITION_FIELDS}
         out["Job"] = self._job_for_alloc(alloc)
         return out
 
@@ -879,6 +1201,33 @@ def _task_state(state: str, now: int, event: str, message: str, failed: bool = F
     }
 
 
+def _interpolated(task: dict[str, Any], node: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The task with ${node.*}, ${attr.*}, ${meta.*} and ${NOMAD_*} replaced in its command and args, as the
+    client does (https://developer.hashicorp.com/nomad/docs/runtime/interpolation); unknown ones stay as written."""
+    values = {
+        "node.unique.id": node.get("ID", ""), "node.unique.name": node.get("Name", ""),
+        "node.datacenter": node.get("Datacenter", ""), "node.class": node.get("NodeClass", ""),
+        "node.pool": node.get("NodePool", ""), "node.region": env.get("NOMAD_REGION", ""),
+        **{f"attr.{k}": str(v) for k, v in (node.get("Attributes") or {}).items()},
+        **{f"meta.{k}": str(v) for k, v in (node.get("Meta") or {}).items()},
+        **{k: v for k, v in env.items() if k.startswith("NOMAD_")},
+    }
+
+    def sub(text: Any) -> Any:
+        return re.sub(r"\$\{([^}]+)\}", lambda m: values.get(m.group(1).strip(), m.group(0)), text) \
+            if isinstance(text, str) else text
+
+    config = dict(task.get("Config") or {})
+    config["command"] = sub(config.get("command"))
+    config["args"] = [sub(a) for a in config.get("args") or []]
+    return {**task, "Config": config}
+
+
+def _group_hash(tg: dict[str, Any]) -> str:
+    """What makes an update destructive: the group without the fields Nomad changes in place or ignores."""
+    return _hash({k: v for k, v in tg.items() if k not in ("Count", "Update", "ReschedulePolicy", "Scaling")})
+
+
 def _static_ports(tg: dict[str, Any]) -> dict[str, int]:
     """Label -> port of the group's `network { port "x" { static = N } }` (JSON: Networks[].ReservedPorts)."""
     return {p["Label"]: int(p["Value"]) for net in tg.get("Networks") or [] for p in net.get("ReservedPorts") or []}
@@ -887,6 +1236,7 @@ def _static_ports(tg: dict[str, Any]) -> dict[str, int]:
 def _allocated(tg: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     """The alloc's AllocatedResources.Shared as Nomad reports it: ports bound on the node's address."""
     ip = node["Attributes"].get("unique.network.ip-address", "127.0.0.1")
-    ports = [{"Label": label, "Value": value, "To": 0, "HostIP": ip} for label, value in _static_ports(tg).items()]
-    networks = [{"Mode": "host", "IP": ip, "ReservedPorts": [{"Label": p["Label"], "Value": p["Value"]} for p in ports]}]
-    return {"Shared": {"Ports": ports, "Networks": networks if ports else None}, "Tasks": {}}
+    ports = [{"HostIP": ip, "Label": label, "Value": value} for label, value in _static_ports(tg).items()]
+    networks = [{"IP": ip, "ReservedPorts": [{"HostNetwork": "default", "Label": p["Label"], "Value": p["Value"]}
+                                             for p in ports]}]
+    return {"Shared": {"DiskMB": 300, "Ports": ports or None, "Networks": networks if ports else None}, "Tasks": {}}

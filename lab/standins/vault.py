@@ -54,6 +54,8 @@ class VaultState:
         self.cluster_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, cluster_name))
         self.sealed = False
         self.standby = False
+        # One key share (t = n = 1), as a dev server prints it: PUT sys/unseal with it unseals.
+        self.unseal_key = secrets.token_urlsafe(32)
         now = self.clock.time()
         self.tokens: dict[str, dict[str, Any]] = {
             root_token: {"policies": ["root"], "path": "auth/token/root", "display_name": "root",
@@ -123,7 +125,7 @@ def _token(request: web.Request) -> dict[str, Any]:
     return dict(info, id=tok)
 
 
-UNSEALED_OK = ("/v1/sys/health", "/v1/sys/seal-status")
+UNSEALED_OK = ("/v1/sys/health", "/v1/sys/seal-status", "/v1/sys/unseal")
 
 
 @web.middleware
@@ -139,8 +141,12 @@ async def vault_middleware(request: web.Request, handler):
 
 # ---- sys ------------------------------------------------------------------------------------
 def _health_body(st: VaultState) -> dict[str, Any]:
+    if st.sealed:  # as Vault answers sealed: a standby, replication unknown, no cluster name or ID
+        return {"initialized": True, "sealed": True, "standby": True, "performance_standby": False,
+                "replication_performance_mode": "unknown", "replication_dr_mode": "unknown",
+                "server_time_utc": int(st.clock.time()), "version": VAULT_VERSION}
     return {
-        "initialized": True, "sealed": st.sealed, "standby": st.standby, "performance_standby": False,
+        "initialized": True, "sealed": False, "standby": st.standby, "performance_standby": False,
         "replication_performance_mode": "disabled", "replication_dr_mode": "disabled",
         "server_time_utc": int(st.clock.time()), "version": VAULT_VERSION,
         "cluster_name": st.cluster_name, "cluster_id": st.cluster_id,
@@ -168,12 +174,41 @@ async def sys_health(request: web.Request) -> web.Response:
     return _json(_health_body(st), status=status)
 
 
+def _seal_status(st: VaultState) -> dict[str, Any]:
+    return {"type": "shamir", "initialized": True, "sealed": st.sealed, "t": 1, "n": 1, "progress": 0,
+            "nonce": "", "version": VAULT_VERSION, "migration": False, "cluster_name": st.cluster_name,
+            "cluster_id": st.cluster_id, "recovery_seal": False, "storage_type": "raft"}
+
+
 async def sys_seal_status(request: web.Request) -> web.Response:
     """GET /v1/sys/seal-status -- https://developer.hashicorp.com/vault/api-docs/system/seal-status"""
+    return _json(_seal_status(_st(request)))
+
+
+async def sys_seal(request: web.Request) -> web.Response:
+    """PUT /v1/sys/seal -- needs a sudo (here: the root) token -- https://developer.hashicorp.com/vault/api-docs/system/seal"""
     st = _st(request)
-    return _json({"type": "shamir", "initialized": True, "sealed": st.sealed, "t": 1, "n": 1, "progress": 0,
-                  "nonce": "", "version": VAULT_VERSION, "migration": False, "cluster_name": st.cluster_name,
-                  "cluster_id": st.cluster_id, "recovery_seal": False, "storage_type": "raft"})
+    if "root" not in _token(request)["policies"]:
+        raise VaultError(403, "permission denied")
+    st.sealed = True
+    return web.Response(status=204)
+
+
+async def sys_unseal(request: web.Request) -> web.Response:
+    """PUT /v1/sys/unseal {"key"} -- one share unseals (t = 1) -- https://developer.hashicorp.com/vault/api-docs/system/unseal"""
+    st = _st(request)
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except json.JSONDecodeError as exc:
+        raise VaultError(400, f"failed to parse JSON input: {exc}") from exc
+    if body.get("reset"):
+        return _json(_seal_status(st))
+    if not body.get("key"):
+        raise VaultError(400, "'key' must be specified in request body as JSON, or 'reset' set to true")
+    if st.sealed and body["key"] != st.unseal_key:
+        raise VaultError(400, "Unseal failed, invalid key")
+    st.sealed = False
+    return _json(_seal_status(st))
 
 
 # ---- auth --------------------------------------------------------------------------------------
@@ -366,6 +401,10 @@ def make_app(st: VaultState, run_housekeeping: bool = True) -> web.Application:
     r.add_route("GET", "/v1/sys/health", sys_health)
     r.add_route("HEAD", "/v1/sys/health", sys_health)
     r.add_get("/v1/sys/seal-status", sys_seal_status)
+    r.add_put("/v1/sys/seal", sys_seal)
+    r.add_post("/v1/sys/seal", sys_seal)
+    r.add_put("/v1/sys/unseal", sys_unseal)
+    r.add_post("/v1/sys/unseal", sys_unseal)
     r.add_get("/v1/auth/token/lookup-self", token_lookup_self)
     r.add_post("/v1/auth/approle/login", approle_login)
     r.add_put("/v1/auth/approle/login", approle_login)

@@ -90,3 +90,22 @@ def test_state_dir_keeps_secrets(tmp_path):
         assert got["data"]["data"] == {"a": "b"}
     finally:
         lab2.server.stop()
+
+
+def test_seal_and_unseal_as_a_dev_server(vault_lab):
+    """sys/seal with a root token, sys/unseal with the single key share; sealed, health says so as Vault does."""
+    root = hvac.Client(url=vault_lab.url, token="root-token")
+    with pytest.raises(Forbidden):
+        hvac.Client(url=vault_lab.url, token="bogus").sys.seal()
+    root.sys.seal()
+    sealed = requests.get(f"{vault_lab.url}/v1/sys/health", timeout=10)
+    assert sealed.status_code == 503
+    assert sealed.json()["sealed"] is True and sealed.json()["standby"] is True and "cluster_name" not in sealed.json()
+    with pytest.raises(hvac.exceptions.VaultDown):
+        root.secrets.kv.v2.read_secret_version("anything", raise_on_deleted_version=True)
+    with pytest.raises(InvalidRequest):
+        root.sys.submit_unseal_key(key="not-the-key")
+    assert root.sys.read_seal_status()["sealed"] is True
+    status = root.sys.submit_unseal_key(key=vault_lab.state.unseal_key)
+    assert status["sealed"] is False and (status["t"], status["n"]) == (1, 1)
+    assert root.sys.read_health_status(method="GET")["sealed"] is False
