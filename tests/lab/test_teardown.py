@@ -27,9 +27,14 @@ def test_up_down_leaves_nothing(tmp_path):
     cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="csd",
                     bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
     try:
-        up(cfg)
+        info = up(cfg)
         daemons = list(load_state(cfg.state_dir).daemons.values())
-        assert len(daemons) == 15  # 3 sshd, 3 stand-ins, pdns, postgres, prometheus, edge, 3 agents, 2 loads
+        real = {name for name, how in info["backends"].items() if how.startswith("real")}
+        # 3 sshd, pdns, postgres, prometheus, edge, 3 node agents, 2 loads; Consul: the stand-in, or
+        # 3 servers + a client agent + the cgroup exporter + the KV canary; Nomad: the stand-in, or a
+        # server + 4 clients; Vault: 1.
+        want = 12 + (6 if "consul" in real else 1) + (5 if "nomad" in real else 1) + 1
+        assert len(daemons) == want, sorted(f"{d.host}/{d.name}" for d in daemons)
         up(cfg)  # idempotent: a second up keeps the same daemons
         assert {d.pid for d in load_state(cfg.state_dir).daemons.values()} == {d.pid for d in daemons}
     finally:
