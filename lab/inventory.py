@@ -127,17 +127,28 @@ class HostTarget(_Strict):
 
 
 class UserService(_Strict):
-    """A Consul user for the disable/enable steps: the same fields as activities.consul.UserService."""
+    """A Consul user for the disable/enable steps: the same fields as activities.consul.UserService.
+
+    check_owner says who defines the health check stretched while the service is disabled:
+    nomad: the `service` block (provider consul) of nomad_job/nomad_group named check_service
+    (default: name), check check_name (default: its only check); agent: registered on check_agent
+    (default: the Consul address) as check_id, check_definition being its full registration body
+    (the agent never reports the target, headers or method); absent: no check is changed.
+    """
 
     name: str
     tier: str = ""
     essential: bool = False
     usage_flag_key: str | None = None
-    check_id: str | None = None
-    check_agent: str | None = None
     nomad_job: str | None = None
     nomad_group: str | None = None
     nomad_namespace: str = "default"
+    check_owner: Literal["nomad", "agent"] | None = None
+    check_service: str | None = None
+    check_name: str | None = None
+    check_id: str | None = None
+    check_agent: str | None = None
+    check_definition: dict[str, Any] | None = None
 
 
 class Telemetry(_Strict):

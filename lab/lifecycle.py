@@ -105,8 +105,7 @@ def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
         # Real Nomad clients publish their allocation metrics themselves (the stand-in's server does).
         nomad=[f"{cfg.ip('nomad')}:{p.nomad_http}",
                *([f"{cfg.ip(h)}:{p.nomad_http}" for h, _, _ in NOMAD_CLIENTS] if found.nomad else [])],
-        # The stand-in Vault has no /v1/sys/metrics; a real one (Vault or OpenBao) is scraped.
-        vault=[f"{cfg.ip('vault')}:{p.vault_http}"] if found.vault else [],
+        vault=[f"{cfg.ip('vault')}:{p.vault_http}"],
         dns=[f"{cfg.ip('dns')}:{p.pdns_web}"],
         cache=[f"{cfg.ip(h)}:{p.node_agent}" for h in CACHE_HOSTS],
         game_edge=[f"{cfg.ip('edge')}:{p.edge_http}"],
@@ -122,9 +121,7 @@ def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
     fast = {"scrape_interval": cfg.scrape_interval, "scrape_timeout": cfg.scrape_interval}
     overrides: dict[str, dict] = {job: dict(fast) for job in targets.jobs()}
     overrides["consul"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("consul-token"))}
-    if found.vault:
-        overrides["vault"]["authorization"] = {"type": "Bearer",
-                                               "credentials_file": str(sec.file("vault-root-token"))}
+    overrides["vault"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("vault-root-token"))}
     files = write_prometheus_files(
         prom_dir, targets, scrape_interval="10s", external_labels={"lab": cfg.prefix}, job_overrides=overrides,
         recording_interval="5s",

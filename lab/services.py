@@ -20,7 +20,6 @@ __all__ = [
     "nomad_argv",
     "players_argv",
     "restart_load",
-    "vault_argv",
 ]
 
 PY = sys.executable
@@ -71,13 +70,6 @@ def nomad_argv(cfg: LabConfig) -> list[str]:
     argv += ["--node", f"internal:netns={cfg.spec.netns('internal')},class=services,dc=services,"
                        f"address={cfg.ip('internal')}"]
     return argv
-
-
-def vault_argv(cfg: LabConfig, sec: Secrets) -> list[str]:
-    role = f"worker:{sec.read('worker-role-id')}:{sec.read('worker-secret-id')}:coldstart-worker"
-    return [PY, "-m", "lab.standins", "vault", "--state-dir", str(cfg.path("vault")),
-            "--root-token-file", str(sec.file("vault-root-token")), "--approle", role,
-            "--listen", f"{cfg.spec.netns('vault')}:{cfg.ip('vault')}:{cfg.ports.vault_http}"]
 
 
 def redis_args(cfg: LabConfig) -> list[str]:

@@ -1,9 +1,16 @@
-"""The lab's internal services (Consul users): usage flags, agent checks and Nomad jobs, made at `lab up`."""
+"""The lab's internal services (Consul users): usage flags and Nomad jobs whose service blocks own the health
+checks, made at `lab up`.
+
+Each service is a Nomad job (raw_exec) in datacenter `services` running a tiny HTTP server on its
+Nomad-allocated port; the job's `service` block (provider consul) registers the service in Consul with
+an HTTP check of that port every 60 s. The check belongs to the job, so the inventory says so
+(check_owner: nomad) and consul.user.disable stretches it in the job spec, where it stays.
+"""
 
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,11 +19,32 @@ import httpx
 from lab.inventory import UserService
 from lab.settings import LabConfig
 
-__all__ = ["LAB_USERS", "USAGE_PREFIX", "LabUser", "register_users", "user_services", "write_users_file"]
+__all__ = ["CHECK_INTERVAL", "LAB_USERS", "USAGE_PREFIX", "LabUser", "check_name", "register_users",
+           "user_services", "write_users_file"]
 
 USAGE_PREFIX = "coldstart/usage"
 CHECK_INTERVAL = "60s"  # the postmortem's interval, stretched to 10 min while a service is disabled
 NOMAD_DC = "services"  # their own datacenter: their allocations never compete with the cache nodes
+GROUP = "app"
+PORT_LABEL = "http"
+NS_PER_S = 1_000_000_000
+
+# The task: answers 200 to any request on the port Nomad allocated (NOMAD_IP_/NOMAD_PORT_<label>), which is
+# what the check targets. Without an allocated port it listens on any free one.
+HTTP_SERVER = f"""\
+import os, socket
+srv = socket.create_server((os.environ.get("NOMAD_IP_{PORT_LABEL}", "0.0.0.0"),
+                            int(os.environ.get("NOMAD_PORT_{PORT_LABEL}", "0"))))
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        try:
+            conn.settimeout(5)
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: 3\\r\\n\\r\\nok\\n")
+        except OSError:
+            pass
+"""
 
 
 @dataclass(frozen=True)
@@ -37,11 +65,15 @@ LAB_USERS = (
 )
 
 
+def check_name(user: LabUser) -> str:
+    return f"{user.name} http"
+
+
 def user_services(cfg: LabConfig) -> list[UserService]:
-    """The inventory entries that consul.user.disable/enable act on."""
-    agent = cfg.consul_url
+    """The inventory entries that consul.user.disable/enable act on: the check is the job's (check_owner nomad)."""
     return [UserService(name=u.name, tier=u.tier, essential=u.essential, usage_flag_key=f"{USAGE_PREFIX}/{u.name}",
-                        check_id=f"{u.name}-http", check_agent=agent, nomad_job=u.name, nomad_group="app")
+                        nomad_job=u.name, nomad_group=GROUP, check_owner="nomad", check_service=u.name,
+                        check_name=check_name(u))
             for u in LAB_USERS]
 
 
@@ -54,31 +86,49 @@ def write_users_file(cfg: LabConfig) -> Path:
     return path
 
 
-def _job(user: LabUser) -> dict:
-    sleep = shutil.which("sleep") or "/bin/sleep"
-    return {"ID": user.name, "Name": user.name, "Type": "service", "Datacenters": [NOMAD_DC],
-            "TaskGroups": [{"Name": "app", "Count": user.count,
-                            "Tasks": [{"Name": user.name, "Driver": "raw_exec",
-                                       "Config": {"command": sleep, "args": ["infinity"]}}]}]}
+def _nanoseconds(text: str) -> int:
+    units = {"ms": NS_PER_S // 1000, "s": NS_PER_S, "m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
+    unit = "ms" if text.endswith("ms") else text[-1]
+    return int(text[: -len(unit)]) * units[unit]
 
 
-def register_users(cfg: LabConfig, consul_token: str) -> None:
-    """Idempotent: flags are created only if absent (a drill's disabled state is never overwritten here)."""
-    headers = {"X-Consul-Token": consul_token}
-    with httpx.Client(timeout=10, headers=headers) as http:
-        checks = http.get(f"{cfg.consul_url}/v1/agent/checks").raise_for_status().json()
+def job_spec(user: LabUser, *, datacenter: str = NOMAD_DC, python: str = sys.executable,
+             check_interval: str = CHECK_INTERVAL) -> dict:
+    """The service's Nomad job (API JSON): the server task, and the service block owning the HTTP check."""
+    return {
+        "ID": user.name, "Name": user.name, "Type": "service", "Datacenters": [datacenter],
+        # Short deployments: the lab's tasks are healthy as soon as they run and their check passes.
+        "Update": {"MinHealthyTime": 5 * NS_PER_S},
+        "TaskGroups": [{
+            "Name": GROUP, "Count": user.count,
+            "Networks": [{"DynamicPorts": [{"Label": PORT_LABEL}]}],
+            "Services": [{
+                "Name": user.name, "PortLabel": PORT_LABEL, "Provider": "consul",
+                "Checks": [{"Name": check_name(user), "Type": "http", "Path": "/health",
+                            "Interval": _nanoseconds(check_interval), "Timeout": 5 * NS_PER_S}],
+            }],
+            "Tasks": [{"Name": user.name, "Driver": "raw_exec",
+                       "Config": {"command": python, "args": ["-I", "-S", "-c", HTTP_SERVER]},
+                       "Resources": {"CPU": 20, "MemoryMB": 32}}],
+        }],
+    }
+
+
+def register_users(cfg: LabConfig, consul_token: str, *, consul_url: str | None = None, nomad_url: str | None = None,
+                   datacenter: str = NOMAD_DC, python: str = sys.executable,
+                   check_interval: str = CHECK_INTERVAL) -> None:
+    """Idempotent: flags are created only if absent and jobs registered only if absent or stopped (a drill's
+    disabled state, flag or job, is never overwritten here)."""
+    consul_url = consul_url or cfg.consul_url
+    nomad_url = nomad_url or cfg.nomad_url
+    with httpx.Client(timeout=10, headers={"X-Consul-Token": consul_token}) as http:
         for user in LAB_USERS:
             # cas=0: create only; a re-run of `lab up` keeps whatever the flag says now.
-            http.put(f"{cfg.consul_url}/v1/kv/{USAGE_PREFIX}/{user.name}", params={"cas": 0},
+            http.put(f"{consul_url}/v1/kv/{USAGE_PREFIX}/{user.name}", params={"cas": 0},
                      content=b"enabled").raise_for_status()
-            http.put(f"{cfg.consul_url}/v1/agent/service/register",
-                     json={"Name": user.name, "ID": user.name, "Port": 8000}).raise_for_status()
-            if f"{user.name}-http" not in checks:
-                http.put(f"{cfg.consul_url}/v1/agent/check/register", json={
-                    "ID": f"{user.name}-http", "Name": f"{user.name} http", "ServiceID": user.name,
-                    "HTTP": f"http://{cfg.ip('internal')}:8000/health", "Interval": CHECK_INTERVAL,
-                    "Timeout": "5s", "Status": "passing"}).raise_for_status()
+    with httpx.Client(timeout=10) as http:
         for user in LAB_USERS:
-            current = http.get(f"{cfg.nomad_url}/v1/job/{user.name}")
+            current = http.get(f"{nomad_url}/v1/job/{user.name}")
             if current.status_code == 404 or current.json().get("Stop"):
-                http.post(f"{cfg.nomad_url}/v1/jobs", json={"Job": _job(user)}).raise_for_status()
+                spec = job_spec(user, datacenter=datacenter, python=python, check_interval=check_interval)
+                http.post(f"{nomad_url}/v1/jobs", json={"Job": spec}).raise_for_status()

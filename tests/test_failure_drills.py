@@ -11,21 +11,21 @@ from temporalio.client import WorkflowFailureError
 from tests import support
 from tests.dns.conftest import pdns_lab  # noqa: F401 - a real pdns_server fixture
 from tests.dns.support import GAME_IP, MAINT_IP
-from tests.standins.conftest import start_vault
+from lab.hashistack.local import VaultDev
 
-ROOT_TOKEN = "root-token"  # the Vault stand-in's root token (start_vault)
+ROOT_TOKEN = "root-token"
 
 
 @pytest.fixture
 def vault_with_secrets(pdns_lab, tmp_path):  # noqa: F811
-    vault = start_vault()
+    vault = VaultDev(tmp_path / "vault", ROOT_TOKEN).start()
     client = hvac.Client(url=vault.url, token=ROOT_TOKEN)
     client.secrets.kv.v2.create_or_update_secret(path="coldstart/dns-tsig", secret={"secret": pdns_lab.key.secret})
     client.secrets.kv.v2.create_or_update_secret(path="coldstart/dns-wrong", secret={"secret": "d3Jvbmcgc2VjcmV0IGtleSB2YWx1ZQ=="})
     token_file = tmp_path / "vault-token"
     token_file.write_text(ROOT_TOKEN + "\n")
     yield vault, str(token_file)
-    vault.server.stop()
+    vault.stop()
 
 
 def _book(tmp_path, pdns_lab, vault_url, token_file, secret_path, name):  # noqa: F811

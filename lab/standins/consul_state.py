@@ -34,6 +34,15 @@ __all__ = [
 
 STREAMING_KEY = "coldstart/flags/streaming"
 CONSUL_VERSION = "1.10.3"  # the release Roblox ran when streaming shipped
+# A check's type by the field that defines it, in Consul's order of precedence; none of them: a TTL check.
+CHECK_TYPES = (("Args", "script"), ("ScriptArgs", "script"), ("DockerContainerID", "docker"), ("HTTP", "http"),
+               ("TCP", "tcp"), ("UDP", "udp"), ("GRPC", "grpc"), ("H2PING", "h2ping"), ("AliasNode", "alias"),
+               ("AliasService", "alias"), ("OSService", "os_service"))
+INTERVAL_TYPES = ("script", "docker", "http", "tcp", "udp", "grpc", "h2ping", "os_service")
+# GET /v1/agent/checks and the health endpoints, field for field as Consul 1.22.7 answers.
+PUBLIC_CHECK_FIELDS = ("Node", "CheckID", "Name", "Status", "Notes", "Output", "ServiceID", "ServiceName",
+                       "ServiceTags", "Type", "Interval", "Timeout", "ExposedPort", "Definition", "CreateIndex",
+                       "ModifyIndex")
 LAST_CONTACT_THRESHOLD_MS = 200.0  # autopilot default LastContactThreshold
 SUMMARY_EXPIRY_S = 60.0  # go-metrics drops a summary not updated for a minute
 _NS = uuid.UUID("6ba7b812-9dad-11d1-80b4-00c04fd430c8")
@@ -513,6 +522,7 @@ class ConsulCluster:
                 dict(chk, ServiceID=sid),
                 default_id=default_id,
                 default_name=f"Service '{name}' check",
+                embedded=True,
             )
 
     def deregister_service(self, node: str, sid: str) -> bool:
@@ -530,7 +540,14 @@ class ConsulCluster:
         body: dict[str, Any],
         default_id: str | None = None,
         default_name: str | None = None,
+        embedded: bool = False,
     ) -> None:
+        """PUT /v1/agent/check/register, or one of a service registration's checks (`embedded`).
+
+        As Consul 1.22.7: the check's type comes from the field given, Interval/Timeout are kept as
+        Go duration strings ("" when unset in a service's check, "0s" when unset in a standalone
+        one), and re-registering an existing ID keeps its status and output (no flapping).
+        """
         name = ci_get(body, "Name") or default_name
         if not name:
             raise ValueError("Missing check name")
@@ -538,37 +555,40 @@ class ConsulCluster:
         sid = ci_get(body, "ServiceID") or ""
         if sid and sid not in self.services[node]:
             raise LookupError(f'ServiceID "{sid}" does not exist')
-        ttl = ci_get(body, "TTL")
-        if ttl:
-            ctype = "ttl"
-        elif ci_get(body, "HTTP"):
-            ctype = "http"
-        elif ci_get(body, "TCP"):
-            ctype = "tcp"
-        elif ci_get(body, "Args") or ci_get(body, "Script"):
-            ctype = "script"
-        elif ci_get(body, "GRPC"):
-            ctype = "grpc"
-        else:
-            raise ValueError("Must provide TTL or Script/DockerContainerID/HTTP/TCP/GRPC")
+        ttl_ns = duration_ns(ci_get(body, "TTL"))
+        interval_ns = duration_ns(ci_get(body, "Interval"))
+        timeout_ns = duration_ns(ci_get(body, "Timeout"))
+        ctype = next((kind for field, kind in CHECK_TYPES if ci_get(body, field)), "ttl")
+        # structs.CheckType.Validate's order.
+        if ctype in INTERVAL_TYPES and interval_ns <= 0:
+            raise ValueError("Invalid check: Interval must be > 0 for Script, HTTP, H2PING, TCP, UDP or OSService "
+                             "checks")
+        if ttl_ns and interval_ns:
+            raise ValueError("Invalid check: Interval and TTL cannot both be specified")
+        if ctype == "ttl" and ttl_ns <= 0:
+            raise ValueError("Invalid check: TTL must be > 0 for TTL checks")
         svc = self.services[node].get(sid) if sid else None
         old = self.checks[node].get(cid)
         idx = self._touch_catalog()
-        definition = {k: v for k, v in body.items() if k.lower() not in ("name", "id", "checkid", "serviceid")}
+
+        def shown(ns: int) -> str:
+            return "" if embedded and not ns else go_duration_ns(ns)
+
         self.checks[node][cid] = {
             "Node": node,
             "CheckID": cid,
             "Name": name,
-            # Consul starts every check critical unless the definition sets Status.
-            "Status": ci_get(body, "Status") or "critical",
+            # A new check starts critical unless the definition sets Status; a re-registered one keeps its state.
+            "Status": old["Status"] if old else (ci_get(body, "Status") or "critical"),
             "Notes": ci_get(body, "Notes") or "",
-            "Output": "",
+            "Output": old["Output"] if old else "",
             "ServiceID": sid,
             "ServiceName": svc["Service"] if svc else "",
             "ServiceTags": list(svc["Tags"]) if svc else [],
             "Type": ctype,
-            "Definition": definition,
-            "TTLSeconds": parse_duration(ttl) if ttl else None,
+            "Interval": shown(interval_ns),
+            "Timeout": shown(timeout_ns),
+            "TTLSeconds": ttl_ns / 1e9 if ttl_ns else None,
             "UpdatedAt": self.clock.time(),
             "CreateIndex": old["CreateIndex"] if old else idx,
             "ModifyIndex": idx,
@@ -657,6 +677,9 @@ class ConsulCluster:
             "ServiceName": "",
             "ServiceTags": [],
             "Type": "",
+            "Interval": "",
+            "Timeout": "",
+            "ExposedPort": 0,
             "Definition": {},
             "CreateIndex": 1,
             "ModifyIndex": 1,
@@ -690,8 +713,47 @@ class ConsulCluster:
         return out
 
 
-def public_check(chk: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in chk.items() if k not in ("TTLSeconds", "UpdatedAt")}
+def public_check(chk: dict[str, Any], agent: bool = False) -> dict[str, Any]:
+    """A check as Consul 1.22.7 shows it: the catalog's (health endpoints) or, with `agent`, the local agent's
+    (GET /v1/agent/checks: no raft indexes). Neither carries the definition (HTTP target, headers, method)."""
+    out = {name: chk.get(name, "") for name in PUBLIC_CHECK_FIELDS}
+    out["ExposedPort"] = 0
+    out["Definition"] = {}
+    if agent:
+        out["CreateIndex"] = out["ModifyIndex"] = 0
+    return out
+
+
+def duration_ns(value: Any) -> int:
+    """A Go duration from a request body (text, or integer nanoseconds) in nanoseconds; unset is 0."""
+    if value in (None, ""):
+        return 0
+    return int(round(parse_duration(value) * 1e9))
+
+
+def go_duration_ns(ns: int) -> str:
+    """Go's time.Duration.String() for integer nanoseconds: "0s", "250ms", "1.5s", "1m30s", "1h0m0s"."""
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+
+    def frac(value: int, digits: int) -> str:
+        whole, rest = divmod(value, 10**digits)
+        tail = f"{rest:0{digits}d}".rstrip("0")
+        return f"{whole}.{tail}" if tail else str(whole)
+
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{frac(ns, 3)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{frac(ns, 6)}ms"
+    hours, rest = divmod(ns, 3600 * 10**9)
+    minutes, rest = divmod(rest, 60 * 10**9)
+    text = frac(rest, 9) + "s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{text}"
+    return f"{sign}{minutes}m{text}" if minutes else sign + text
 
 
 def parse_duration(text: str | int | float) -> float:

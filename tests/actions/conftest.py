@@ -17,10 +17,10 @@ import pytest
 
 from activities._clients import ConsulTarget, NomadTarget
 from activities.secrets import VaultSecretRef
-from lab.hashistack.local import LocalStack, missing_binaries
+from lab.hashistack.local import LocalStack, VaultDev, missing_binaries
 from lab.standins.clock import FakeClock
 from lab.standins.consul_load import LoadParams
-from tests.standins.conftest import ConsulLab, NomadLab, VaultLab, start_consul, start_nomad, start_vault
+from tests.standins.conftest import ConsulLab, NomadLab, start_consul, start_nomad
 
 CONSUL_TOKEN = "consul-acl-Zq81xT0ken"
 VAULT_ROOT = "root-token"
@@ -37,8 +37,13 @@ class Stack:
     # Stand-in internals (fault hooks, fake clocks) when backend == "standin"; None on real agents.
     consul: ConsulLab | None = None
     nomad: NomadLab | None = None
-    vault: VaultLab | None = None
     local: LocalStack | None = None
+    # Vault has no stand-in: a real dev server (Vault or OpenBao) on both backends.
+    vault: VaultDev | None = None
+
+    @property
+    def vault_log(self):
+        return self.vault.log if self.vault is not None else self.local.root / "vault.log"
 
     @property
     def real(self) -> bool:
@@ -79,7 +84,7 @@ class Stack:
 
 
 def _standin_stack(tmp) -> Stack:
-    vault = start_vault()
+    vault = VaultDev(tmp / "vault", VAULT_ROOT).start()
     consul_lab = start_consul(FakeClock(), LoadParams(rate_window_s=1.0), acl_token=CONSUL_TOKEN)
     # Nomad's clock starts at the real time: "failed in the last N minutes" compares with wall time.
     nomad_lab = start_nomad(FakeClock(start=time.time()), tmp / "nomad")
@@ -110,6 +115,8 @@ def stack(request, tmp_path_factory):
     finally:
         if built.local is not None:
             built.local.stop()
-        for lab in (built.nomad, built.consul, built.vault):
+        for lab in (built.nomad, built.consul):
             if lab is not None:
                 lab.server.stop()
+        if built.vault is not None:
+            built.vault.stop()

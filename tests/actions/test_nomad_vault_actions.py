@@ -23,6 +23,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import nomad as na
 from activities import vault as va
+from lab.hashistack.local import dev_unseal_key
 
 from .conftest import CONSUL_TOKEN, VAULT_ROOT
 
@@ -312,11 +313,8 @@ def test_redeploy_system_job_expects_eligible_nodes_and_returns_endpoints(stack)
 
 
 def unseal_key(stack) -> str:
-    """The dev server's single unseal key: printed in its log (real), kept in its state (stand-in)."""
-    if not stack.real:
-        return stack.vault.state.unseal_key
-    log = (stack.local.root / "vault.log").read_text()
-    return next(line.split(":", 1)[1].strip() for line in log.splitlines() if line.startswith("Unseal Key:"))
+    """The dev server's single unseal key, as it printed it at start (Vault is real on both backends)."""
+    return dev_unseal_key(stack.vault_log)
 
 
 def test_vault_health_fields_and_sealed_is_an_error(stack):

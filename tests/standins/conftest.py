@@ -17,7 +17,6 @@ from lab.standins.consul_state import ConsulCluster
 from lab.standins.inproc import InProcServer, free_socket
 from lab.standins.nomad import make_app as nomad_app, parse_node
 from lab.standins.nomad_state import NomadState
-from lab.standins.vault import AppRole, VaultState, make_app as vault_app
 
 SERVERS = ("consul1", "consul2", "consul3")
 
@@ -98,27 +97,5 @@ def start_nomad(clock, state_dir=None) -> NomadLab:
 @pytest.fixture
 def nomad_lab(tmp_path):
     lab = start_nomad(FakeClock(), tmp_path / "nomad")
-    yield lab
-    lab.server.stop()
-
-
-@dataclass
-class VaultLab:
-    state: VaultState
-    server: InProcServer
-    url: str
-
-
-def start_vault(state_dir=None) -> VaultLab:
-    st = VaultState("root-token", [AppRole("coldstart", "role-123", "secret-456", ["coldstart"])],
-                    clock=FakeClock(), state_dir=state_dir)
-    sock = free_socket()
-    server = InProcServer([(vault_app(st), sock)]).start()
-    return VaultLab(st, server, f"http://127.0.0.1:{sock.getsockname()[1]}")
-
-
-@pytest.fixture
-def vault_lab(tmp_path):
-    lab = start_vault(tmp_path / "vault")
     yield lab
     lab.server.stop()

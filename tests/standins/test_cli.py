@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import consul
-import hvac
 import nomad
 import pytest
 import requests
@@ -77,18 +76,12 @@ def test_consul_cli_three_loopback_listeners(tmp_path):
         assert clients[0].kv.get("cli/x")[1]["Value"] == b"1"
 
 
-def test_nomad_and_vault_cli(tmp_path):
-    np, vp = free_port(), free_port()
-    (tmp_path / "root").write_text("root-from-file\n")
-    with standin("nomad", f"--listen=127.0.0.1:{np}", "--node=cache1:class=cache", "--node=cache2"), \
-            standin("vault", f"--listen=127.0.0.1:{vp}", f"--root-token-file={tmp_path / 'root'}",
-                    "--approle=coldstart:r1:s1:coldstart"):
+def test_nomad_cli(tmp_path):
+    np = free_port()
+    with standin("nomad", f"--listen=127.0.0.1:{np}", "--node=cache1:class=cache", "--node=cache2"):
         n = nomad.Nomad(host="127.0.0.1", port=np)
         _ready(n.nodes.get_nodes)
         assert sorted(x["Name"] for x in n.nodes.get_nodes()) == ["cache1", "cache2"]
-        v = hvac.Client(url=f"http://127.0.0.1:{vp}", token="root-from-file")
-        _ready(v.auth.token.lookup_self)
-        assert v.auth.approle.login(role_id="r1", secret_id="s1")["auth"]["client_token"]
 
 
 @contextmanager
