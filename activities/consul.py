@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import math
 import os
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import consul
 from consul.callback import CB
@@ -40,6 +41,7 @@ from activities._clients import (
 )
 from activities._consul_snapshot import (ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot,
                                          taken_at)
+from activities._nomad_checks import CheckPlace, check_at, differing, find_check, group_of, read_job, worst_status
 from activities.registry import RetryDefaults, action
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "KvSetOutput",
     "LeaderTransferInput",
     "LeaderTransferOutput",
+    "ServerReport",
     "ServiceRecord",
     "SnapshotPreview",
     "SnapshotPreviewInput",
@@ -550,6 +553,16 @@ class HealthInput(BaseModel):
     max_leader_contact_ms: float = Field(default=200.0, gt=0, description="autopilot's LastContactThreshold")
 
 
+class ServerReport(BaseModel):
+    """One server asked by consul.health: did it answer, and as whom."""
+
+    url: str
+    reachable: bool
+    node: str | None = Field(default=None, description="its node name, when it answered")
+    leader: bool = Field(default=False, description="it says it is the raft leader")
+    error: str | None = Field(default=None, description="why it did not answer")
+
+
 class HealthOutput(BaseModel):
     leader: str | None = Field(description="leader node name")
     leader_address: str | None
@@ -562,18 +575,56 @@ class HealthOutput(BaseModel):
     metrics_node: str | None = Field(description="node whose /v1/agent/metrics was read")
     metrics_from_leader: bool
     metrics_format: str
-    healthy: bool = Field(description="leader known, autopilot healthy, p50 and contact within bounds")
+    servers: list[ServerReport] = Field(description="every server asked, in the order given, answering or not")
+    unreachable: list[str] = Field(description="URLs of the servers that did not answer")
+    healthy: bool = Field(description="every server answered, leader known, autopilot healthy, p50 and contact "
+                                      "within bounds")
     problems: list[str]
 
 
-def _agents(target: ConsulTarget, token: str | None) -> list[tuple[str, str, bool]]:
-    """(url, node name, is leader) for every server URL given (or just `address`)."""
-    out = []
-    for url in target.servers or [target.address]:
-        client = consul_client(target, url, token=token or "")
+def _probe(target: ConsulTarget, url: str, token: str | None) -> tuple[ServerReport, ApplicationError | None]:
+    client = consul_client(target, url, token=token or "")
+    try:
         me = call(f"read agent self at {url}", lambda: consul_get(client, "/v1/agent/self"))
-        out.append((url, me["Config"]["NodeName"], str(me["Stats"]["consul"].get("leader")) == "true"))
-    return out
+    except ApplicationError as exc:
+        # A denial counts as not answering too: a server that just started refuses tokens until its
+        # ACLs are up ("ACL system must be bootstrapped").
+        return ServerReport(url=url, reachable=False, error=str(exc)), exc
+    return ServerReport(url=url, reachable=True, node=me["Config"]["NodeName"],
+                        leader=str(me["Stats"]["consul"].get("leader")) == "true"), None
+
+
+def _probe_servers(target: ConsulTarget, token: str | None) -> list[ServerReport]:
+    """agent/self of every server URL given (or just `address`), all at once: a hung one costs one timeout.
+    None answering is an error: a denial from every one is the token's (not retryable), else retryable."""
+    urls = target.servers or [target.address]
+    with ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="consul-health") as pool:
+        probed = list(pool.map(lambda url: _probe(target, url, token), urls))
+    reports = [report for report, _ in probed]
+    if not any(r.reachable for r in reports):
+        text = "consul.health: no server answered: " + "; ".join(f"{r.url}: {r.error}" for r in reports)
+        if all(exc is not None and exc.type == "PermissionDenied" for _, exc in probed):
+            raise ApplicationError(text, type="PermissionDenied", non_retryable=True)
+        raise unavailable(text)
+    return reports
+
+
+def _from_any(target: ConsulTarget, token: str | None, servers: list[ServerReport], what: str, read: Any,
+              problems: list[str]) -> Any:
+    """The first answer to `read(client)` from the servers that answered (the leader's agent first); None and
+    a problem when none of them can give it (e.g. no leader elected). Denied by all: the token lacks the
+    right, which waiting will not fix."""
+    errors: list[ApplicationError] = []
+    for report in sorted(servers, key=lambda r: not r.leader):
+        client = consul_client(target, report.url, token=token or "")
+        try:
+            return call(f"{what} at {report.url}", lambda: read(client))
+        except ApplicationError as exc:
+            errors.append(exc)
+    if errors and all(exc.type == "PermissionDenied" for exc in errors):
+        raise errors[0]
+    problems.append(f"cannot {what}: {errors[0] if errors else 'no server to ask'}")
+    return None
 
 
 def _metric_p50s(client: consul.Consul, fmt: str) -> dict[str, float | None]:
@@ -602,27 +653,39 @@ def _metric_p50s(client: consul.Consul, fmt: str) -> dict[str, float | None]:
 
 @action("consul.health", timeout=60, retry=RetryDefaults(max_attempts=3))
 def health(inp: HealthInput) -> HealthOutput:
-    """Read leader, voters, autopilot health, KV apply p50 and leader last contact; a failed read is an error."""
+    """Per server reachable or not; leader, voters, autopilot health, KV apply p50 and leader last contact.
+
+    A server that does not answer is reported (with its error), not raised: during a recovery that is
+    the case that matters. Cluster reads come from the servers that answer; only none answering fails.
+    """
     inp = validated(HealthInput, inp)
     token = consul_token(inp.consul)
-    client = consul_client(inp.consul, token=token or "")
-    leader_addr = call("read leader", lambda: client.status.leader()) or None
-    config = call("read raft configuration", lambda: consul_get(client, "/v1/operator/raft/configuration"))
-    servers = config.get("Servers") or []
-    leader = next((s for s in servers if s.get("Leader")), None)
-    autopilot = call("read autopilot health", lambda: client.operator.autopilot_health())
-    agents = _agents(inp.consul, token)
-    on_leader = next(((u, n) for u, n, is_leader in agents if is_leader), None)
-    url, node = on_leader or (agents[0][0], agents[0][1])
-    p50 = _metric_p50s(consul_client(inp.consul, url, token=token or ""), inp.metrics_format)
-    problems = []
+    servers = _probe_servers(inp.consul, token)
+    up = [r for r in servers if r.reachable]
+    problems = [f"server {r.url} unreachable: {r.error}" for r in servers if not r.reachable]
+    leader_addr = _from_any(inp.consul, token, up, "read leader", lambda c: c.status.leader(), problems) or None
+    config = _from_any(inp.consul, token, up, "read raft configuration",
+                       lambda c: consul_get(c, "/v1/operator/raft/configuration"), problems) or {}
+    raft = config.get("Servers") or []
+    leader = next((s for s in raft if s.get("Leader")), None)
+    autopilot = _from_any(inp.consul, token, up, "read autopilot health",
+                          lambda c: c.operator.autopilot_health(), problems) or {}
+    on_leader = next((r for r in up if r.leader), None)
+    source = on_leader or up[0]
+    try:
+        p50 = _metric_p50s(consul_client(inp.consul, source.url, token=token or ""), inp.metrics_format)
+    except ApplicationError as exc:
+        if exc.non_retryable:
+            raise
+        problems.append(f"cannot read metrics at {source.url}: {exc}")
+        p50 = {"kv": None, "contact": None}
     if leader is None or not leader_addr:
         problems.append("no known leader")
-    if not autopilot.get("Healthy"):
+    if autopilot and not autopilot.get("Healthy"):
         bad_servers = [s.get("Name") for s in autopilot.get("Servers", []) if not s.get("Healthy")]
         problems.append(f"autopilot unhealthy: {', '.join(map(str, bad_servers)) or 'cluster'}")
     if on_leader is None:
-        problems.append("leader's agent not among the given servers: metrics are a follower's")
+        problems.append("leader's agent not among the servers that answered: metrics are a follower's")
     if p50["kv"] is not None and p50["kv"] > inp.max_kv_apply_p50_ms:
         problems.append(f"KV apply p50 {p50['kv']:.0f} ms > {inp.max_kv_apply_p50_ms:.0f} ms")
     if p50["contact"] is not None and p50["contact"] > inp.max_leader_contact_ms:
@@ -630,11 +693,12 @@ def health(inp: HealthInput) -> HealthOutput:
     return HealthOutput(
         leader=leader.get("Node") if leader else None, leader_address=leader_addr,
         leader_id=leader.get("ID") if leader else None,
-        voters=[s["Node"] for s in servers if s.get("Voter")],
+        voters=[s["Node"] for s in raft if s.get("Voter")],
         autopilot_healthy=bool(autopilot.get("Healthy")),
         failure_tolerance=int(autopilot.get("FailureTolerance") or 0),
         kv_apply_p50_ms=p50["kv"], leader_last_contact_ms=p50["contact"],
-        metrics_node=node, metrics_from_leader=on_leader is not None, metrics_format=inp.metrics_format,
+        metrics_node=source.node, metrics_from_leader=on_leader is not None, metrics_format=inp.metrics_format,
+        servers=servers, unreachable=[r.url for r in servers if not r.reachable],
         healthy=not problems, problems=problems)
 
 
@@ -922,22 +986,65 @@ def streaming_set(inp: StreamingSetInput) -> StreamingSetOutput:
 
 
 class UserService(BaseModel):
-    """One service from the inventory's tiers."""
+    """One service from the inventory's tiers, and who owns the health check stretched while it is disabled.
+
+    check_owner names where the check is defined, because that is the only place it can be changed
+    and read back exactly:
+
+    - "nomad": a check in a `service` block (provider consul) of Nomad job `nomad_job`, group
+      `nomad_group`: the block named `check_service` (default: `name`), the check named `check_name`
+      (default: the block's only check). It is changed in the job spec, in the same job version as
+      the scale-down; a change made on the agent would be reset by Nomad's service sync.
+    - "agent": a check registered directly on a Consul agent (`check_agent`, default consul.address)
+      as `check_id`, whose full registration body is `check_definition`: the agent's own answer
+      (GET /v1/agent/checks) carries neither the target nor the headers nor the method.
+    - None: no check is changed.
+    """
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
     tier: str = ""
     essential: bool = False
     usage_flag_key: str | None = Field(default=None, description="KV key that turns the service's Consul usage on")
-    check_id: str | None = Field(default=None, description="agent check to slow down")
-    check_agent: str | None = Field(default=None, description="agent URL holding the check; default consul.address")
-    nomad_job: str | None = None
+    nomad_job: str | None = Field(default=None, description="Nomad job running the service (scaled down)")
     nomad_group: str | None = Field(default=None, description="task group; default the job's only group")
     nomad_namespace: str = "default"
+    check_owner: Literal["nomad", "agent"] | None = Field(
+        default=None, description="who defines the check to stretch: nomad (the job's service block), agent "
+                                  "(registered on an agent from check_definition), or none")
+    check_service: str | None = Field(default=None, description="nomad: the service block's name; default name")
+    check_name: str | None = Field(default=None, description="nomad: the check's name; default the block's only one")
+    check_id: str | None = Field(default=None, description="agent: the check's ID on the agent")
+    check_agent: str | None = Field(default=None, description="agent: the agent's URL; default consul.address")
+    check_definition: dict[str, Any] | None = Field(
+        default=None, description="agent: the check exactly as registered (PUT /v1/agent/check/register body "
+                                  "without its ID), Interval included; what consul.user.enable puts back")
 
     @field_validator("usage_flag_key")
     @classmethod
     def _flag(cls, key: str | None) -> str | None:
         return None if key is None else _check_key(key)
+
+    @model_validator(mode="after")
+    def _owner(self) -> "UserService":
+        nomad_fields = [n for n in ("check_service", "check_name") if getattr(self, n) is not None]
+        agent_fields = [n for n in ("check_id", "check_agent", "check_definition") if getattr(self, n) is not None]
+        if self.check_owner != "nomad" and nomad_fields:
+            raise ValueError(f"{nomad_fields} only apply with check_owner: nomad")
+        if self.check_owner != "agent" and agent_fields:
+            raise ValueError(f"{agent_fields} only apply with check_owner: agent")
+        if self.check_owner == "nomad" and not self.nomad_job:
+            raise ValueError("check_owner nomad needs nomad_job (the job whose service block defines the check)")
+        if self.check_owner == "agent":
+            if not (self.check_id and self.check_definition):
+                raise ValueError("check_owner agent needs check_id and check_definition")
+            if {k.lower() for k in self.check_definition} & {"id", "checkid"}:
+                raise ValueError("check_definition carries no ID: give it as check_id")
+            if _ci(self.check_definition, "TTL") or not _ci(self.check_definition, "Interval"):
+                raise ValueError("check_definition needs an Interval (a TTL check has none to stretch)")
+            go_duration_seconds(_ci(self.check_definition, "Interval"))
+            if not _ci(self.check_definition, "Name"):
+                raise ValueError("check_definition needs the check's Name (the agent requires one)")
+        return self
 
 
 class FlagRecord(BaseModel):
@@ -945,10 +1052,25 @@ class FlagRecord(BaseModel):
     previous: KvEntry | None = Field(description="None: the key did not exist")
 
 
-class CheckRecord(BaseModel):
+class NomadCheckRecord(BaseModel):
+    """A check as the Nomad job defined it before it was stretched."""
+
+    owner: Literal["nomad"] = "nomad"
+    job: str
+    namespace: str
+    place: CheckPlace
+    interval: str = Field(description="the original interval, for humans (the definition holds it exactly)")
+    definition: dict[str, Any] = Field(description="the check object exactly as the job spec had it")
+
+
+class AgentCheckRecord(BaseModel):
+    """A check registered on an agent, with the definition it is registered from."""
+
+    owner: Literal["agent"] = "agent"
     agent: str
     check_id: str
-    interval: str = Field(description="the interval exactly as the agent reported it")
+    interval: str
+    definition: dict[str, Any] = Field(description="the registration body from the inventory (without ID)")
 
 
 class ScaleRecord(BaseModel):
@@ -964,7 +1086,7 @@ class ServiceRecord(BaseModel):
     name: str
     tier: str = ""
     flag: FlagRecord | None = None
-    check: CheckRecord | None = None
+    check: Annotated[NomadCheckRecord | AgentCheckRecord, Field(discriminator="owner")] | None = None
     scale: ScaleRecord | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -986,7 +1108,8 @@ class _DisableKnobs(BaseModel):
     @field_validator("check_interval")
     @classmethod
     def _interval(cls, value: str) -> str:
-        go_duration_seconds(value)
+        if go_duration_seconds(value) <= 0:
+            raise ValueError("check_interval must be > 0")
         return value
 
 
@@ -1019,54 +1142,202 @@ def _ci(data: dict[str, Any], name: str) -> Any:
     return next((v for k, v in data.items() if k.lower().replace("_", "") == want), None)
 
 
-# Definition fields carried over when re-registering a check with a new interval.
-_CHECK_FIELDS = ("HTTP", "Header", "Method", "Body", "TLSServerName", "TLSSkipVerify", "TCP", "UDP", "GRPC",
-                 "GRPCUseTLS", "H2PING", "H2PingUseTLS", "Args", "ScriptArgs", "DockerContainerID", "Shell",
-                 "Timeout", "DeregisterCriticalServiceAfter", "OutputMaxSize", "SuccessBeforePassing",
-                 "FailuresBeforeWarning", "FailuresBeforeCritical", "AliasNode", "AliasService", "OSService")
+def _nanoseconds(interval: str) -> int:
+    return int(round(go_duration_seconds(interval) * 1e9))
 
 
-def _read_check(client: consul.Consul, check_id: str) -> dict[str, Any]:
-    checks = call("list agent checks", lambda: client.agent.checks())
+def _duration_text(nanoseconds: int) -> str:
+    for unit, size in (("h", 3600 * 10**9), ("m", 60 * 10**9), ("s", 10**9), ("ms", 10**6)):
+        if nanoseconds and nanoseconds % size == 0:
+            return f"{nanoseconds // size}{unit}"
+    return f"{nanoseconds}ns"
+
+
+def _seconds(value: Any) -> float:
+    """An agent-reported or definition duration in seconds; unset ("" or None) is 0."""
+    return 0.0 if value in (None, "") else go_duration_seconds(value)
+
+
+# --------------------------------------------------------------------------- checks registered on an agent
+
+
+def _agent_client(inp: _Shared, client: consul.Consul, agent: str) -> consul.Consul:
+    return client if agent == inp.consul.address else consul_client(inp.consul, agent, token=client.token or "")
+
+
+def _read_agent_check(client: consul.Consul, agent: str, check_id: str) -> dict[str, Any]:
+    checks = call(f"list agent checks on {agent}", lambda: client.agent.checks())
     chk = checks.get(check_id)
     if chk is None:
-        raise ApplicationError(f"check {check_id!r} is not registered on that agent", type="NotFound",
+        raise ApplicationError(f"check {check_id!r} is not registered on agent {agent}", type="NotFound",
                                non_retryable=True)
     return chk
 
 
-def _interval_of(chk: dict[str, Any]) -> str | None:
-    value = _ci(chk.get("Definition") or {}, "Interval")
-    return None if value in (None, "", 0, "0s") else str(value)
+def _with_interval(definition: dict[str, Any], interval: str) -> dict[str, Any]:
+    key = next(k for k in definition if k.lower() == "interval")
+    return {**definition, key: interval}
 
 
-def _set_check_interval(client: consul.Consul, check_id: str, interval: str) -> bool:
-    """Re-register the agent check with a new interval, keeping its definition and current status."""
-    chk = _read_check(client, check_id)
-    current = _interval_of(chk)
-    if current is None:
-        raise ApplicationError(f"check {check_id!r} has no interval (TTL or alias check)", type="NotApplicable",
-                               non_retryable=True)
-    if go_duration_seconds(current) == go_duration_seconds(interval):
-        return False
-    definition = chk.get("Definition") or {}
-    body: dict[str, Any] = {}
-    for name in _CHECK_FIELDS:
-        value = _ci(definition, name)
-        if value not in (None, "", [], {}, False, 0, "0s"):
-            body[name] = value
-    body["Interval"] = interval
-    # Keep its status: re-registering would otherwise start it critical and flap the service.
-    body["Status"] = chk.get("Status") or "passing"
-    ok = call(f"re-register check {check_id}", lambda: client.agent.check.register(
-        chk.get("Name") or check_id, check=body, check_id=check_id, notes=chk.get("Notes") or None,
-        service_id=chk.get("ServiceID") or None))
+def _agent_matches(live: dict[str, Any], body: dict[str, Any]) -> bool:
+    """Does the agent's check show what `body` registers? (Interval, Timeout, Name, ServiceID, Notes: all the
+    agent reports of a definition.)"""
+    return (_seconds(live.get("Interval")) == _seconds(_ci(body, "Interval"))
+            and _seconds(live.get("Timeout")) == _seconds(_ci(body, "Timeout"))
+            and live.get("Name") == (_ci(body, "Name") or live.get("Name"))
+            and live.get("ServiceID", "") == (_ci(body, "ServiceID") or "")
+            and live.get("Notes", "") == (_ci(body, "Notes") or ""))
+
+
+def _observe_agent_check(inp: UserDisableInput, client: consul.Consul) -> AgentCheckRecord:
+    svc = inp.service
+    agent = svc.check_agent or inp.consul.address
+    live = _read_agent_check(_agent_client(inp, client, agent), agent, svc.check_id)
+    want = str(_ci(svc.check_definition, "Interval"))
+    have = live.get("Interval")
+    if _seconds(have) not in (_seconds(want), _seconds(inp.check_interval)):
+        raise ApplicationError(
+            f"check {svc.check_id} on {agent} runs every {have or 'never'}, but the inventory's check_definition "
+            f"says {want}: the inventory is out of date; not re-registering the check from it",
+            type="Conflict", non_retryable=True)
+    return AgentCheckRecord(agent=agent, check_id=svc.check_id, interval=want, definition=svc.check_definition)
+
+
+def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckRecord, interval: str,
+                        changed: list[str]) -> None:
+    """Register the recorded definition with `interval` unless the agent already shows it; read back.
+    "check" goes into `changed` as soon as the agent took the registration."""
+    agent_client = _agent_client(inp, client, rec.agent)
+    body = {**_with_interval(rec.definition, interval), "ID": rec.check_id}
+    if _agent_matches(_read_agent_check(agent_client, rec.agent, rec.check_id), body):
+        return
+    # The agent keeps the check's status and output across a re-registration of the same ID.
+    ok = call(f"register check {rec.check_id} on {rec.agent}", lambda: agent_client.http.put(
+        CB.boolean(), "/v1/agent/check/register", headers=agent_client.prepare_headers(), data=json.dumps(body)))
     if not ok:
-        raise unavailable(f"agent refused to re-register check {check_id}")
-    after = _interval_of(_read_check(client, check_id))
-    if after is None or go_duration_seconds(after) != go_duration_seconds(interval):
-        raise unavailable(f"re-registered check {check_id} but its interval reads back as {after}")
-    return True
+        raise unavailable(f"agent {rec.agent} refused to register check {rec.check_id}")
+    changed.append("check")
+    after = _read_agent_check(agent_client, rec.agent, rec.check_id)
+    if not _agent_matches(after, body):
+        raise unavailable(f"registered check {rec.check_id} on {rec.agent} every {interval}, but it reads back "
+                          f"every {after.get('Interval')!r}")
+
+
+# --------------------------------------------------------------------------- the Nomad job: check and count
+
+
+def _live_check(spec: dict[str, Any], rec: NomadCheckRecord) -> dict[str, Any]:
+    """The recorded check in `spec`, refusing when it is gone or was changed since beyond what we stretch."""
+    chk = check_at(spec, rec.place)
+    where = f"check {rec.place.check!r} of service {rec.place.service!r} in job {rec.job}"
+    if chk is None:
+        raise ApplicationError(f"{where} is gone since it was recorded; not touching the job", type="Conflict",
+                               non_retryable=True)
+    moved = differing(chk, rec.definition)
+    if moved:
+        raise ApplicationError(f"{where} changed since it was recorded ({', '.join(moved)}); not overwriting it",
+                               type="Conflict", non_retryable=True)
+    return chk
+
+
+def _job_group(spec: dict[str, Any], scale: ScaleRecord) -> dict[str, Any]:
+    tg = next((g for g in spec.get("TaskGroups") or [] if g["Name"] == scale.group), None)
+    if tg is None:
+        raise ApplicationError(f"job {scale.job} has no task group {scale.group!r} any more; not touching it",
+                               type="Conflict", non_retryable=True)
+    return tg
+
+
+def _check_status(client: consul.Consul, rec: NomadCheckRecord) -> str | None:
+    """The worst state Consul holds for this check across the service's instances (None: none registered)."""
+    _, checks = call(f"read health checks of {rec.place.service}", lambda: client.health.checks(rec.place.service))
+    return worst_status([c.get("Status", "") for c in checks or [] if c.get("Name") == rec.place.check])
+
+
+def _apply_to_job(api: Any, scale: ScaleRecord, plan: Any, changed: list[str]) -> None:
+    """One update_job with `plan(spec) -> [what it changed]` (editing spec); update_job reads the job back and
+    asks `plan` again, which must then find nothing to do. What landed goes into `changed`, also when
+    update_job fails after its register (then told from the job as it reads now)."""
+    from activities.nomad import update_job
+
+    if not plan(read_job(api, scale.job, scale.namespace)):
+        return  # already as wanted: no need to wait out a deployment to find that out
+    planned: list[list[str]] = []
+
+    def mutate(spec: dict[str, Any]) -> bool:
+        found = plan(spec)
+        if found:
+            planned.append(found)
+        return bool(found)
+
+    try:
+        _, did = update_job(api, scale.job, scale.namespace, mutate)
+    except Exception:
+        if planned:
+            try:
+                remaining = plan(read_job(api, scale.job, scale.namespace))
+            except Exception:  # noqa: BLE001 - cannot tell: count the planned change as made
+                remaining = []
+            changed += [what for what in planned[-1] if what not in remaining]
+        raise
+    changed += planned[-1] if did else []
+
+
+def _disable_job(inp: UserDisableInput, client: consul.Consul, api: Any, rec: ServiceRecord,
+                 changed: list[str]) -> None:
+    """Stretch the job's check and scale it down in ONE job version (each register starts a deployment).
+    Only Interval, InitialStatus and OnUpdate of the check change (STRETCHED_FIELDS)."""
+    scale = rec.scale
+    check = rec.check if isinstance(rec.check, NomadCheckRecord) else None
+    want = _nanoseconds(inp.check_interval)
+
+    def plan(spec: dict[str, Any]) -> list[str]:
+        changes = []
+        tg = _job_group(spec, scale)
+        if check is not None:
+            chk = _live_check(spec, check)
+            if chk.get("Interval") != want:
+                # A changed check is a new one to Consul: critical until its first run, which the agent
+                # staggers anywhere within the interval. So it starts in the state it has now (read after
+                # update_job waited out a deployment), and the deployment of this version does not wait on
+                # it (on_update = ignore): it would otherwise fail, or roll back where auto_revert is on.
+                status = _check_status(client, check)
+                chk["Interval"] = want
+                chk["OnUpdate"] = "ignore"
+                if status is not None:
+                    chk["InitialStatus"] = status
+                changes.append("check")
+        if int(tg.get("Count") or 0) > inp.scale_to:
+            tg["Count"] = inp.scale_to
+            changes.append("scale")
+        return changes
+
+    _apply_to_job(api, scale, plan, changed)
+
+
+def _enable_job(api: Any, rec: ServiceRecord, changed: list[str]) -> None:
+    """Put the recorded check (every field) and count back in ONE job version."""
+    scale = rec.scale
+    check = rec.check if isinstance(rec.check, NomadCheckRecord) else None
+
+    def plan(spec: dict[str, Any]) -> list[str]:
+        changes = []
+        tg = _job_group(spec, scale)
+        if check is not None:
+            chk = _live_check(spec, check)
+            if chk != check.definition:
+                chk.clear()
+                chk.update(copy.deepcopy(check.definition))
+                changes.append("check")
+        if int(tg.get("Count") or 0) != scale.count:
+            tg["Count"] = scale.count
+            changes.append("scale")
+        return changes
+
+    _apply_to_job(api, scale, plan, changed)
+
+
+# --------------------------------------------------------------------------- one service
 
 
 def _journal_key(prefix: str, name: str) -> str:
@@ -1074,25 +1345,27 @@ def _journal_key(prefix: str, name: str) -> str:
 
 
 def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
-    from activities.nomad import read_group_count
-
     svc = inp.service
     record = ServiceRecord(name=svc.name, tier=svc.tier)
     if svc.usage_flag_key:
         _, cur = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
         record.flag = FlagRecord(key=svc.usage_flag_key, previous=_entry(cur) if cur else None)
-    if svc.check_id:
-        agent = svc.check_agent or inp.consul.address
-        agent_client = client if agent == inp.consul.address else consul_client(inp.consul, agent,
-                                                                                   token=client.token or "")
-        interval = _interval_of(_read_check(agent_client, svc.check_id))
-        if interval is None:
-            record.notes.append(f"check {svc.check_id} has no interval (TTL?): left alone")
-        else:
-            record.check = CheckRecord(agent=agent, check_id=svc.check_id, interval=interval)
+    if svc.check_owner == "agent":
+        record.check = _observe_agent_check(inp, client)
     if svc.nomad_job:
-        group, count = read_group_count(nomad_api, svc.nomad_job, svc.nomad_group, svc.nomad_namespace)
-        record.scale = ScaleRecord(job=svc.nomad_job, group=group, namespace=svc.nomad_namespace, count=count)
+        spec = read_job(nomad_api, svc.nomad_job, svc.nomad_namespace)
+        tg = group_of(spec, svc.nomad_group)
+        record.scale = ScaleRecord(job=svc.nomad_job, group=tg["Name"], namespace=svc.nomad_namespace,
+                                   count=int(tg.get("Count") or 0))
+        if svc.check_owner == "nomad":
+            place = find_check(spec, tg["Name"], svc.check_service or svc.name, svc.check_name)
+            definition = copy.deepcopy(check_at(spec, place))
+            if not definition.get("Interval"):
+                record.notes.append(f"check {place.check!r} of job {svc.nomad_job} has no interval: left alone")
+            else:
+                record.check = NomadCheckRecord(job=svc.nomad_job, namespace=svc.nomad_namespace, place=place,
+                                                interval=_duration_text(int(definition["Interval"])),
+                                                definition=definition)
     return record
 
 
@@ -1111,9 +1384,18 @@ def _record(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> Ser
     raise unavailable(f"could not create journal entry {key}")
 
 
-def _disable_one(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> UserDisableOutput:
-    from activities.nomad import scale_group
+def _partial(action_name: str, name: str, changed: list[str], exc: BaseException,
+             details: dict[str, Any]) -> ApplicationError:
+    """An error that says exactly what this call changed before it failed; details carry the way back."""
+    done = f"changed {', '.join(changed)}" if changed else "changed nothing"
+    cause = str(exc) if isinstance(exc, ApplicationError) else describe(exc)
+    kind = (exc.type if isinstance(exc, ApplicationError) else None) or "Unavailable"
+    return ApplicationError(f"{action_name} {name}: {done}, then failed: {cause}",
+                            {"service": name, "changed": changed, **details}, type=kind,
+                            non_retryable=isinstance(exc, ApplicationError) and exc.non_retryable)
 
+
+def _disable_one(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> UserDisableOutput:
     svc = inp.service
     if svc.essential:
         noop = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=None,
@@ -1122,48 +1404,44 @@ def _disable_one(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -
     if svc.nomad_job and nomad_api is None:
         raise bad(f"service {svc.name} names Nomad job {svc.nomad_job} but no nomad target was given")
     record = _record(inp, client, nomad_api)
-    changed = []
-    if record.flag is not None:
-        _, did, _ = kv_ensure(client, record.flag.key, inp.disabled_value.encode(),
-                              record.flag.previous.flags if record.flag.previous else 0)
-        changed += ["flag"] if did else []
-    if record.check is not None:
-        agent_client = client if record.check.agent == inp.consul.address else consul_client(
-            inp.consul, record.check.agent, token=client.token or "")
-        changed += ["check"] if _set_check_interval(agent_client, record.check.check_id, inp.check_interval) else []
-    if record.scale is not None and record.scale.count > inp.scale_to:
-        _, did = scale_group(nomad_api, record.scale.job, record.scale.group, record.scale.namespace, inp.scale_to,
-                             f"coldstart: {svc.name} disabled (non-essential)")
-        changed += ["scale"] if did else []
     restore = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix, record=record)
+    changed: list[str] = []
+    try:
+        if record.flag is not None:
+            _, did, _ = kv_ensure(client, record.flag.key, inp.disabled_value.encode(),
+                                  record.flag.previous.flags if record.flag.previous else 0)
+            changed += ["flag"] if did else []
+        if isinstance(record.check, AgentCheckRecord):
+            _ensure_agent_check(inp, client, record.check, inp.check_interval, changed)
+        if record.scale is not None:
+            _disable_job(inp, client, nomad_api, record, changed)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, say what had changed and how to undo it
+        raise _partial("consul.user.disable", svc.name, changed, exc, {
+            "record": record.model_dump(mode="json"), "restore": restore.model_dump(mode="json")}) from None
     return UserDisableOutput(service=svc.name, changed=changed, record=record, restore=restore)
 
 
 def _enable_one(inp: UserEnableInput, client: consul.Consul, nomad_api: Any) -> UserEnableOutput:
-    from activities.nomad import scale_group
-
     rec = inp.record
     if inp.tiers is not None and rec.tier not in inp.tiers:
         return UserEnableOutput(service=rec.name, changed=[], notes=[f"tier {rec.tier!r} not in {inp.tiers}: later"])
+    if rec.scale is not None and nomad_api is None:
+        raise bad(f"record for {rec.name} has a Nomad job but no nomad target was given")
     changed: list[str] = []
-    if rec.flag is not None:
-        _, did, _ = kv_ensure(client, rec.flag.key, _want(rec.flag.previous),
-                              rec.flag.previous.flags if rec.flag.previous else 0)
-        changed += ["flag"] if did else []
-    if rec.check is not None:
-        agent_client = client if rec.check.agent == inp.consul.address else consul_client(
-            inp.consul, rec.check.agent, token=client.token or "")
-        changed += ["check"] if _set_check_interval(agent_client, rec.check.check_id, rec.check.interval) else []
-    if rec.scale is not None:
-        if nomad_api is None:
-            raise bad(f"record for {rec.name} has a Nomad job but no nomad target was given")
-        _, did = scale_group(nomad_api, rec.scale.job, rec.scale.group, rec.scale.namespace, rec.scale.count,
-                             f"coldstart: {rec.name} re-enabled")
-        changed += ["scale"] if did else []
-    if inp.journal_prefix is not None:
-        # Only now: until everything is back, the journal still holds the original for a retry.
-        key = _journal_key(inp.journal_prefix, rec.name)
-        kv_ensure(client, key, ABSENT)
+    try:
+        if rec.flag is not None:
+            _, did, _ = kv_ensure(client, rec.flag.key, _want(rec.flag.previous),
+                                  rec.flag.previous.flags if rec.flag.previous else 0)
+            changed += ["flag"] if did else []
+        if isinstance(rec.check, AgentCheckRecord):
+            _ensure_agent_check(inp, client, rec.check, rec.check.interval, changed)
+        if rec.scale is not None:
+            _enable_job(nomad_api, rec, changed)
+        if inp.journal_prefix is not None:
+            # Only now: until everything is back, the journal still holds the original for a retry.
+            kv_ensure(client, _journal_key(inp.journal_prefix, rec.name), ABSENT)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, say what had been restored
+        raise _partial("consul.user.enable", rec.name, changed, exc, {}) from None
     return UserEnableOutput(service=rec.name, changed=changed, notes=rec.notes)
 
 
@@ -1171,17 +1449,23 @@ def _clients(shared: _Shared) -> tuple[consul.Consul, Any]:
     return consul_client(shared.consul), nomad_client(shared.nomad) if shared.nomad else None
 
 
-@action("consul.user.disable", timeout=300, mutating=True, undo="consul.user.enable", undo_from_output="restore")
+@action("consul.user.disable", timeout=900, heartbeat=60, mutating=True, undo="consul.user.enable",
+        undo_from_output="restore")
 def user_disable(inp: UserDisableInput) -> UserDisableOutput:
-    """Cut one non-essential service's Consul usage: flag off, health check every 10 min, job scaled down."""
+    """Cut one non-essential service's Consul usage: flag off, health check every 10 min, job scaled down.
+
+    The check is changed where its owner defines it (the Nomad job's service block, or the agent from
+    the inventory's definition); the check and the count change in one job version. On a failure the
+    error's details hold what changed and `restore`, the consul.user.enable input that undoes it.
+    """
     inp = validated(UserDisableInput, inp)
     client, nomad_api = _clients(inp)
     return _disable_one(inp, client, nomad_api)
 
 
-@action("consul.user.enable", timeout=300, mutating=True)
+@action("consul.user.enable", timeout=900, heartbeat=60, mutating=True)
 def user_enable(inp: UserEnableInput) -> UserEnableOutput:
-    """Restore one service exactly as consul.user.disable recorded it (flag, check interval, job count)."""
+    """Restore one service exactly as consul.user.disable recorded it (flag, every check field, job count)."""
     inp = validated(UserEnableInput, inp)
     client, nomad_api = _clients(inp)
     return _enable_one(inp, client, nomad_api)
@@ -1208,35 +1492,49 @@ class UsersEnableInput(_Shared):
 
 class UsersDisableOutput(BaseModel):
     disabled: list[str] = Field(description="non-essential services now disabled")
-    changed: list[str] = Field(description="services this call changed anything on")
+    changed: dict[str, list[str]] = Field(description="per service, what this call changed (flag, check, scale); "
+                                                      "services it changed nothing on are absent")
     skipped_essential: list[str]
     restore: UsersEnableInput
 
 
 class UsersEnableOutput(BaseModel):
     enabled: list[str]
-    changed: list[str]
+    changed: dict[str, list[str]] = Field(description="per service, what this call restored")
 
 
-def _fan_out(name: str, items: list[Any], one: Any, max_parallel: int) -> tuple[list[Any], dict[str, str], bool]:
-    """Run one(item) on a bounded pool, heartbeating progress from this (the activity's) thread."""
+def _fan_out(name: str, items: list[Any], one: Any, max_parallel: int
+             ) -> tuple[list[Any], dict[str, ApplicationError], bool]:
+    """Run one(item) on a bounded pool, heartbeating progress from this (the activity's) thread, also while a
+    slow item (a job waiting out a deployment) keeps the others from finishing."""
     results: list[Any] = []
-    failures: dict[str, str] = {}
-    retryable = True
+    failures: dict[str, ApplicationError] = {}
     with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=name) as pool:
-        futures = {pool.submit(one, item): item for item in items}
-        for n, fut in enumerate(as_completed(futures), 1):
-            item = futures[fut]
-            label = getattr(item, "name", str(item))
-            try:
-                results.append(fut.result())
-            except ApplicationError as exc:
-                failures[label] = str(exc)
-                retryable = retryable and not exc.non_retryable
-            except Exception as exc:  # noqa: BLE001 - one service's surprise must not hide the others
-                failures[label] = describe(exc)
-            heartbeat({"done": n, "of": len(items)})
-    return results, failures, retryable
+        pending = {pool.submit(one, item): item for item in items}
+        while pending:
+            done, _ = wait(pending, timeout=20, return_when=FIRST_COMPLETED)
+            for fut in done:
+                label = getattr(pending.pop(fut), "name", "?")
+                try:
+                    results.append(fut.result())
+                except ApplicationError as exc:
+                    failures[label] = exc
+                except Exception as exc:  # noqa: BLE001 - one service's surprise must not hide the others
+                    failures[label] = unavailable(describe(exc))
+            heartbeat({"done": len(items) - len(pending), "of": len(items)})
+    return results, failures, all(not exc.non_retryable for exc in failures.values())
+
+
+def _partial_details(exc: ApplicationError) -> dict[str, Any]:
+    details = exc.details[0] if exc.details else None
+    return details if isinstance(details, dict) else {}
+
+
+def _changes_text(changed: dict[str, list[str]]) -> str:
+    if not changed:
+        return "nothing"
+    shown = [f"{name} ({', '.join(what)})" for name, what in sorted(changed.items())[:10]]
+    return ", ".join(shown) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
 
 
 @action("consul.users.disable", timeout=3 * 3600, heartbeat=120, mutating=True, undo="consul.users.enable",
@@ -1244,7 +1542,9 @@ def _fan_out(name: str, items: list[Any], one: Any, max_parallel: int) -> tuple[
 def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
     """Disable every non-essential service's Consul usage; for 1,000s prefer for_each over consul.user.disable.
 
-    Safe to retry: every service's original state is journaled in KV before it is changed.
+    Safe to retry: every service's original state is journaled in KV before it is changed. When some
+    services fail, the error says per service what changed, and its details' `restore` brings back
+    every service this call recorded, the failed ones' partial changes included.
     """
     inp = validated(UsersDisableInput, inp)
     token = consul_token(inp.consul)
@@ -1258,17 +1558,22 @@ def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
         return _disable_one(sub, client, api)
 
     results, failures, retryable = _fan_out("users-disable", inp.services, one, inp.max_parallel)
-    order = {s.name: i for i, s in enumerate(inp.services)}
-    results.sort(key=lambda r: order[r.service])
+    partial = {name: _partial_details(exc) for name, exc in failures.items()}
     records = [r.record for r in results if r.record is not None]
+    records += [ServiceRecord.model_validate(p["record"]) for p in partial.values() if p.get("record")]
+    order = {s.name: i for i, s in enumerate(inp.services)}
+    records.sort(key=lambda r: order[r.name])
     restore = UsersEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix,
                                records=records, max_parallel=inp.max_parallel)
-    changed = [r.service for r in results if r.changed]
+    changed = {r.service: r.changed for r in results if r.changed}
+    changed |= {name: p["changed"] for name, p in partial.items() if p.get("changed")}
     if failures:
         raise ApplicationError(
-            f"consul.users.disable: {len(failures)} service(s) failed, {len(changed)} changed: "
+            f"consul.users.disable: {len(failures)} of {len(inp.services)} service(s) failed; changed "
+            f"{_changes_text(changed)}; details.restore brings back all {len(records)} recorded: "
             + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
-            {"failed": failures, "changed": changed, "restore": restore.model_dump(mode="json")},
+            {"failed": {k: str(v) for k, v in failures.items()}, "changed": changed,
+             "restore": restore.model_dump(mode="json")},
             type="PartialFailure", non_retryable=not retryable)
     return UsersDisableOutput(disabled=[r.service for r in results if r.skipped is None], changed=changed,
                               skipped_essential=[r.service for r in results if r.skipped], restore=restore)
@@ -1288,11 +1593,12 @@ def users_enable(inp: UsersEnableInput) -> UsersEnableOutput:
         return _enable_one(sub, client, api)
 
     results, failures, retryable = _fan_out("users-enable", inp.records, one, inp.max_parallel)
-    changed = sorted(r.service for r in results if r.changed)
+    changed = {r.service: r.changed for r in results if r.changed}
+    changed |= {name: d["changed"] for name, exc in failures.items() if (d := _partial_details(exc)).get("changed")}
     if failures:
         raise ApplicationError(
-            f"consul.users.enable: {len(failures)} service(s) failed, {len(changed)} changed: "
-            + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
-            {"failed": failures, "changed": changed}, type="PartialFailure", non_retryable=not retryable)
+            f"consul.users.enable: {len(failures)} of {len(inp.records)} service(s) failed; restored "
+            f"{_changes_text(changed)}: " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
+            {"failed": {k: str(v) for k, v in failures.items()}, "changed": changed},
+            type="PartialFailure", non_retryable=not retryable)
     return UsersEnableOutput(enabled=[r.service for r in results], changed=changed)
-

@@ -61,7 +61,8 @@ def _arrange(consul_url: str, nomad_url: str, count: int, failing: int) -> list[
                                                "Tasks": [{"Name": "app", "Driver": "docker", "Config": {"image": "app"}}]}]}}
                 http.post(f"{nomad_url}/v1/jobs", json=job).raise_for_status()
             services.append({"name": name, "tier": "tier2", "essential": False,
-                             "usage_flag_key": f"coldstart/usage/{name}", "check_id": f"{name}-ttl",
+                             # The TTL check stays: it has no interval to stretch (no check_owner).
+                             "usage_flag_key": f"coldstart/usage/{name}",
                              "nomad_job": name if not broken else f"{name}-missing"})
     return services
 

@@ -117,7 +117,9 @@ def _admitted_curve(prometheus: str, start: float, end: float) -> list[tuple[flo
                              params={"query": query, "start": start, "end": end, "step": "2s"}, timeout=10)
         result = response.json().get("data", {}).get("result", [])
         series[name] = {float(t): float(v) for t, v in result[0]["values"]} if result else {}
-    return [(t, series["target"][t], series["admitted"].get(t, float("nan"))) for t in sorted(series["target"])]
+    # A target read as NaN (the generator before its first sweep) is no step of the ramp.
+    return [(t, target, series["admitted"].get(t, float("nan")))
+            for t, target in sorted(series["target"].items()) if target == target]
 
 
 def _plot(curve: list[tuple[float, float, float]], path: Path) -> Path | None:

@@ -18,6 +18,11 @@ def test_inventory_entries_are_valid_action_inputs(inventory_model, action_model
         assert field.default == action_model.model_fields[name].default, name
 
 
+def test_user_service_fields_are_the_same_on_both_sides():
+    # Every field the action knows can be written in an inventory (check_owner and its fields included).
+    assert list(UserService.model_fields) == list(ActionUserService.model_fields)
+
+
 def test_lab_services_validate_as_action_inputs():
     from lab.settings import LabConfig
     from lab.users import user_services
@@ -25,4 +30,6 @@ def test_lab_services_validate_as_action_inputs():
     services = user_services(LabConfig())
     assert [s.name for s in services if not s.essential]
     for service in services:
-        ActionUserService.model_validate(service.model_dump())
+        action = ActionUserService.model_validate(service.model_dump())
+        # The lab's checks belong to the services' Nomad jobs: stretched there, not on an agent.
+        assert action.check_owner == "nomad" and action.nomad_job == service.name and action.check_name

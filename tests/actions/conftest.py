@@ -20,7 +20,7 @@ from activities.secrets import VaultSecretRef
 from lab.hashistack.local import LocalStack, VaultDev, missing_binaries
 from lab.standins.clock import FakeClock
 from lab.standins.consul_load import LoadParams
-from tests.standins.conftest import ConsulLab, NomadLab, start_consul, start_nomad
+from tests.standins.conftest import ConsulLab, NomadLab, start_consul, start_nomad, wait_until
 
 CONSUL_TOKEN = "consul-acl-Zq81xT0ken"
 VAULT_ROOT = "root-token"
@@ -73,14 +73,7 @@ class Stack:
         return nomad.Nomad(host=url.hostname, port=url.port, timeout=10)
 
     def wait_until(self, predicate, timeout: float = 20.0, step: float = 0.1):
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not met within {timeout}s on the {self.backend} backend")
-            time.sleep(step)
+        return wait_until(predicate, timeout, step)
 
 
 def _standin_stack(tmp) -> Stack:

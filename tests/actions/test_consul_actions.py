@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import consul
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -57,14 +59,26 @@ def test_kv_undo_refuses_to_clobber_a_newer_write(stack):
 
 def test_streaming_flag_set_and_undo(stack):
     target = stack.consul_target()
-    stack.admin().kv.put("coldstart/flags/streaming", "true")
+    admin = stack.admin()
+
+    def flag() -> bytes | None:
+        entry = admin.kv.get(ca.STREAMING_KEY)[1]
+        return None if entry is None else entry["Value"]
+
+    admin.kv.put(ca.STREAMING_KEY, "true")
     out = ca.streaming_set(ca.StreamingSetInput(consul=target, enabled=False))
-    assert out.changed and out.previous_value == "true"
-    assert stack.consul.cluster.streaming() is False
+    assert out.changed and out.previous_value == "true" and not out.enabled
+    assert flag() == b"false"
     assert not ca.streaming_set(ca.StreamingSetInput(consul=target, enabled=False)).changed
     ca.kv_set(out.undo)
-    assert stack.consul.cluster.streaming() is True
-    ca.streaming_set(ca.StreamingSetInput(consul=target, enabled=False))
+    assert flag() == b"true"
+    on = ca.streaming_set(ca.StreamingSetInput(consul=target, enabled=True))
+    assert not on.changed and on.previous_value == "true"
+    admin.kv.delete(ca.STREAMING_KEY)
+    created = ca.streaming_set(ca.StreamingSetInput(consul=target, enabled=False))
+    assert created.changed and created.previous_value is None and flag() == b"false"
+    ca.kv_set(created.undo)
+    assert flag() is None  # the undo of a flag that did not exist deletes it
 
 
 def test_delete_prefix_records_and_restore_puts_back_exactly(stack):
@@ -202,30 +216,103 @@ def test_snapshot_select_picks_newest_before(stack, tmp_path):
 # --------------------------------------------------------------------------- health and leadership
 
 
-def test_health_and_leader_transfer_off_a_slow_leader(stack):
+def _kv_writes(stack, n: int = 30) -> None:
+    """KV applies, so the leader's consul_kvs_apply summary has a p50."""
+    admin = stack.admin()
+    for i in range(n):
+        admin.kv.put(f"health/apply/{i}", str(i))
+
+
+def _health(target, **kw) -> ca.HealthOutput:
+    return ca.health(ca.HealthInput(consul=target, **kw))
+
+
+def test_health_and_leader_transfer_across_three_servers(stack):
+    target = stack.consul_target()
+    _kv_writes(stack)
+    # Autopilot counts a voter towards failure tolerance once it has been stable a while after start.
+    before = stack.wait_until(lambda: (h := _health(target)).healthy and h.failure_tolerance == 1
+                              and h.kv_apply_p50_ms is not None and h)
+    assert sorted(before.voters) == ["consul1", "consul2", "consul3"] and before.leader in before.voters
+    assert before.metrics_from_leader and before.metrics_node == before.leader and before.leader_id
+    assert [s.reachable for s in before.servers] == [True, True, True] and before.unreachable == []
+    assert [s.node for s in before.servers if s.leader] == [before.leader]
+    assert before.autopilot_healthy and before.failure_tolerance == 1 and before.problems == []
+    follower = next(v for v in before.voters if v != before.leader)
+    noop = ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=[follower]))
+    assert not noop.changed and noop.leader == before.leader and noop.target is None
+    moved = ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=[before.leader]))
+    assert moved.changed and moved.previous_leader == before.leader and moved.leader != before.leader
+    assert moved.leader == moved.target
+    assert not ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=[before.leader])).changed
+    _kv_writes(stack)
+    after = stack.wait_until(lambda: (h := _health(target)).healthy and h.kv_apply_p50_ms is not None and h)
+    assert after.leader == moved.leader and after.metrics_node == moved.leader and after.metrics_from_leader
+    assert [s.node for s in after.servers if s.leader] == [moved.leader]
+    _kv_writes(stack)
+    as_json = stack.wait_until(lambda: (h := _health(target, metrics_format="json")).kv_apply_p50_ms is not None
+                               and h)
+    assert as_json.metrics_format == "json" and as_json.leader == moved.leader
+
+
+def test_health_reports_an_unreachable_server_and_keeps_the_rest(stack):
+    target = stack.consul_target(timeout_seconds=3)
+    dead = "http://127.0.0.1:1"
+    target = target.model_copy(update={"servers": [*stack.consul_urls[:2], dead]})
+    out = _health(target)
+    assert [s.url for s in out.servers] == [*stack.consul_urls[:2], dead]
+    assert [s.reachable for s in out.servers] == [True, True, False] and out.unreachable == [dead]
+    gone = out.servers[2]
+    assert gone.node is None and not gone.leader and gone.error and "\n" not in gone.error
+    assert out.leader in out.voters and len(out.voters) == 3 and out.autopilot_healthy
+    assert not out.healthy and any(dead in p for p in out.problems)
+
+
+def test_health_with_a_real_server_down(stack):
+    if not stack.real:
+        pytest.skip("needs a server process to stop: the stand-in serves its three servers from one process")
+    local = stack.local
+    target = stack.consul_target(timeout_seconds=3)
+    whole = stack.wait_until(lambda: (h := _health(target)).healthy and h)
+    victim = next(agent for agent in local.consuls if agent.node_name != whole.leader)
+    proc = local.procs[victim.node_name]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    try:
+        down = stack.wait_until(lambda: not (h := _health(target)).autopilot_healthy and h, timeout=30)
+        by_url = {s.url: s for s in down.servers}
+        assert down.unreachable == [victim.url] and not by_url[victim.url].reachable and by_url[victim.url].error
+        assert all(s.reachable for url, s in by_url.items() if url != victim.url)
+        assert down.leader == whole.leader and down.metrics_from_leader and down.metrics_node == whole.leader
+        assert sorted(down.voters) == ["consul1", "consul2", "consul3"] and down.failure_tolerance == 0
+        assert not down.healthy and any(victim.url in p for p in down.problems)
+        assert any("autopilot unhealthy" in p and victim.node_name in p for p in down.problems)
+    finally:
+        local._start(victim.node_name, victim.argv(local.found.consul, local.root / f"{victim.node_name}.json"))
+        stack.wait_until(lambda: _health(target).healthy, timeout=40)
+
+
+def test_slow_leader_fault_shows_in_health_and_transfer_clears_it(stack):
+    stack.standin_only("the slow-leader fault and the fake clock that ages its metrics are stand-in hooks")
     lab = stack.consul
     target = stack.consul_target()
+    leader = _health(target).leader
+    lab.clock.advance(11)  # earlier tests' KV applies leave the agents' 10 s summary window
     try:
-        lab.fault(fault="slow-leader", server="consul1")
+        lab.fault(fault="slow-leader", server=leader)
         lab.fault(fault="background-load", rps=100)
         lab.clock.advance(2)
-        before = ca.health(ca.HealthInput(consul=target))
-        assert before.leader == "consul1" and before.metrics_from_leader
-        assert before.voters == ["consul1", "consul2", "consul3"]
+        before = _health(target)
+        assert before.leader == leader and before.metrics_from_leader
         assert before.kv_apply_p50_ms is not None and before.kv_apply_p50_ms > 300
         assert not before.autopilot_healthy and not before.healthy
-        noop = ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=["consul3"]))
-        assert not noop.changed and noop.leader == "consul1"
-        moved = ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=["consul1"]))
-        assert moved.changed and moved.previous_leader == "consul1" and moved.leader != "consul1"
-        assert not ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=["consul1"])).changed
+        moved = ca.leader_transfer(ca.LeaderTransferInput(consul=target, slow_servers=[leader]))
+        assert moved.changed and moved.leader != leader
         lab.clock.advance(2)
-        after = ca.health(ca.HealthInput(consul=target))
+        after = _health(target)
         assert after.leader == moved.leader and after.metrics_node == moved.leader
         assert after.kv_apply_p50_ms is not None and after.kv_apply_p50_ms < 300
         assert after.autopilot_healthy and after.healthy, after.problems
-        as_json = ca.health(ca.HealthInput(consul=target, metrics_format="json"))
-        assert as_json.metrics_format == "json" and as_json.kv_apply_p50_ms is not None
     finally:
         lab.fault(fault="clear")
 
@@ -234,89 +321,310 @@ def test_failed_health_read_is_an_error(stack):
     target = stack.consul_target().model_copy(update={"address": "http://127.0.0.1:1", "servers": []})
     with pytest.raises(ApplicationError) as err:
         ca.health(ca.HealthInput(consul=target))
-    assert not err.value.non_retryable
+    assert not err.value.non_retryable and "no server answered" in str(err.value)
 
 
 # --------------------------------------------------------------------------- non-essential usage
 
+NS_PER_S = 1_000_000_000
+# Short deployments: each register starts one, and the next change of the job waits it out.
+FAST_UPDATE = {"MinHealthyTime": NS_PER_S, "HealthyDeadline": 20 * NS_PER_S, "ProgressDeadline": 30 * NS_PER_S}
+
+
+def _sleep_job(name: str, count: int = 3) -> dict:
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    return {"ID": name, "Name": name, "Type": "service", "Datacenters": ["dc1"], "Update": FAST_UPDATE,
+            "TaskGroups": [{"Name": "web", "Count": count,
+                            "Tasks": [{"Name": "t", "Driver": "raw_exec", "Resources": {"CPU": 20, "MemoryMB": 16},
+                                       "Config": {"command": sleep, "args": ["infinity"]}}]}]}
+
+
+def _check_definition(stack, name: str) -> dict:
+    # A target that answers on both backends, so the check's status does not move while the test runs.
+    return {"Name": f"{name} http", "ServiceID": name, "HTTP": f"{stack.consul_urls[0]}/v1/status/leader",
+            "Method": "GET", "Header": {"X-Probe": [name]}, "Interval": "60s", "Timeout": "5s",
+            "Notes": f"{name} liveness"}
+
 
 def _arrange_services(stack, names: list[str], essential: set[str]) -> list[ca.UserService]:
+    """Per service: a usage flag, an agent-registered check (the inventory carries its definition), a Nomad job."""
     admin = stack.admin()
-    nomad_state = stack.nomad.state
+    api = stack.nomad_api()
+    headers = {"X-Consul-Token": CONSUL_TOKEN}
     services = []
     for name in names:
         admin.kv.put(f"svc/{name}/consul-usage", "enabled", flags=1)
-        admin.agent.service.register(name, service_id=name, port=8080, token=CONSUL_TOKEN)
-        check = consul.Check.http(f"http://127.0.0.1:9/{name}", "60s", timeout="5s")
-        check["Status"] = "passing"
-        admin.agent.check.register(f"{name} http", check=check, check_id=f"{name}-http", service_id=name,
-                                   token=CONSUL_TOKEN)
-        stack.nomad.server.call(_register(nomad_state, name))
+        httpx.put(f"{stack.consul_urls[0]}/v1/agent/service/register", headers=headers,
+                  json={"Name": name, "ID": name, "Port": 8080}).raise_for_status()
+        definition = _check_definition(stack, name)
+        httpx.put(f"{stack.consul_urls[0]}/v1/agent/check/register", headers=headers,
+                  json={**definition, "ID": f"{name}-http", "Status": "passing"}).raise_for_status()
+        api.job.register_job(name, {"Job": _sleep_job(name)})
         services.append(ca.UserService(name=name, tier="t2", essential=name in essential,
-                                       usage_flag_key=f"svc/{name}/consul-usage", check_id=f"{name}-http",
-                                       nomad_job=name))
+                                       usage_flag_key=f"svc/{name}/consul-usage", nomad_job=name,
+                                       check_owner="agent", check_id=f"{name}-http", check_definition=definition))
     return services
-
-
-async def _register(state, name):
-    state.register({"ID": name, "TaskGroups": [{"Name": "web", "Count": 3,
-                                                 "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]})
 
 
 def _observed(stack, names):
     admin = stack.admin()
-    checks = admin.agent.checks(token=CONSUL_TOKEN)
+    api = stack.nomad_api()
+    checks = admin.agent.checks()
     out = {}
     for name in names:
         entry = admin.kv.get(f"svc/{name}/consul-usage")[1]
         chk = checks[f"{name}-http"]
-        job = stack.nomad.state.jobs[f"default/{name}"]
-        # Key case is the agent's business (real Consul normalizes it); the values must match exactly.
-        definition = {k.lower(): v for k, v in chk["Definition"].items()}
-        out[name] = (entry["Value"], entry["Flags"], definition, chk["Status"], job["TaskGroups"][0]["Count"])
+        shown = {k: chk[k] for k in ("Name", "ServiceID", "Type", "Interval", "Timeout", "Notes", "Status")}
+        out[name] = (entry["Value"], entry["Flags"], shown, api.job.get_job(name)["TaskGroups"][0]["Count"])
     return out
 
 
+def test_users_agent_checks_answer_like_real_consul(stack):
+    """GET /v1/agent/checks as Consul 1.22.7 answers: no definition, Go durations at the top level."""
+    headers = {"X-Consul-Token": CONSUL_TOKEN}
+    url = stack.consul_urls[1]
+    httpx.put(f"{url}/v1/agent/service/register", headers=headers, json={
+        "Name": "shape", "ID": "shape", "Port": 81,
+        "Checks": [{"TCP": "127.0.0.1:1", "Interval": "90s"}, {"TTL": "10s", "Name": "shape ttl"}]}).raise_for_status()
+    httpx.put(f"{url}/v1/agent/check/register", headers=headers, json={
+        "ID": "shape-http", "Name": "shape http", "ServiceID": "shape", "HTTP": "http://127.0.0.1:1/",
+        "Method": "POST", "Header": {"X": ["y"]}, "Interval": "1h", "Timeout": "1500ms", "Notes": "n",
+        "Status": "passing"}).raise_for_status()
+    httpx.put(f"{url}/v1/agent/check/register", headers=headers,
+              json={"ID": "shape-ttl", "Name": "shape ttl alone", "TTL": "30s"}).raise_for_status()
+    checks = httpx.get(f"{url}/v1/agent/checks", headers=headers).raise_for_status().json()
+    http = checks["shape-http"]
+    assert list(http) == ["Node", "CheckID", "Name", "Status", "Notes", "Output", "ServiceID", "ServiceName",
+                          "ServiceTags", "Type", "Interval", "Timeout", "ExposedPort", "Definition", "CreateIndex",
+                          "ModifyIndex"]
+    assert {k: http[k] for k in ("Node", "Status", "Notes", "ServiceName", "ServiceTags", "Type", "Interval", "Timeout",
+                                 "ExposedPort", "Definition", "CreateIndex", "ModifyIndex")} == {
+        "Node": "consul2", "Status": "passing", "Notes": "n", "ServiceName": "shape", "ServiceTags": [],
+        "Type": "http", "Interval": "1h0m0s", "Timeout": "1.5s", "ExposedPort": 0, "Definition": {},
+        "CreateIndex": 0, "ModifyIndex": 0}
+    shown = {cid: (c["Type"], c["Interval"], c["Timeout"]) for cid, c in checks.items() if cid.startswith(
+        ("service:shape", "shape-ttl"))}
+    # Unset durations: "" in a service's own checks, "0s" in a check registered alone.
+    assert shown == {"service:shape:1": ("tcp", "1m30s", ""), "service:shape:2": ("ttl", "", ""),
+                     "shape-ttl": ("ttl", "0s", "0s")}
+    # Re-registering an existing check keeps its status and output, whatever the body says.
+    httpx.put(f"{url}/v1/agent/check/register", headers=headers, json={
+        "ID": "shape-http", "Name": "shape http", "ServiceID": "shape", "HTTP": "http://127.0.0.1:1/",
+        "Interval": "2h", "Status": "critical"}).raise_for_status()
+    again = httpx.get(f"{url}/v1/agent/checks", headers=headers).json()["shape-http"]
+    assert (again["Status"], again["Interval"], again["Timeout"], again["Notes"]) == ("passing", "2h0m0s", "0s", "")
+    bad = httpx.put(f"{url}/v1/agent/check/register", headers=headers,
+                    json={"ID": "shape-bad", "Name": "b", "HTTP": "http://127.0.0.1:1/"})
+    assert (bad.status_code, bad.text) == (400, "Invalid check: Interval must be > 0 for Script, HTTP, H2PING, TCP, "
+                                                "UDP or OSService checks")
+    httpx.put(f"{url}/v1/agent/service/deregister/shape", headers=headers).raise_for_status()
+    httpx.put(f"{url}/v1/agent/check/deregister/shape-ttl", headers=headers).raise_for_status()
+
+
 def test_users_disable_then_enable_restores_exactly(stack):
-    names = ["cart", "avatar", "chat", "auth"]
+    names = ["cart", "forum", "mail", "auth"]
     services = _arrange_services(stack, names, essential={"auth"})
     before = _observed(stack, names)
     inp = ca.UsersDisableInput(consul=stack.consul_target(), nomad=stack.nomad_target(), services=services)
     out = ActivityEnvironment().run(ca.users_disable, inp)
-    assert sorted(out.disabled) == ["avatar", "cart", "chat"] and out.skipped_essential == ["auth"]
-    assert sorted(out.changed) == ["avatar", "cart", "chat"]
+    assert sorted(out.disabled) == ["cart", "forum", "mail"] and out.skipped_essential == ["auth"]
+    assert out.changed == {name: ["flag", "check", "scale"] for name in ("cart", "forum", "mail")}
     during = _observed(stack, names)
-    for name in ("cart", "avatar", "chat"):
-        value, _, definition, status, count = during[name]
-        assert value == b"disabled" and count == 1 and status == "passing"
-        assert consul_interval(definition) == "10m"
+    for name in ("cart", "forum", "mail"):
+        value, flags, check, count = during[name]
+        assert (value, flags, count) == (b"disabled", 1, 1)
+        assert check == {**before[name][2], "Interval": "10m0s"}  # status, timeout, notes as they were
     assert during["auth"] == before["auth"]
     second = ca.users_disable(inp)
-    assert second.changed == [] and second.restore.records == out.restore.records  # journal kept the originals
+    assert second.changed == {} and second.restore.records == out.restore.records  # journal kept the originals
     enabled = ca.users_enable(out.restore)
-    assert sorted(enabled.changed) == ["avatar", "cart", "chat"]
+    assert enabled.changed == {name: ["flag", "check", "scale"] for name in ("cart", "forum", "mail")}
     assert _observed(stack, names) == before
     assert stack.admin().kv.get("coldstart/journal/users/", recurse=True)[1] is None
-    assert ca.users_enable(out.restore).changed == []
+    assert ca.users_enable(out.restore).changed == {}
     assert CONSUL_TOKEN not in dump(out) + dump(enabled)
-
-
-def consul_interval(definition: dict) -> str:
-    return next(v for k, v in definition.items() if k.lower() == "interval")
 
 
 def test_user_disable_per_service_and_crash_safe_record(stack):
     [svc] = _arrange_services(stack, ["search"], essential=set())
     inp = ca.UserDisableInput(consul=stack.consul_target(), nomad=stack.nomad_target(), service=svc, scale_to=2)
     first = ca.user_disable(inp)
-    assert set(first.changed) == {"flag", "check", "scale"}
+    assert first.changed == ["flag", "check", "scale"]
     assert first.record.flag.previous.value_base64 == "ZW5hYmxlZA=="  # "enabled"
-    assert first.record.scale.count == 3 and first.record.check.interval == "60s"
+    assert first.record.scale.count == 3 and first.record.check.owner == "agent"
+    assert first.record.check.definition == svc.check_definition and first.record.check.interval == "60s"
     # A retry (or a second runbook run) must not record the disabled state as the original.
     again = ca.user_disable(inp)
     assert again.changed == [] and again.record == first.record
     back = ca.user_enable(again.restore)
-    assert set(back.changed) == {"flag", "check", "scale"}
+    assert back.changed == ["flag", "check", "scale"]
     entry = stack.admin().kv.get("svc/search/consul-usage")[1]
     assert entry["Value"] == b"enabled" and entry["Flags"] == 1
-    assert stack.nomad.state.jobs["default/search"]["TaskGroups"][0]["Count"] == 3
+    assert stack.nomad_api().job.get_job("search")["TaskGroups"][0]["Count"] == 3
+    assert stack.admin().agent.checks()["search-http"]["Interval"] == "1m0s"
+
+
+def test_users_disable_partial_failure_reports_and_restores_every_change(stack):
+    names = ["billing", "gifts"]
+    services = _arrange_services(stack, names, essential=set())
+    before = _observed(stack, names)
+    api = stack.nomad_api()
+    target = stack.consul_target()
+    # An earlier attempt recorded "gifts" (the journal); its job is then briefly gone (being redeployed).
+    record = ca.ServiceRecord(
+        name="gifts", tier="t2",
+        flag=ca.FlagRecord(key="svc/gifts/consul-usage", previous=ca.KvEntry(key="svc/gifts/consul-usage",
+                                                                              value_base64="ZW5hYmxlZA==", flags=1)),
+        check=ca.AgentCheckRecord(agent=target.address, check_id="gifts-http", interval="60s",
+                                  definition=_check_definition(stack, "gifts")),
+        scale=ca.ScaleRecord(job="gifts", group="web", namespace="default", count=3))
+    stack.admin().kv.put("coldstart/journal/users/gifts", record.model_dump_json())
+    api.job.deregister_job("gifts", purge=True)
+    inp = ca.UsersDisableInput(consul=target, nomad=stack.nomad_target(), services=services)
+    with pytest.raises(ApplicationError) as err:
+        ca.users_disable(inp)
+    exc = err.value
+    assert exc.type == "PartialFailure" and exc.non_retryable  # the job is not found: a retry cannot help
+    assert "billing (flag, check, scale), gifts (flag, check)" in str(exc) and "\n" not in str(exc)
+    details = exc.details[0]
+    assert details["changed"] == {"billing": ["flag", "check", "scale"], "gifts": ["flag", "check"]}
+    assert "not found" in details["failed"]["gifts"] and "changed flag, check, then failed" in details["failed"]["gifts"]
+    restore = ca.UsersEnableInput.model_validate(details["restore"])
+    assert [r.name for r in restore.records] == ["billing", "gifts"] and restore.records[1] == record
+    # Retried alone: this call changes nothing new, says so, and still hands back the way to the original.
+    with pytest.raises(ApplicationError) as err:
+        ca.user_disable(ca.UserDisableInput(consul=target, nomad=stack.nomad_target(), service=services[1]))
+    assert "consul.user.disable gifts: changed nothing, then failed" in str(err.value)
+    assert err.value.details[0]["changed"] == []
+    assert ca.UserEnableInput.model_validate(err.value.details[0]["restore"]).record == record
+    api.job.register_job("gifts", {"Job": _sleep_job("gifts")})  # the job is back
+    enabled = ca.users_enable(restore)
+    assert enabled.changed == {"billing": ["flag", "check", "scale"], "gifts": ["flag", "check"]}
+    assert _observed(stack, names) == before
+
+
+def test_user_service_says_who_owns_the_check():
+    ok = {"name": "svc", "nomad_job": "svc"}
+    assert ca.UserService(**ok, check_owner="nomad").check_service is None
+    for bad, why in [({"check_owner": "nomad", "nomad_job": None}, "needs nomad_job"),
+                     ({"check_owner": "agent", "check_id": "c"}, "needs check_id and check_definition"),
+                     ({"check_owner": "agent", "check_id": "c", "check_definition": {"TTL": "10s"}}, "Interval"),
+                     ({"check_owner": "agent", "check_id": "c", "check_definition": {"ID": "c", "Interval": "5s"}},
+                      "carries no ID"),
+                     ({"check_owner": "agent", "check_id": "c", "check_definition": {"Interval": "5s"}}, "Name"),
+                     ({"check_id": "c"}, "only apply with check_owner: agent"),
+                     ({"check_owner": "agent", "check_id": "c", "check_definition": {"Interval": "5s"},
+                       "check_name": "x"}, "only apply with check_owner: nomad")]:
+        with pytest.raises(ValueError, match=why):
+            ca.UserService(**{**ok, **bad})
+
+
+# --------------------------------------------------------------------------- the lab's services (Nomad-owned checks)
+
+
+def _lab_cleanup(stack) -> None:
+    from lab.users import LAB_USERS
+
+    api = stack.nomad_api()
+    for user in LAB_USERS:
+        try:
+            api.job.deregister_job(user.name, purge=True)
+        except Exception:  # noqa: BLE001 - not registered
+            pass
+    admin = stack.admin()
+    admin.kv.delete("coldstart/usage/", recurse=True)
+    admin.kv.delete("coldstart/journal/users/", recurse=True)
+    if stack.real:  # Nomad deregisters the services from Consul as the allocations stop
+        stack.wait_until(lambda: not any(admin.health.checks(u.name)[1] for u in LAB_USERS), timeout=20)
+
+
+def _lab_register(stack, interval: str) -> list[ca.UserService]:
+    from lab.settings import LabConfig
+    from lab.users import register_users, user_services
+
+    cfg = LabConfig()
+    register_users(cfg, CONSUL_TOKEN, consul_url=stack.consul_urls[0], nomad_url=stack.nomad_url,
+                   datacenter="dc1", check_interval=interval)
+    return [ca.UserService.model_validate(s.model_dump()) for s in user_services(cfg)]
+
+
+def _lab_check(stack, name: str) -> dict:
+    group = stack.nomad_api().job.get_job(name)["TaskGroups"][0]
+    [service] = group["Services"]
+    [check] = service["Checks"]
+    return check
+
+
+def test_users_disable_lab_services_stretch_the_check_in_the_nomad_job(stack):
+    _lab_cleanup(stack)
+    try:
+        services = _lab_register(stack, "2s")
+        names = [s.name for s in services if not s.essential]
+        original = {s.name: _lab_check(stack, s.name) for s in services}
+        assert all(c["Interval"] == 2 * NS_PER_S and c["Type"] == "http" for c in original.values())
+        inp = ca.UsersDisableInput(consul=stack.consul_target(), nomad=stack.nomad_target(), services=services)
+        out = ca.users_disable(inp)
+        assert sorted(out.changed) == sorted(names) and all(v == ["flag", "check", "scale"]
+                                                            for v in out.changed.values())
+        versions = {}
+        for svc in services:
+            job = stack.nomad_api().job.get_job(svc.name)
+            check = job["TaskGroups"][0]["Services"][0]["Checks"][0]
+            if svc.essential:
+                assert check == original[svc.name] and job["TaskGroups"][0]["Count"] == 3
+                continue
+            versions[svc.name] = job["Version"]
+            assert check["Interval"] == 600 * NS_PER_S and job["TaskGroups"][0]["Count"] == 1
+            assert check["OnUpdate"] == "ignore"
+            stretched = ("Interval", "InitialStatus", "OnUpdate")  # all else stays as the job had it
+            assert {k: v for k, v in check.items() if k not in stretched} == {
+                k: v for k, v in original[svc.name].items() if k not in stretched}
+        rec = next(r for r in out.restore.records if r.name == "chat")
+        assert rec.check.owner == "nomad" and rec.check.definition == original["chat"]
+        assert (rec.check.place.group, rec.check.place.task, rec.check.place.service, rec.check.place.check) == (
+            "app", None, "chat", "chat http")
+        enabled = ca.users_enable(out.restore)
+        assert sorted(enabled.changed) == sorted(names)
+        for svc in services:
+            job = stack.nomad_api().job.get_job(svc.name)
+            assert job["TaskGroups"][0]["Services"][0]["Checks"][0] == original[svc.name]  # every field
+            assert job["TaskGroups"][0]["Count"] == 3
+            if not svc.essential:
+                assert job["Version"] == versions[svc.name] + 1  # check and count in one version each way
+    finally:
+        _lab_cleanup(stack)
+
+
+def test_users_disable_lab_services_consul_follows_the_nomad_job(stack):
+    if not stack.real:
+        pytest.skip("the stand-in Nomad does not run Nomad's Consul service sync: job service blocks never reach "
+                    "the stand-in Consul")
+    admin = stack.admin()
+    api = stack.nomad_api()
+
+    def consul_checks(name: str) -> list[dict]:
+        return admin.health.checks(name)[1]
+
+    _lab_cleanup(stack)
+    try:
+        services = [s for s in _lab_register(stack, "2s") if s.name in ("chat", "matchmaker")]
+        # Three instances each, their checks passing (the tiny server answers on the allocated port).
+        stack.wait_until(lambda: all(len(c := consul_checks(s.name)) == 3 and all(x["Status"] == "passing" for x in c)
+                                     for s in services), timeout=30)
+        inp = ca.UsersDisableInput(consul=stack.consul_target(), nomad=stack.nomad_target(), services=services)
+        out = ca.users_disable(inp)
+        assert out.changed == {"chat": ["flag", "check", "scale"]}
+        # The check Nomad re-registers runs every 10 min and starts as it was (passing), not critical.
+        stretched = stack.wait_until(lambda: (c := consul_checks("chat")) and len(c) == 1
+                                     and c[0]["Interval"] == "10m0s" and c, timeout=20)
+        assert stretched[0]["Status"] == "passing" and stretched[0]["Timeout"] == "5s"
+        check = api.job.get_job("chat")["TaskGroups"][0]["Services"][0]["Checks"][0]
+        assert (check["InitialStatus"], check["OnUpdate"]) == ("passing", "ignore")
+        # So the deployment of the disabled version succeeds instead of waiting on a check 10 min away.
+        stack.wait_until(lambda: api.job.get_deployment("chat")["Status"] == "successful", timeout=25)
+        assert all(c["Interval"] == "2s" for c in consul_checks("matchmaker"))
+        ca.users_enable(out.restore)
+        stack.wait_until(lambda: (c := consul_checks("chat")) and len(c) == 3
+                         and all(x["Interval"] == "2s" for x in c), timeout=25)
+    finally:
+        _lab_cleanup(stack)
