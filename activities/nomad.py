@@ -23,6 +23,7 @@ from activities._clients import (
     unavailable,
     validated,
 )
+from activities._nomad_checks import group_of as _group, read_job as _job
 from activities.registry import RetryDefaults, action
 
 __all__ = [
@@ -52,23 +53,6 @@ SERVER_FIELDS = ("Status", "StatusDescription", "Version", "JobModifyIndex", "Mo
 
 
 # --------------------------------------------------------------------------- scaling
-
-
-def _job(api: Any, job: str, namespace: str) -> dict[str, Any]:
-    return call(f"read job {job}", lambda: api.job.request(job, method="get", params={"namespace": namespace}).json(),
-                not_found=f"Nomad job {job!r} not found in namespace {namespace!r}")
-
-
-def _group(job: dict[str, Any], group: str | None) -> dict[str, Any]:
-    groups = job.get("TaskGroups") or []
-    if group is None:
-        if len(groups) != 1:
-            raise bad(f"job {job['ID']} has {len(groups)} task groups {[g['Name'] for g in groups]}; name one")
-        return groups[0]
-    found = next((g for g in groups if g["Name"] == group), None)
-    if found is None:
-        raise bad(f"job {job['ID']} has no task group {group!r} (has {[g['Name'] for g in groups]})")
-    return found
 
 
 def read_group_count(api: Any, job: str, group: str | None, namespace: str = "default") -> tuple[str, int]:
