@@ -43,8 +43,11 @@ SLOW_LEADER_CPU = 0.05  # share of one CPU left to the throttled leader (CFS quo
 CONTENTION_FACTOR = 8.0  # the internal services' reconnect storm: this many times their usual rate
 CONTENTION_WATCHERS = 300  # blocking queries the services hold on their prefix; each write wakes them all
 SQUATTER = "port-squatter"
+# SO_REUSEADDR: killing redis leaves its connections in TIME_WAIT on the port, which would
+# otherwise keep the squatter out until redis (which sets it) is restarted and wins the port.
 _SQUAT = ("import socket,sys,time\n"
           "s=socket.socket()\n"
+          "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
           "while True:\n"
           "    try:\n        s.bind(('0.0.0.0', int(sys.argv[1]))); break\n"
           "    except OSError: time.sleep(0.05)\n"
