@@ -1,4 +1,4 @@
-"""Target inventory schema (targets/NAME.yaml) shared by drill lab and production; imports only pydantic/yaml."""
+"""Target inventory schema (targets/NAME.yaml) shared by drill lab and production; imports pydantic, yaml, yaml_safety."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workflows.yaml_safety import load_file
 
 __all__ = [
     "DnsSteering",
@@ -26,7 +28,8 @@ __all__ = [
 ]
 
 # No import from lab/ or activities/ on purpose: runbooks and activities validate production
-# inventories with this module, and it is meant to move out of lab/ unchanged.
+# inventories with this module, and it is meant to move out of lab/ unchanged (with
+# workflows.yaml_safety, the guarded YAML reader, which imports only yaml).
 
 
 class _Strict(BaseModel):
@@ -195,5 +198,6 @@ def write_inventory(inventory: Inventory, path: str | Path) -> Path:
 
 
 def load_inventory_file(path: str | Path) -> Inventory:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    """Read and validate an inventory; a hostile or malformed file raises ValueError as `file:line:col: message`."""
+    data = load_file(path) or {}
     return Inventory.model_validate(data)

@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from lab.inventory import load_inventory_file
 from tests import support
-from workflows.loader import RunbookInvalid, plan_run
+from workflows.loader import RunbookInvalid, load_inventory, plan_run
+from workflows.yaml_safety import (
+    MAX_ALIASES,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    MAX_NODES,
+    PythonGuardedLoader,
+    YamlRefused,
+    load_file,
+    load_text,
+    read_text,
+)
 
 LOCATED = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): \S")
 REPO = Path(__file__).resolve().parents[1]
@@ -205,3 +223,270 @@ def test_fuzz_cli_exit_2_without_traceback(tmp_path, text):
     assert result.exception is None or isinstance(result.exception, SystemExit)
     if result.exit_code == 2:
         assert all(LOCATED.match(line) for line in result.stderr.strip().splitlines()), result.stderr
+
+
+# Hostile files: refused with exit 2 and one located line, fast and small, never a traceback or a hang.
+
+BOUND_SECONDS = 2.0
+BOUND_BYTES = 200 << 20
+
+
+def _bomb(levels: int = 9, width: int = 9) -> bytes:
+    lines = ['l0: &l0 "lol"']
+    for n in range(1, levels + 1):
+        lines.append(f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * width)}]")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _deep_block_mapping(levels: int) -> bytes:
+    return "".join(" " * i + f"k{i}:\n" for i in range(levels)).encode() + b" " * levels + b"x\n"
+
+
+# name -> (file content, or None for a 10 GiB sparse file; expected line:col; a fragment of the message)
+HOSTILE: dict[str, tuple[bytes | None, str, str]] = {
+    "alias-bomb": (_bomb(), "6:", "(MAX_NODES)"),
+    "recursive-alias": (b"metadata: {name: x}\nsteps: &s [*s]\n", "2:12", "recursive alias"),
+    "recursive-merge": (b"metadata: &m {<<: *m}\n", "1:19", "recursive alias"),
+    "many-aliases": (b"x: &x 1\nl: [" + b"*x, " * 1001 + b"]\n", "2:", "(MAX_ALIASES)"),
+    "deep-flow-sequence": (b"steps: " + b"[" * 50_000 + b"\n", "1:71", "(MAX_DEPTH)"),
+    "deep-flow-mapping": (b"steps: " + b"{a: " * 15_000 + b"\n", "1:", "(MAX_DEPTH)"),
+    "deep-block-mapping": (_deep_block_mapping(1000), "64:64", "(MAX_DEPTH)"),
+    "deep-block-sequence": (b"steps:\n  " + b"- " * 30_000 + b"x\n", "2:", "(MAX_DEPTH)"),
+    "big-file": (b"# a comment line\n" * 400_000, "1:1", "file is 6.5 MiB, over the 1 MiB limit (MAX_FILE_BYTES)"),
+    "huge-sparse-file": (None, "1:1", "file is 10240 MiB, over the 1 MiB limit (MAX_FILE_BYTES)"),
+    "megabyte-line": (b"metadata: {name: '" + b"x" * (3 << 20) + b"'}\n", "1:1", "(MAX_FILE_BYTES)"),
+    "long-line": (b"metadata: {name: x}\nsteps: '" + b"x" * (200 << 10) + b"'\n", "2:1",
+                  "over the 64 KiB limit (MAX_LINE_BYTES)"),
+    "nul-bytes": (b"metadata:\n  name: \x00\x01\x02\xff\xfe", "2:9", "binary content"),
+    "random-binary": (bytes(range(256)) * 4, "1:1", "binary content"),
+    "invalid-utf8": (b"metadata:\n  name: caf\xe9\n", "2:12", "not UTF-8 text"),
+    "utf16-bom": ("metadata: {name: x}\n".encode("utf-16"), "1:1", "UTF-16 byte-order mark"),
+    "utf32-bom": ("metadata: {name: x}\n".encode("utf-32"), "1:1", "UTF-32 byte-order mark"),
+    "control-character": (b"metadata: {name: a\x07b}\n", "1:19", "control character"),
+    "tag-python-object": (b"metadata: !!python/object/apply:os.system ['echo owned']\n", "1:11",
+                          "tag !!python/object/apply:os.system is not allowed"),
+    "tag-custom": (b"metadata:\n  name: !custom x\n", "2:9", "tag !custom is not allowed"),
+    "tag-binary": (b"metadata: {name: !!binary aGk=}\n", "1:18", "tag !!binary is not allowed"),
+    "tag-str": (b"metadata:\n  name: !!str x\n", "2:9", "tag !!str is not allowed"),
+    "tag-on-mapping": (b"metadata: !!map {name: x}\n", "1:11", "tag !!map is not allowed"),
+    "tag-verbatim": (b"target: !<tag:yaml.org,2002:str> t\n", "1:9", "tag !!str is not allowed"),
+    "tag-non-specific": (b"target: ! t\n", "1:9", "tag ! is not allowed"),
+    "duplicate-top-level": (b"metadata: {name: x}\ntarget: t\ntarget: u\n", "3:1", "duplicate key 'target'"),
+    "duplicate-nested": (b"metadata:\n  name: x\n  owner: a\n  owner: b\n", "4:3", "duplicate key 'owner'"),
+    "duplicate-in-sequence": (b"steps:\n  - id: a\n    wait: 1s\n  - id: b\n    id: c\n", "5:5", "duplicate key 'id'"),
+    "duplicate-deep-flow": (b"steps: [{id: a, with: {x: {y: {z: 1, z: 2}}}}]\n", "1:38", "duplicate key 'z'"),
+    "duplicate-after-merge": (b"base: &b {x: 1}\nmetadata: {<<: *b, x: 2, x: 3}\n", "2:26", "duplicate key 'x'"),
+}
+BIG = {"alias-bomb", "recursive-alias", "recursive-merge", "many-aliases", "deep-flow-sequence",
+       "deep-flow-mapping", "deep-block-mapping", "deep-block-sequence"}
+
+
+def _write_hostile(directory: Path, name: str) -> Path:
+    content = HOSTILE[name][0]
+    path = directory / f"{name}.yaml"
+    if content is None:
+        with open(path, "wb") as fh:
+            fh.truncate(10 << 30)  # sparse: only a reader that does not stat first would read it all
+    else:
+        path.write_bytes(content)
+    return path
+
+
+def _timed(call) -> tuple[Exception | None, float, int]:
+    """Run call(); return what it raised, its seconds and its peak of Python allocations."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        call()
+        raised = None
+    except Exception as exc:  # noqa: BLE001 - returned for the test to judge
+        raised = exc
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return raised, seconds, peak
+
+
+def _assert_refused(line: str, file: Path, name: str) -> None:
+    _, where, fragment = HOSTILE[name]
+    assert LOCATED.match(line), line
+    assert line.startswith(f"{file}:{where}"), (line, where)
+    assert fragment in line, (line, fragment)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_runbook_is_refused_by_the_loader(tmp_path, name):
+    file, registry = _write_hostile(tmp_path, name), support.registry()
+    raised, seconds, peak = _timed(lambda: plan_run(file, registry=registry, placeholders=True))
+    assert isinstance(raised, RunbookInvalid), repr(raised)
+    assert len(raised.errors) == 1, raised.errors
+    _assert_refused(raised.errors[0], file, name)
+    assert seconds < BOUND_SECONDS, seconds
+    assert peak < BOUND_BYTES, peak
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_inventory_is_refused(tmp_path, name):
+    file = _write_hostile(tmp_path, name)
+    for read in (lambda: load_inventory(name, tmp_path), lambda: load_inventory_file(file)):
+        raised, seconds, peak = _timed(read)
+        assert isinstance(raised, YamlRefused), repr(raised)
+        _assert_refused(str(raised), file, name)
+        assert seconds < BOUND_SECONDS and peak < BOUND_BYTES, (seconds, peak)
+
+
+@pytest.mark.parametrize("name", sorted(BIG))
+def test_pure_python_parser_is_guarded_the_same_way(name):
+    """Where PyYAML has no libyaml the pure-Python parser is used: it must stop as early."""
+    started = time.perf_counter()
+    with pytest.raises(YamlRefused) as caught:
+        PythonGuardedLoader(HOSTILE[name][0].decode()).get_single_data()
+    assert HOSTILE[name][2] in caught.value.message
+    assert time.perf_counter() - started < BOUND_SECONDS
+
+
+# Runs the CLI's own entry (cli.main._run, what `coldstart` calls) once per argv, in one process,
+# timing each command and reporting the process's peak resident memory.
+_CLI_DRIVER = """
+import json, resource, sys, time
+import cli.main
+from activities.catalog import load_registry
+load_registry()
+report = []
+for argv in json.loads(sys.argv[1]):
+    print("@@@", file=sys.stderr, flush=True)
+    sys.argv = ["coldstart", *argv]
+    started = time.perf_counter()
+    code = cli.main._run()
+    sys.stderr.flush()
+    report.append({"code": code, "seconds": time.perf_counter() - started})
+print(json.dumps({"runs": report, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def test_hostile_files_through_the_cli(tmp_path):
+    files = {name: _write_hostile(tmp_path, name) for name in sorted(HOSTILE)}
+    argvs = [["validate", str(file)] for file in files.values()]
+    argvs += [["validate", "--target", name, "runbooks/demo.yaml"] for name in files]
+    result = subprocess.run([sys.executable, "-c", _CLI_DRIVER, json.dumps(argvs)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "COLDSTART_TARGETS": str(tmp_path)})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    outputs = result.stderr.split("@@@\n")[1:]
+    assert len(outputs) == len(argvs) == len(report["runs"])
+    for (name, file), run, output in zip([*files.items(), *files.items()], report["runs"], outputs):
+        lines = output.strip().splitlines()
+        assert run["code"] == 2 and len(lines) == 1, (name, run, output)
+        _assert_refused(lines[0], file, name)
+        assert run["seconds"] < BOUND_SECONDS, (name, run)
+    assert report["maxrss_kib"] * 1024 < BOUND_BYTES, report["maxrss_kib"]
+
+
+def test_hostile_files_through_the_installed_command(tmp_path):
+    files = [_write_hostile(tmp_path, name) for name in ("alias-bomb", "deep-flow-sequence", "tag-python-object")]
+    result = _cli("validate", *map(str, files))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3 and all(LOCATED.match(line) for line in lines), lines
+
+
+def test_real_runbooks_and_inventories_are_within_the_limits():
+    files = [*(REPO / "runbooks").glob("*.yaml"), *(REPO / "runbooks" / "drills").glob("*.yaml"),
+             *(REPO / "targets").glob("*.yaml")]
+    assert len(files) >= 4
+    for file in files:
+        assert isinstance(load_file(file), dict), file
+    assert load_inventory_file(REPO / "targets" / "local.yaml").name == "local"
+
+
+def test_merge_keys_may_be_overridden_but_not_repeated(tmp_path):
+    text = "base: &b {x: 1, y: 2}\nother: &o {y: 3}\nmerged: {<<: [*b, *o], x: 9}\nagain: *o\n"
+    assert load_text(text)["merged"] == {"x": 9, "y": 2}
+    with pytest.raises(YamlRefused, match="duplicate key 'x'"):
+        load_text(text.replace("x: 9}", "x: 9, x: 8}"))
+    with pytest.raises(YamlRefused, match="takes a mapping"):
+        load_text("a: {<<: [1]}\n")
+
+
+def test_limits_admit_what_they_name(tmp_path):
+    # Just inside every limit reads; one more is refused (no limit is off by one or unreachable).
+    at_depth = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    load_text(at_depth)
+    with pytest.raises(YamlRefused, match="MAX_DEPTH"):
+        load_text("[" + at_depth + "]")
+    nodes = "[" + ", ".join(["1"] * (MAX_NODES - 1)) + "]"
+    load_text(nodes.replace(", ", ",\n"))
+    with pytest.raises(YamlRefused, match="MAX_NODES"):
+        load_text(nodes.replace(", ", ",\n").replace("[", "[1,\n", 1))
+    aliases = "- &a 1\n" + "- *a\n" * MAX_ALIASES
+    load_text(aliases)
+    with pytest.raises(YamlRefused, match="MAX_ALIASES"):
+        load_text(aliases + "- *a\n")
+    line = "a: " + "x" * (MAX_LINE_BYTES - 3)
+    load_text(line)
+    with pytest.raises(YamlRefused, match="MAX_LINE_BYTES"):
+        load_text(line + "x")
+    file = tmp_path / "full.yaml"
+    file.write_bytes(b"# x\n" * (MAX_FILE_BYTES // 4))
+    assert read_text(file)
+    file.write_bytes(b"# x\n" * (MAX_FILE_BYTES // 4) + b"\n")
+    with pytest.raises(YamlRefused, match="MAX_FILE_BYTES"):
+        read_text(file)
+
+
+_TAGS = ["!!python/object:os.system", "!!python/name:os.system", "!custom", "!!binary", "!!str", "!!int",
+         "!!map", "!!seq", "!!set", "!", "!<tag:example.com,2000:x>", "!e!x"]
+
+
+def _alias_chain(levels: int, width: int, recursive: bool) -> str:
+    lines = ["a0: &a0 x"]
+    for n in range(1, levels + 1):
+        lines.append(f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * width)}]")
+    if recursive:
+        lines.append(f"r: &r [*a{levels}, *r]")
+    return "\n".join(lines) + "\n"
+
+
+def _duplicate_at(depth: int, flow: bool) -> str:
+    if flow:
+        return "steps: " + "{a: " * depth + "{k: 1, k: 2}" + "}" * depth + "\n"
+    return "".join("  " * i + f"a{i}:\n" for i in range(depth)) + "  " * depth + "k: 1\n" + "  " * depth + "k: 2\n"
+
+
+hostile_documents = st.one_of(
+    st.builds(lambda opens, depth: ("steps: " + "".join(opens) * depth).encode(),
+              st.lists(st.sampled_from(["[", "{k: ", "[a, ", "{? ", "[{x: "]), min_size=1, max_size=3),
+              st.integers(1, 4000)),
+    st.builds(lambda depth, seq: (("- " * depth + "x") if seq else _deep_block_mapping(depth).decode()).encode(),
+              st.integers(1, 600), st.booleans()),
+    st.builds(lambda levels, width, recursive: _alias_chain(levels, width, recursive).encode(),
+              st.integers(1, 10), st.integers(1, 12), st.booleans()),
+    st.builds(lambda tag, value, where: f"metadata:\n  name: {tag} {value}\n".encode() if where
+              else f"steps: {tag} {value}\n".encode(),
+              st.sampled_from(_TAGS), st.sampled_from(["x", "[1, 2]", "{a: b}", "aGk=", "''"]), st.booleans()),
+    st.builds(lambda prefix, body: prefix + body,
+              st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff", b"\xff\xfe\x00\x00", b"metadata: "]),
+              st.binary(max_size=300)),
+    st.builds(lambda depth, flow: _duplicate_at(depth, flow).encode(), st.integers(0, 70), st.booleans()),
+    st.builds(lambda size: b"a: '" + b"x" * size + b"'\n", st.sampled_from([(64 << 10) - 6, 64 << 10, 2 << 20])),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(content=hostile_documents)
+def test_fuzz_hostile_documents_are_refused_fast_with_a_location(tmp_path, content):
+    file, registry = tmp_path / "hostile.yaml", support.registry()
+    file.write_bytes(content)
+    raised, seconds, _ = _timed(lambda: plan_run(file, registry=registry, placeholders=True))
+    assert raised is None or isinstance(raised, RunbookInvalid), repr(raised)
+    for line in raised.errors if raised else []:
+        assert LOCATED.match(line) and line.startswith(f"{file}:"), line
+    assert seconds < BOUND_SECONDS, seconds
+    # The same file as an inventory: guarded the same way, or a schema error for one that reads.
+    for read in (lambda: load_inventory("hostile", tmp_path), lambda: load_inventory_file(file)):
+        raised, seconds, _ = _timed(read)
+        assert raised is None or isinstance(raised, (YamlRefused, ValidationError)), repr(raised)
+        if isinstance(raised, YamlRefused):
+            assert LOCATED.match(str(raised)) and str(raised).startswith(f"{file}:"), str(raised)
+        assert seconds < BOUND_SECONDS, seconds

@@ -25,6 +25,7 @@ from workflows.spec import (
     Step,
     parse_duration,
 )
+from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
 
 __all__ = ["RunbookInvalid", "load_inventory", "load_runbook", "plan_run"]
 
@@ -102,41 +103,36 @@ def _mark(mark: yaml.Mark) -> tuple[int, int]:
 
 def _parse_yaml(text: str, source: _Source) -> None:
     try:
-        loader = yaml.SafeLoader(text)
+        loader = GuardedLoader(text)
         try:
             node = loader.get_single_node()
             if node is None:
                 source.error_at((1, 1), "the file is empty")
                 return
             source.data = _convert(loader, node, (), source)
+        except yaml.YAMLError as exc:
+            raise as_refusal(exc, text) from None
         finally:
             loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = _mark(mark) if mark else (1, 1)
-        problem = exc.problem or exc.context or "invalid YAML"
-        source.error_at(where, f"invalid YAML: {problem}")
-    except yaml.reader.ReaderError as exc:
-        pos = exc.position
-        where = (text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos))
-        source.error_at(where, f"invalid YAML: character {exc.character!r} is not allowed")
-    except yaml.YAMLError as exc:
-        source.error_at((1, 1), f"invalid YAML: {exc}")
+    except YamlRefused as exc:
+        source.error_at((exc.line, exc.column), exc.message)
 
 
-def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, source: _Source) -> Any:
+def _convert(loader: GuardedLoader, node: yaml.Node, path: Path_, source: _Source) -> Any:
     source.values[path] = _mark(node.start_mark)
     if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)
         result: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
+        written: set[Any] = set()
+        for key_node, value_node, own in loader.mapping_items(node):
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int, float, bool)) or key is None:
                 source.error_at(_mark(key_node.start_mark), "a mapping key must be a plain scalar")
                 continue
-            if key in result:
-                source.error_at(_mark(key_node.start_mark), f"duplicate key {key!r}")
-                continue
+            if own:  # a key from a `<<` merge may be overridden, one written twice may not
+                if key in written:
+                    source.error_at(_mark(key_node.start_mark), f"duplicate key {key!r}")
+                    continue
+                written.add(key)
             source.keys[path + (key,)] = _mark(key_node.start_mark)
             result[key] = _convert(loader, value_node, path + (key,), source)
         return result
@@ -193,22 +189,21 @@ def load_inventory(name: str, targets_dir: Path) -> dict[str, Any]:
     path = targets_dir / f"{name}.yaml"
     if not path.exists():
         raise FileNotFoundError(f"no inventory for target {name!r} (looked for {path})")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_file(path) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: an inventory must be a mapping")
+        raise YamlRefused(1, 1, "an inventory must be a mapping", str(path))
     data.setdefault("name", name)
     return data
 
 
 def _read_source(file: str, text: str | None) -> _Source:
     source = _Source(file=file)
-    if text is None:
-        try:
-            text = Path(file).read_text()
-        except OSError as exc:
-            raise RunbookInvalid([f"{file}:1:1: cannot read: {exc.strerror or exc}"]) from None
-        except UnicodeDecodeError:
-            raise RunbookInvalid([f"{file}:1:1: not UTF-8 text"]) from None
+    try:
+        text = read_text(file) if text is None else check_text(text)
+    except OSError as exc:
+        raise RunbookInvalid([f"{file}:1:1: cannot read: {exc.strerror or exc}"]) from None
+    except YamlRefused as exc:
+        raise RunbookInvalid([exc.located(file)]) from None
     _parse_yaml(text, source)
     if source.errors:
         raise RunbookInvalid(source.formatted())
