@@ -348,7 +348,7 @@ def test_pure_python_parser_is_guarded_the_same_way(name):
 # Runs the CLI's own entry (cli.main._run, what `coldstart` calls) once per argv, in one process,
 # timing each command and reporting the process's peak resident memory.
 _CLI_DRIVER = """
-import json, resource, sys, time
+import json, sys, time
 import cli.main
 from activities.catalog import load_registry
 load_registry()
@@ -360,7 +360,10 @@ for argv in json.loads(sys.argv[1]):
     code = cli.main._run()
     sys.stderr.flush()
     report.append({"code": code, "seconds": time.perf_counter() - started})
-print(json.dumps({"runs": report, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+# VmHWM is this process's own peak: ru_maxrss would carry over the forking parent's (pytest's) peak
+# across exec on Linux.
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"runs": report, "maxrss_kib": hwm}))
 """
 
 
