@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import hvac
@@ -14,8 +15,10 @@ from activities import secrets as vault_secrets
 from activities._clients import bad, unavailable, validated
 from activities.registry import RetryDefaults, action
 from activities.secrets import VaultSecretRef
+from workflows.identity import IdentityKeys
 
-__all__ = ["HealthInput", "HealthOutput", "ReadInput", "ReadOutput", "health", "read"]
+__all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "health", "identity_keys",
+           "read"]
 
 
 class HealthInput(BaseModel):
@@ -117,3 +120,40 @@ def read(inp: ReadInput) -> ReadOutput:
     refs = {k: login.model_copy(update={"field": k}) for k in keys}
     return ReadOutput(address=inp.address, mount=inp.mount, path=inp.path, version=int(meta.get("version") or 0),
                       keys=keys, created_time=meta.get("created_time"), refs=refs)
+
+
+class IdentityKeysInput(BaseModel):
+    address: str = Field(pattern=r"^https?://", description="Vault URL, e.g. http://10.0.0.5:8200")
+    ca_cert: str | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+
+_HOW_TO_CONFIGURE = (
+    "create a named key and a role, e.g. `vault write identity/oidc/key/coldstart allowed_client_ids=<client_id>` "
+    "and `vault write identity/oidc/role/coldstart-approver key=coldstart ttl=5m "
+    "template='{\"name\": {{identity.entity.name}}}'`")
+
+
+@action("vault.identity_keys", timeout=60, retry=RetryDefaults(max_attempts=5))
+def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
+    """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
+    inp = validated(IdentityKeysInput, inp)
+    # token="" : these endpoints are public, and the worker's own token (VAULT_TOKEN) must not travel.
+    client = hvac.Client(url=inp.address, token="", verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
+    try:
+        config = client.secrets.identity.read_well_known_configurations()
+        jwks = client.secrets.identity.read_active_public_keys()
+    except (hvac.exceptions.Forbidden, hvac.exceptions.Unauthorized, hvac.exceptions.InvalidPath) as exc:
+        raise ApplicationError(f"Vault at {inp.address} refused its OIDC discovery endpoints: {type(exc).__name__}",
+                               type="VaultIdentity", non_retryable=True) from None
+    except (requests.RequestException, hvac.exceptions.VaultError) as exc:
+        raise unavailable(f"Vault at {inp.address} unreachable: {type(exc).__name__}") from None
+    issuer = config.get("issuer") if isinstance(config, dict) else None
+    keys = jwks.get("keys") if isinstance(jwks, dict) else None
+    if not isinstance(issuer, str) or not issuer or not isinstance(keys, list):
+        raise unavailable(f"Vault at {inp.address} answered its OIDC discovery endpoints without an issuer or keys")
+    keys = [k for k in keys if isinstance(k, dict)]
+    if not keys:
+        raise ApplicationError(f"Vault at {inp.address} has no OIDC signing key, so no approver can prove who they "
+                               f"are: {_HOW_TO_CONFIGURE}", type="VaultIdentityUnconfigured", non_retryable=True)
+    return IdentityKeys(issuer=issuer, keys=keys, captured_at=datetime.now(timezone.utc))

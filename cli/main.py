@@ -287,17 +287,90 @@ def _update(run_ref: str, name: str, body: Any) -> None:
     asyncio.run(go())
 
 
+_IDENTITY_PANEL = "Verified identity (Vault OIDC)"
+_OPT_IDENTITY_TOKEN = typer.Option(
+    None, "--identity-token", metavar="TOKEN", rich_help_panel=_IDENTITY_PANEL,
+    help="a Vault OIDC identity token proving who you are ('-': read it from stdin)")
+_OPT_VAULT_LOGIN = typer.Option(
+    False, "--vault-login", rich_help_panel=_IDENTITY_PANEL,
+    help="fetch the identity token from Vault with your own login (userpass: --vault-user, password from "
+         "$VAULT_PASSWORD or asked; --vault-auth token: $VAULT_TOKEN or ~/.vault-token)")
+_OPT_VAULT_ADDR = typer.Option(None, "--vault-addr", envvar="VAULT_ADDR", show_envvar=True,
+                               rich_help_panel=_IDENTITY_PANEL, help="the Vault to log in to (with --vault-login)")
+_OPT_IDENTITY_ROLE = typer.Option("coldstart-approver", "--identity-role", rich_help_panel=_IDENTITY_PANEL,
+                                  help="the Vault OIDC role to fetch the token from (with --vault-login)")
+_OPT_VAULT_USER = typer.Option(None, "--vault-user", rich_help_panel=_IDENTITY_PANEL,
+                               help="your Vault userpass name (default: the --as name)")
+_OPT_VAULT_AUTH = typer.Option("userpass", "--vault-auth", metavar="userpass|token", rich_help_panel=_IDENTITY_PANEL,
+                               help="how --vault-login logs in: a userpass login, or your existing Vault token")
+_MAX_STDIN_TOKEN = 64 * 1024
+
+
+def _identity_token(token: Optional[str], vault_login: bool, vault_addr: Optional[str], role: str,
+                    vault_user: Optional[str], vault_auth: str, who: str) -> str | None:
+    """The identity token for a request: given, read from stdin ('-'), or fetched with the operator's Vault login."""
+    if token is not None and vault_login:
+        _fail("--identity-token and --vault-login: give one of them", EXIT_INVALID)
+    if token == "-":
+        token = sys.stdin.read(_MAX_STDIN_TOKEN + 1)
+        if len(token) > _MAX_STDIN_TOKEN:
+            _fail(f"--identity-token -: more than {_MAX_STDIN_TOKEN} bytes on stdin, that is not a token",
+                  EXIT_INVALID)
+    if token is not None:
+        token = token.strip()
+        if not token:
+            _fail("--identity-token: the token is empty", EXIT_INVALID)
+        return token
+    if not vault_login:
+        return None
+    if vault_auth not in ("userpass", "token"):
+        _fail(f"--vault-auth {vault_auth!r}: use userpass or token", EXIT_INVALID)
+    if not vault_addr:
+        _fail("--vault-login: set VAULT_ADDR or pass --vault-addr", EXIT_INVALID)
+    from cli.identity import IdentityTokenError, fetch_identity_token
+
+    try:
+        if vault_auth == "token":
+            return fetch_identity_token(vault_addr, role)
+        user = vault_user or who
+        password = os.environ.get("VAULT_PASSWORD") or getpass.getpass(f"Vault password for {user}: ",
+                                                                       stream=sys.stderr)
+        return fetch_identity_token(vault_addr, role, username=user, password=password)
+    except IdentityTokenError as exc:
+        _fail(f"identity token: {exc}", EXIT_FAILED)
+    return None  # unreachable: _fail raises
+
+
+def _request(model: Any, **fields: Any) -> Any:
+    """The request as the workflow's validators will read it, or exit 2 with their one-line reason."""
+    from workflows.contract import RequestError, parse_request
+
+    try:
+        return parse_request(model, fields)
+    except RequestError as exc:
+        _fail(str(exc), EXIT_INVALID)
+
+
 @app.command()
 def approve(
     run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
     step: str = typer.Argument(...),
     approver: str = typer.Option(None, "--as", help="who approves (default: $COLDSTART_USER or your login)"),
     comment: str = typer.Option("", "--comment", "-m"),
+    identity_token: Optional[str] = _OPT_IDENTITY_TOKEN,
+    vault_login: bool = _OPT_VAULT_LOGIN,
+    vault_addr: Optional[str] = _OPT_VAULT_ADDR,
+    identity_role: str = _OPT_IDENTITY_ROLE,
+    vault_user: Optional[str] = _OPT_VAULT_USER,
+    vault_auth: str = _OPT_VAULT_AUTH,
 ) -> None:
     """Approve a step that waits for approval (the same Update the Web UI sends)."""
     from workflows.contract import ApproveRequest
 
-    _update(run_ref, "approve", ApproveRequest(step=step, approver=approver or _whoami(), comment=comment))
+    approver = approver or _whoami()
+    token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, approver)
+    _update(run_ref, "approve", _request(ApproveRequest, step=step, approver=approver, comment=comment,
+                                         identity_token=token))
 
 
 def _control(name: str):
@@ -306,10 +379,18 @@ def _control(name: str):
         step: Optional[str] = typer.Argument(None, help="the held step (optional when only one is held)"),
         actor: str = typer.Option(None, "--as", help="who decides (default: $COLDSTART_USER or your login)"),
         reason: str = typer.Option("", "--reason", "-m"),
+        identity_token: Optional[str] = _OPT_IDENTITY_TOKEN,
+        vault_login: bool = _OPT_VAULT_LOGIN,
+        vault_addr: Optional[str] = _OPT_VAULT_ADDR,
+        identity_role: str = _OPT_IDENTITY_ROLE,
+        vault_user: Optional[str] = _OPT_VAULT_USER,
+        vault_auth: str = _OPT_VAULT_AUTH,
     ) -> None:
         from workflows.contract import ControlRequest
 
-        _update(run_ref, name, ControlRequest(step=step, actor=actor or _whoami(), reason=reason))
+        actor = actor or _whoami()
+        token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, actor)
+        _update(run_ref, name, _request(ControlRequest, step=step, actor=actor, reason=reason, identity_token=token))
 
     command.__doc__ = {
         "retry": "Retry a held step.",

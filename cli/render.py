@@ -63,11 +63,22 @@ def _describe(step: Any, run: RunInput) -> str:
     return ""
 
 
+def _access(run: RunInput) -> str:
+    book = run.runbook
+    skip = ", ".join(book.approvers) if book.approvers else "nobody (no approvers)"
+    parts = [f"approve and skip: {skip}" + (" (four eyes)" if book.four_eyes else ""),
+             "retry/pause/resume/abort: " + (", ".join(sorted(set(book.operators) | set(book.approvers))) if book.operators else "anyone named")]
+    if book.identity:
+        parts.append(f"verified identity for {', '.join(book.identity.controls)} (Vault role {book.identity.role})")
+    return "access: " + "; ".join(parts)
+
+
 def plan(console: Console, run: RunInput) -> None:
     book = run.runbook
     console.print(f"[bold]{book.metadata.name}[/] on target [bold]{run.target_name}[/] (initiator {run.initiator})")
     if run.params:
         console.print("params: " + ", ".join(f"{k}={v!r}" for k, v in run.params.items()), highlight=False)
+    console.print(_access(run), highlight=False)
     table = Table("#", "step", "kind", "what it will do", "on failure", show_lines=False)
 
     def add(steps: list[Any], prefix: str) -> None:

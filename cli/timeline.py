@@ -15,6 +15,16 @@ __all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
 
 _STEP_OF_ACTIVITY = re.compile(r"^(?:undo:)?([a-z][a-z0-9_-]*)")
 _E = EventType
+# Control updates answer "<verb> <step> by <actor> (verified <subject>)" when identity was verified.
+_VERIFIED = re.compile(r"\(verified ([^)]+)\)")
+
+
+def _verified_subject(result: Any) -> str | None:
+    """The verified subject an update's result carries: an approval record's, or a control's message."""
+    if isinstance(result, dict):
+        return result.get("subject")
+    match = _VERIFIED.search(result) if isinstance(result, str) else None
+    return match.group(1) if match else None
 
 
 @dataclass
@@ -120,6 +130,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
             started = history.events[0].workflow_execution_started_event_attributes
         next_run = chain[0]
     scheduled: dict[int, tuple[str, str, datetime, Any]] = {}
+    updates: dict[str, Entry] = {}
     while next_run:
         timeline.run_ids.append(next_run)
         history = await client.get_workflow_handle(workflow_id, run_id=next_run).fetch_history()
@@ -183,10 +194,23 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 actor = body.get("approver") or body.get("actor")
                 step = body.get("step")
                 text = body.get("comment") or body.get("reason") or ""
-                timeline.entries.append(Entry(at, step, f"{name} (update)", actor, text))
+                entry = Entry(at, step, f"{name} (update)", actor, text)
+                timeline.entries.append(entry)
+                updates[request.meta.update_id] = entry
                 if name == "approve" and step:
                     _touch(timeline, step, at, at)
                     timeline.steps[step].approvals.append(f"{actor} at {at:%H:%M:%S}" + (f": {text}" if text else ""))
+            elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+                attrs = event.workflow_execution_update_completed_event_attributes
+                entry = updates.get(attrs.meta.update_id)
+                if entry is not None and attrs.outcome.HasField("success"):
+                    result = await _decode(client, attrs.outcome.success)
+                    subject = _verified_subject(result[0] if result else None)
+                    if subject:
+                        entry.actor = f"{entry.actor} (verified {subject})"
+                        summary = timeline.steps.get(entry.step or "")
+                        if entry.event == "approve (update)" and summary and summary.approvals:
+                            summary.approvals[-1] += f" (verified {subject})"
             elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
                 attrs = event.workflow_execution_signaled_event_attributes
                 args = await _decode(client, attrs.input)

@@ -114,6 +114,9 @@ def _configure_vault(cfg: LabConfig, sec: Secrets) -> None:
         # A re-run of `lab up`: the same secret id is there (Vault answers 500, OpenBao 400).
         if "already registered" not in str(exc):
             raise
+    from lab.identity import configure_lab_identity
+
+    configure_lab_identity(cfg, sec, client)  # approvers' OIDC identity tokens (userpass users, key, role)
 
 
 def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[DaemonRecord], nomad: DaemonRecord,

@@ -24,6 +24,7 @@ from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.users import register_users, user_services, write_users_file
 from lab.agents import NOMAD_CLIENTS, start_consul, start_nomad, start_vault, wait_ready
 from lab.hashistack import Backends, backends
+from lab.identity import identity_facts
 from lab.services import (
     STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
 )
@@ -355,6 +356,7 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
             for h in CONSUL_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
                "snapshot_store": str(cfg.path("snapshots")),
+               "identity": identity_facts(cfg, sec),
                # Sources a Consul block keeps open (the controller and out-of-band telemetry), and the
                # client tiers let back in one at a time after a restore.
                "consul_block_allow": [{"name": "controller", "cidrs": [f"{spec.gateway}/32"]},

@@ -155,6 +155,7 @@ async def test_hold_then_retry_skip_or_abort(env, task_queue, tmp_path):
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: hold}}
         target: t
+        approvers: [op]
         steps:
           - id: flaky
             action: test.maybe_fail

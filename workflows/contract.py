@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from workflows.identity import IdentityKeys
 from workflows.spec import ActionDefaults, ForEachSpec, RetrySpec, Runbook
 
 __all__ = [
     "ApprovalRecord",
     "ApproveRequest",
+    "ControlRecord",
     "ControlRequest",
     "FanOutInput",
     "FanOutResult",
     "GateReading",
     "ReadGateInput",
+    "RequestError",
     "RunInput",
     "RunResult",
     "RunStatus",
     "StepState",
     "StepStatus",
     "UndoRecord",
+    "parse_request",
 ]
 
 StepStatus = Literal[
@@ -64,6 +69,19 @@ class ApprovalRecord(BaseModel):
     comment: str = ""
     at: datetime
     percent: int | None = None
+    # The identity token's subject (the Vault entity id) when the runbook requires verified identity.
+    subject: str | None = None
+
+
+class ControlRecord(BaseModel):
+    """An accepted operator control (retry, skip, abort, pause, resume), kept in the run's status."""
+
+    verb: str
+    step: str | None = None
+    actor: str
+    reason: str = ""
+    at: datetime
+    subject: str | None = None
 
 
 class UndoRecord(BaseModel):
@@ -89,6 +107,8 @@ class StepState(BaseModel):
     percent: int | None = None
     last_good: int | None = None
     awaiting: str | None = None
+    # Four eyes on skip: the first approver's request, waiting for a second one.
+    skip_requested_by: str | None = None
 
 
 class RunInput(BaseModel):
@@ -113,6 +133,9 @@ class ResumeState(BaseModel):
     outputs: dict[str, dict[str, Any]]
     paused: bool = False
     started_at: datetime
+    identity_keys: IdentityKeys | None = None
+    controls: list["ControlRecord"] = Field(default_factory=list)
+    used_tokens: list[str] = Field(default_factory=list)
 
 
 class RunStatus(BaseModel):
@@ -129,6 +152,8 @@ class RunStatus(BaseModel):
     ended_at: datetime | None = None
     steps: list[StepState]
     error: str | None = None
+    controls: list[ControlRecord] = Field(default_factory=list)
+    identity_required: list[str] = Field(default_factory=list)
 
 
 class RunResult(BaseModel):
@@ -137,20 +162,92 @@ class RunResult(BaseModel):
     error: str | None = None
 
 
-class ApproveRequest(BaseModel):
+# Operator requests come from the CLI and from anyone who can reach the Temporal Web UI: bounded,
+# printable, no unknown fields. Bidi overrides and other format characters are refused too, so a
+# timeline can not be made to read differently from what was sent.
+_MAX_NAME = 64
+_MAX_TEXT = 1000
+_MAX_TOKEN = 16384
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+_TOKEN = re.compile(r"^[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*$")
+
+
+def _clean(kind: str, limit: int, *, multiline: bool = False):
+    def check(value: str) -> str:
+        if len(value) > limit:
+            raise ValueError(f"{kind} is {len(value)} characters, at most {limit} allowed")
+        bad = _CONTROL.search(value) or (None if multiline else re.search(r"[\n\t]", value))
+        if bad:
+            raise ValueError(f"{kind} contains control character U+{ord(bad.group()):04X}")
+        return value
+
+    return AfterValidator(check)
+
+
+Name = Annotated[str, _clean("a name", _MAX_NAME)]
+Text = Annotated[str, _clean("the text", _MAX_TEXT, multiline=True)]
+StepRef = Annotated[str, _clean("a step id", 63)]
+
+
+def _token(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) > _MAX_TOKEN:
+        raise ValueError(f"the identity token is {len(value)} characters, at most {_MAX_TOKEN} allowed")
+    if not _TOKEN.match(value):
+        raise ValueError("the identity token is not a signed JWT (three base64url parts joined by dots)")
+    return value
+
+
+Token = Annotated[str | None, AfterValidator(_token)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ApproveRequest(_Request):
     """Update `approve`: the approver takes responsibility for the step going ahead."""
 
-    step: str
-    approver: str
-    comment: str = ""
+    step: StepRef
+    approver: Name
+    comment: Text = ""
+    identity_token: Token = Field(default=None, description="a Vault OIDC identity token, when the runbook requires one")
 
 
-class ControlRequest(BaseModel):
+class ControlRequest(_Request):
     """Updates retry/skip/abort/pause/resume: who asks, for which step, and why."""
 
-    step: str | None = None
-    actor: str
-    reason: str = ""
+    step: StepRef | None = None
+    actor: Name
+    reason: Text = ""
+    identity_token: Token = Field(default=None, description="a Vault OIDC identity token, when the runbook requires one")
+
+
+class RequestError(ValueError):
+    """An operator request that does not fit its model, said in one line."""
+
+
+def parse_request(model: type[_Request], raw: Any) -> Any:
+    """The request as `model`, or RequestError naming every offending field (never echoing values)."""
+    if isinstance(raw, model):
+        raw = raw.model_dump()
+    if not isinstance(raw, dict):
+        raise RequestError(f"{model.__name__} must be a JSON object, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False, include_input=False):
+            where = ".".join(str(p) for p in error["loc"]) or "request"
+            if error["type"] == "extra_forbidden":
+                problems.append(f"unknown field {where!r} (allowed: {', '.join(model.model_fields)})")
+            elif error["type"] == "missing":
+                problems.append(f"field {where!r} is required")
+            else:
+                message = error["msg"].removeprefix("Value error, ")
+                problems.append(f"field {where!r}: {message}")
+        raise RequestError(f"{model.__name__}: " + "; ".join(problems)[:600]) from None
 
 
 class FanOutInput(BaseModel):

@@ -295,6 +295,7 @@ def plan_run(
         raise RunbookInvalid(source.formatted()) from None
 
     actions = _check_semantics(runbook.steps, runbook.approvers, source, registry, check_target=inventory is not None)
+    _check_access(runbook, source, registry, actions)
     if source.errors:
         raise RunbookInvalid(source.formatted())
     return RunInput(
@@ -487,6 +488,35 @@ def _check_semantics(
         if not name.strip():
             source.error(("approvers",), "an approver name cannot be empty")
     return actions
+
+
+IDENTITY_KEYS_ACTION = "vault.identity_keys"
+
+
+def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
+    """Who may act: names are non-empty and unique; verified identity pins the action capturing its keys."""
+    for i, name in enumerate(runbook.operators):
+        if not name.strip():
+            source.error(("operators", i), "an operator name cannot be empty")
+    if runbook.identity is None:
+        return
+    spec = registry.get(IDENTITY_KEYS_ACTION)
+    if spec is None:
+        source.error(("identity",), f"verified identity needs the {IDENTITY_KEYS_ACTION} action, which this worker lacks")
+        return
+    actions[spec.name] = _pinned_defaults(spec)
+    if "approve" in runbook.identity.controls and not runbook.approvers and not _step_approvers(runbook.steps):
+        source.error(("identity", "controls"), "verified approvals need approvers: name them in `approvers:`")
+
+
+def _step_approvers(steps: list[Any]) -> bool:
+    for step in steps:
+        spec = getattr(step, "approval", None) or getattr(getattr(step, "ramp", None), "approval", None)
+        if spec is not None and spec.approvers:
+            return True
+        if isinstance(step, ParallelStep) and _step_approvers(step.parallel):
+            return True
+    return False
 
 
 def _pinned_defaults(spec: Any) -> ActionDefaults:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contract import (
         ApprovalRecord,
         ApproveRequest,
+        ControlRecord,
         ControlRequest,
         FanOutInput,
         FanOutResult,
@@ -27,7 +29,9 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         StepState,
         UndoRecord,
+        parse_request,
     )
+    from workflows.identity import IdentityKeys, verify_identity_token
     from workflows.refs import RefError, iter_refs, resolve, split_path
     from workflows.spec import (
         ActionDefaults,
@@ -50,6 +54,7 @@ __all__ = ["FANOUT_CHILD_THRESHOLD", "FanOutWorkflow", "RunbookWorkflow", "READ_
 # Fan-outs larger than this run in a child workflow, so the parent's history stays small.
 FANOUT_CHILD_THRESHOLD = 100
 READ_ACTIVITY = "telemetry.read"
+IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
 _OPERATOR_HELP = (
     "Approve from the Temporal Web UI (Send an Update) or `coldstart approve`. Update name: "
@@ -128,6 +133,10 @@ async def _execute_action(
     if result is None:
         return {}
     return result if isinstance(result, dict) else {"value": result}
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 def _referenced(context: dict[str, Any], value: Any) -> dict[str, Any]:
@@ -233,6 +242,10 @@ class RunbookWorkflow:
         self._ended_at = None
         self._seq = 0
         self._published: tuple[str | None, bool] | None = None
+        self._identity_keys: IdentityKeys | None = None
+        self._controls: list[ControlRecord] = []
+        # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
+        self._used_tokens: list[str] = []
         self._index(inp.runbook.steps)
         if inp.resume is not None:
             self._steps.update(inp.resume.steps)
@@ -240,6 +253,9 @@ class RunbookWorkflow:
             self._outputs = dict(inp.resume.outputs)
             self._paused = inp.resume.paused
             self._started_at = inp.resume.started_at
+            self._identity_keys = inp.resume.identity_keys
+            self._controls = list(inp.resume.controls)
+            self._used_tokens = list(inp.resume.used_tokens)
         else:
             self._started_at = workflow.now()
 
@@ -258,6 +274,8 @@ class RunbookWorkflow:
         steps = inp.runbook.steps
         first = inp.resume.next_index if inp.resume else 0
         try:
+            if inp.runbook.identity is not None and self._identity_keys is None:
+                await self._capture_identity_keys()
             for index in range(first, len(steps)):
                 if index > first and workflow.info().is_continue_as_new_suggested():
                     await self._continue_as_new(index)
@@ -296,8 +314,29 @@ class RunbookWorkflow:
             outputs=self._outputs,
             paused=self._paused,
             started_at=self._started_at,
+            identity_keys=self._identity_keys,
+            controls=self._controls,
+            used_tokens=self._used_tokens,
         )
         workflow.continue_as_new(self._inp.model_copy(update={"resume": resume}))
+
+    async def _capture_identity_keys(self) -> None:
+        """The keys that sign operators' identity tokens, read once so validators can check tokens offline."""
+        policy = self._inp.runbook.identity
+        assert policy is not None
+        action = self._inp.actions[IDENTITY_KEYS_ACTIVITY]
+        try:
+            keys = await _execute_action(
+                action,
+                {"address": policy.vault},
+                activity_id=self._next_id("identity-keys"),
+                summary=f"identity keys from {policy.vault}",
+            )
+        except StepFailed as exc:
+            raise StepFailed(f"verified identity: cannot read the signing keys from {policy.vault}: {exc}") from None
+        self._identity_keys = IdentityKeys.model_validate(keys)
+        workflow.logger.info("identity keys captured", extra={"issuer": self._identity_keys.issuer,
+                                                              "keys": len(self._identity_keys.keys)})
 
     def _context(self, **extra: Any) -> dict[str, Any]:
         info = workflow.info()
@@ -699,7 +738,7 @@ class RunbookWorkflow:
         book = self._inp.runbook.metadata.name
         if step is None:
             if self._paused and self._state == "running":
-                return f"**{book}** paused. Resume with Update `resume` and `{json.dumps({'actor': 'you'})}`."
+                return f"**{book}** paused. Resume with Update `resume` and `{self._example('resume', actor='you')}`."
             return f"**{book}** {self._state}" + (f": {self._error}" if self._error else "")
         state = self._steps[step.id]
         lines = [f"**{book}** on `{self._inp.target_name}`: step `{step.id}` ({state.kind}) {state.status}"]
@@ -716,7 +755,7 @@ class RunbookWorkflow:
             lines.append(
                 _OPERATOR_HELP
                 + "`approve`, input: "
-                + f"`{json.dumps({'step': step.id, 'approver': allowed[0] if allowed else 'your-name', 'comment': 'checked'})}`"
+                + f"`{self._example('approve', step=step.id, approver=allowed[0] if allowed else 'your-name', comment='checked')}`"
             )
             if allowed:
                 lines.append(f"Allowed approvers: {', '.join(allowed)}")
@@ -725,18 +764,74 @@ class RunbookWorkflow:
         if state.status == "held":
             lines.append(f"Held after failure: {state.error}")
             for name in ("retry", "skip", "abort"):
-                lines.append(f"Update `{name}`: `{json.dumps({'step': step.id, 'actor': 'your-name', 'reason': 'why'})}`")
+                lines.append(f"Update `{name}`: `{self._example(name, step=step.id, actor='your-name', reason='why')}`")
+            approvers = self._inp.runbook.approvers
+            lines.append(f"Skip needs an approver ({', '.join(approvers)})" if approvers else "Nobody may skip: the runbook names no approvers.")
+            if state.skip_requested_by:
+                lines.append(f"Skip requested by {state.skip_requested_by}; four eyes: a second approver must confirm.")
+            if self._operators() is not None:
+                lines.append(f"Retry and abort: {', '.join(self._operators() or [])}")
         return "\n\n".join(lines)
 
     def _allowed_approvers(self, spec: ApprovalSpec) -> list[str]:
         return list(spec.approvers if spec.approvers is not None else self._inp.runbook.approvers)
 
-    def _four_eyes(self, spec: ApprovalSpec) -> bool:
-        return spec.four_eyes if spec.four_eyes is not None else self._inp.runbook.four_eyes
+    def _four_eyes(self, spec: ApprovalSpec | None = None) -> bool:
+        if spec is not None and spec.four_eyes is not None:
+            return spec.four_eyes
+        return self._inp.runbook.four_eyes
+
+    def _needs_identity(self, verb: str) -> bool:
+        policy = self._inp.runbook.identity
+        return policy is not None and verb in policy.controls
+
+    def _example(self, verb: str, **fields: Any) -> str:
+        if self._needs_identity(verb):
+            fields["identity_token"] = "<token from `coldstart identity token` or Vault>"
+        return json.dumps(fields)
 
     # ---- operator controls -----------------------------------------------------------------
+    # Each control is authorized twice over: the runbook says who may (approvers, operators, four
+    # eyes) and, where it requires verified identity, a Vault-signed token says who is asking.
 
-    def _check_approve(self, req: ApproveRequest) -> None:
+    def _identify(self, verb: str, name: str, token: str | None) -> tuple[str, str | None]:
+        """The acting name and, with verified identity, the token's subject; ValueError otherwise."""
+        if not self._needs_identity(verb):
+            return name, None
+        policy = self._inp.runbook.identity
+        assert policy is not None
+        if not token:
+            raise ValueError(
+                f"{verb} needs a verified identity: send identity_token, a token from Vault role "
+                f"{policy.role!r} (`coldstart {verb} --vault-login` fetches one)"
+            )
+        if self._identity_keys is None:
+            raise ValueError("the run has not captured its identity keys yet; try again in a moment")
+        who = verify_identity_token(token, self._identity_keys, audience=policy.audience, now=workflow.now(),
+                                    name_claim=policy.name_claim)
+        if name != who.name:
+            raise ValueError(f"the identity token is {who.name!r}'s, not {name!r}'s")
+        if _digest(token) in self._used_tokens:
+            raise ValueError("this identity token was already used in this run: fetch a new one")
+        return who.name, who.subject
+
+    def _spend(self, token: str | None) -> None:
+        if token and self._inp.runbook.identity is not None:
+            self._used_tokens.append(_digest(token))
+
+    def _operators(self) -> list[str] | None:
+        """Who may retry, pause, resume and abort; None when the runbook leaves it to anyone named."""
+        book = self._inp.runbook
+        return sorted(set(book.operators) | set(book.approvers)) if book.operators else None
+
+    def _check_operator(self, verb: str, req: ControlRequest) -> str | None:
+        name, subject = self._identify(verb, req.actor, req.identity_token)
+        allowed = self._operators()
+        if allowed is not None and name not in allowed:
+            raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed)})")
+        return subject
+
+    def _check_approve(self, req: ApproveRequest) -> str | None:
         if req.step not in self._steps:
             raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
         spec = self._awaiting.get(req.step)
@@ -744,124 +839,195 @@ class RunbookWorkflow:
             raise ValueError(f"step {req.step!r} is not awaiting approval (it is {self._steps[req.step].status})")
         if not req.approver.strip():
             raise ValueError("an approval needs the approver's name")
+        name, subject = self._identify("approve", req.approver, req.identity_token)
         allowed = self._allowed_approvers(spec)
-        if allowed and req.approver not in allowed:
-            raise ValueError(f"{req.approver!r} may not approve {req.step!r} (allowed: {', '.join(allowed)})")
-        if self._four_eyes(spec) and req.approver == self._inp.initiator:
-            raise ValueError(f"four eyes: {req.approver!r} started this run and cannot approve it")
+        if allowed and name not in allowed:
+            raise ValueError(f"{name!r} may not approve {req.step!r} (approvers: {', '.join(allowed)})")
+        if self._four_eyes(spec) and name == self._inp.initiator:
+            raise ValueError(f"four eyes: {name!r} started this run and cannot approve it")
+        return subject
 
-    def _check_held(self, req: ControlRequest, verb: str) -> None:
+    def _held_step(self, req: ControlRequest, verb: str) -> str:
         if not req.actor.strip():
             raise ValueError(f"{verb} needs the operator's name (actor)")
         if req.step is None:
-            held = [s for s, st in self._steps.items() if st.status == "held"]
+            held = [s for s, st in self._steps.items() if st.status == "held" and s not in self._decisions]
             if len(held) != 1:
                 raise ValueError(f"{verb}: name the step (held: {', '.join(held) or 'none'})")
-            return
+            return held[0]
         if req.step not in self._steps:
             raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
         if self._steps[req.step].status != "held" or req.step in self._decisions:
             raise ValueError(f"step {req.step!r} is not held (it is {self._steps[req.step].status})")
+        return req.step
+
+    def _check_held(self, req: ControlRequest, verb: str) -> str | None:
+        step = self._held_step(req, verb)
+        if verb != "skip":
+            return self._check_operator(verb, req)
+        # Skipping a held step (a failed health gate, most often) is the most dangerous act in a recovery.
+        name, subject = self._identify("skip", req.actor, req.identity_token)
+        approvers = self._inp.runbook.approvers
+        if not approvers:
+            raise ValueError(f"nobody may skip {step!r}: runbook {self._inp.runbook.metadata.name} names no approvers "
+                             "(retry or abort instead)")
+        if name not in approvers:
+            raise ValueError(f"{name!r} may not skip {step!r} (approvers: {', '.join(approvers)})")
+        first = self._steps[step].skip_requested_by
+        if self._four_eyes() and first == name:
+            raise ValueError(f"four eyes: {name!r} already asked to skip {step!r}; a second approver must confirm")
+        return subject
+
+    def _record(self, verb: str, step: str | None, actor: str, reason: str, subject: str | None) -> None:
+        self._controls.append(ControlRecord(verb=verb, step=step, actor=actor, reason=reason,
+                                            at=workflow.now(), subject=subject))
+        workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": actor, "subject": subject,
+                                                          "reason": reason})
 
     def _decide(self, req: ControlRequest, verb: str) -> str:
-        step = req.step or next(s for s, st in self._steps.items() if st.status == "held")
+        subject = self._check_held(req, verb)
+        step = self._held_step(req, verb)
+        self._spend(req.identity_token)
+        verified = f" (verified {subject})" if subject else ""
+        state = self._steps[step]
+        if verb == "skip" and self._four_eyes() and state.skip_requested_by is None:
+            state.skip_requested_by = req.actor
+            self._record("skip-requested", step, req.actor, req.reason, subject)
+            return f"skip of {step} requested by {req.actor}{verified}; four eyes: a second approver must confirm"
+        state.skip_requested_by = None
         self._decisions[step] = verb
-        workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": req.actor, "reason": req.reason})
-        return f"{verb} {step} by {req.actor}"
+        self._record(verb, step, req.actor, req.reason, subject)
+        return f"{verb} {step} by {req.actor}{verified}"
 
     def _approve(self, req: ApproveRequest) -> ApprovalRecord:
-        record = ApprovalRecord(step=req.step, approver=req.approver, comment=req.comment, at=workflow.now())
+        subject = self._check_approve(req)
+        self._spend(req.identity_token)
+        record = ApprovalRecord(step=req.step, approver=req.approver, comment=req.comment, at=workflow.now(),
+                                subject=subject)
         self._granted[req.step] = record
-        workflow.logger.info("approved", extra={"step": req.step, "approver": req.approver})
+        workflow.logger.info("approved", extra={"step": req.step, "approver": req.approver, "subject": subject})
         return record
 
-    @workflow.update
-    def approve(self, req: ApproveRequest) -> ApprovalRecord:
-        return self._approve(req)
-
-    @approve.validator
-    def _validate_approve(self, req: ApproveRequest) -> None:
-        self._check_approve(req)
-
-    @workflow.update
-    def retry(self, req: ControlRequest) -> str:
-        return self._decide(req, "retry")
-
-    @retry.validator
-    def _validate_retry(self, req: ControlRequest) -> None:
-        self._check_held(req, "retry")
-
-    @workflow.update
-    def skip(self, req: ControlRequest) -> str:
-        return self._decide(req, "skip")
-
-    @skip.validator
-    def _validate_skip(self, req: ControlRequest) -> None:
-        self._check_held(req, "skip")
-
-    @workflow.update
-    def abort(self, req: ControlRequest) -> str:
-        self._abort = req
-        return f"abort requested by {req.actor}"
-
-    @abort.validator
-    def _validate_abort(self, req: ControlRequest) -> None:
+    def _check_abort(self, req: ControlRequest) -> str | None:
         if not req.actor.strip():
             raise ValueError("abort needs the operator's name (actor)")
         if self._abort is not None:
             raise ValueError(f"already aborted by {self._abort.actor}")
         if self._state != "running":
             raise ValueError(f"the run has already {self._state}")
+        return self._check_operator("abort", req)
 
-    @workflow.update
-    def pause(self, req: ControlRequest) -> str:
-        self._paused = True
-        workflow.set_current_details(self._details(None))
-        return f"paused by {req.actor}; the current step finishes first"
+    def _abort_run(self, req: ControlRequest) -> str:
+        subject = self._check_abort(req)
+        self._spend(req.identity_token)
+        self._abort = req
+        self._record("abort", req.step, req.actor, req.reason, subject)
+        return f"abort requested by {req.actor}"
 
-    @pause.validator
-    def _validate_pause(self, req: ControlRequest) -> None:
+    def _check_pause(self, req: ControlRequest) -> str | None:
         if not req.actor.strip():
             raise ValueError("pause needs the operator's name (actor)")
         if self._paused:
             raise ValueError("the run is already paused")
+        return self._check_operator("pause", req)
 
-    @workflow.update
-    def resume(self, req: ControlRequest) -> str:
-        self._paused = False
-        return f"resumed by {req.actor}"
+    def _pause(self, req: ControlRequest) -> str:
+        subject = self._check_pause(req)
+        self._spend(req.identity_token)
+        self._paused = True
+        self._record("pause", None, req.actor, req.reason, subject)
+        workflow.set_current_details(self._details(None))
+        return f"paused by {req.actor}; the current step finishes first"
 
-    @resume.validator
-    def _validate_resume(self, req: ControlRequest) -> None:
+    def _check_resume(self, req: ControlRequest) -> str | None:
         if not req.actor.strip():
             raise ValueError("resume needs the operator's name (actor)")
         if not self._paused:
             raise ValueError("the run is not paused")
+        return self._check_operator("resume", req)
+
+    def _resume(self, req: ControlRequest) -> str:
+        subject = self._check_resume(req)
+        self._spend(req.identity_token)
+        self._paused = False
+        self._record("resume", None, req.actor, req.reason, subject)
+        return f"resumed by {req.actor}"
+
+    # Requests arrive as raw JSON (the Web UI sends whatever was typed): parse_request turns a bad
+    # field into one clear line in the validator instead of a converter error or a dropped signal.
+
+    @workflow.update
+    def approve(self, req: Any) -> ApprovalRecord:
+        return self._approve(parse_request(ApproveRequest, req))
+
+    @approve.validator
+    def _validate_approve(self, req: Any) -> None:
+        self._check_approve(parse_request(ApproveRequest, req))
+
+    @workflow.update
+    def retry(self, req: Any) -> str:
+        return self._decide(parse_request(ControlRequest, req), "retry")
+
+    @retry.validator
+    def _validate_retry(self, req: Any) -> None:
+        self._check_held(parse_request(ControlRequest, req), "retry")
+
+    @workflow.update
+    def skip(self, req: Any) -> str:
+        return self._decide(parse_request(ControlRequest, req), "skip")
+
+    @skip.validator
+    def _validate_skip(self, req: Any) -> None:
+        self._check_held(parse_request(ControlRequest, req), "skip")
+
+    @workflow.update
+    def abort(self, req: Any) -> str:
+        return self._abort_run(parse_request(ControlRequest, req))
+
+    @abort.validator
+    def _validate_abort(self, req: Any) -> None:
+        self._check_abort(parse_request(ControlRequest, req))
+
+    @workflow.update
+    def pause(self, req: Any) -> str:
+        return self._pause(parse_request(ControlRequest, req))
+
+    @pause.validator
+    def _validate_pause(self, req: Any) -> None:
+        self._check_pause(parse_request(ControlRequest, req))
+
+    @workflow.update
+    def resume(self, req: Any) -> str:
+        return self._resume(parse_request(ControlRequest, req))
+
+    @resume.validator
+    def _validate_resume(self, req: Any) -> None:
+        self._check_resume(parse_request(ControlRequest, req))
 
     # Fire-and-forget twins of the Updates: same checks, a rejection is logged and kept in status.
     @workflow.signal(name="approve_signal")
-    def approve_signal(self, req: ApproveRequest) -> None:
-        self._signal("approve", lambda: (self._check_approve(req), self._approve(req)))
+    def approve_signal(self, req: Any) -> None:
+        self._signal("approve", lambda: self._approve(parse_request(ApproveRequest, req)))
 
     @workflow.signal(name="retry_signal")
-    def retry_signal(self, req: ControlRequest) -> None:
-        self._signal("retry", lambda: (self._check_held(req, "retry"), self._decide(req, "retry")))
+    def retry_signal(self, req: Any) -> None:
+        self._signal("retry", lambda: self._decide(parse_request(ControlRequest, req), "retry"))
 
     @workflow.signal(name="skip_signal")
-    def skip_signal(self, req: ControlRequest) -> None:
-        self._signal("skip", lambda: (self._check_held(req, "skip"), self._decide(req, "skip")))
+    def skip_signal(self, req: Any) -> None:
+        self._signal("skip", lambda: self._decide(parse_request(ControlRequest, req), "skip"))
 
     @workflow.signal(name="abort_signal")
-    def abort_signal(self, req: ControlRequest) -> None:
-        self._signal("abort", lambda: (self._validate_abort(req), self.abort(req)))
+    def abort_signal(self, req: Any) -> None:
+        self._signal("abort", lambda: self._abort_run(parse_request(ControlRequest, req)))
 
     @workflow.signal(name="pause_signal")
-    def pause_signal(self, req: ControlRequest) -> None:
-        self._signal("pause", lambda: (self._validate_pause(req), self.pause(req)))
+    def pause_signal(self, req: Any) -> None:
+        self._signal("pause", lambda: self._pause(parse_request(ControlRequest, req)))
 
     @workflow.signal(name="resume_signal")
-    def resume_signal(self, req: ControlRequest) -> None:
-        self._signal("resume", lambda: (self._validate_resume(req), self.resume(req)))
+    def resume_signal(self, req: Any) -> None:
+        self._signal("resume", lambda: self._resume(parse_request(ControlRequest, req)))
 
     def _signal(self, name: str, apply: Any) -> None:
         try:
@@ -888,6 +1054,8 @@ class RunbookWorkflow:
             ended_at=self._ended_at,
             steps=list(self._steps.values()),
             error=self._error,
+            controls=list(self._controls),
+            identity_required=list(self._inp.runbook.identity.controls) if self._inp.runbook.identity else [],
         )
 
     @workflow.query

@@ -30,6 +30,7 @@ __all__ = [
     "ForEachStep",
     "GateSpec",
     "GateStep",
+    "IdentityPolicy",
     "Metadata",
     "OnFailure",
     "Param",
@@ -279,6 +280,22 @@ Step = Annotated[
 ParallelStep.model_rebuild()
 
 
+Control = Literal["approve", "skip", "retry", "abort", "pause", "resume"]
+
+
+class IdentityPolicy(_Strict):
+    """Verified operator identity: short-lived OIDC tokens signed by Vault's identity secrets engine."""
+
+    vault: str = Field(description="the Vault whose identity/oidc keys sign the tokens; captured at run start")
+    audience: str = Field(min_length=1, description="the OIDC role's client_id, the tokens' aud claim")
+    role: str = Field(default="coldstart-approver", description="the OIDC role operators fetch tokens from")
+    name_claim: str = Field(default="name", description="the claim naming the person, matched against approvers and operators")
+    controls: list[Control] = Field(
+        default_factory=lambda: ["approve", "skip"],
+        description="the controls that need a verified token (approvals and skips by default)",
+    )
+
+
 class Runbook(_Strict):
     """A runbook file."""
 
@@ -286,8 +303,16 @@ class Runbook(_Strict):
     metadata: Metadata
     target: str = Field(description="the inventory this runbook acts on, targets/<name>.yaml")
     params: dict[str, Param] = Field(default_factory=dict)
-    approvers: list[str] = Field(default_factory=list)
-    four_eyes: bool = False
+    approvers: list[str] = Field(default_factory=list, description="who may approve steps and skip held ones")
+    operators: list[str] = Field(
+        default_factory=list,
+        description="who may retry, pause, resume and abort (approvers may too); empty: any named operator",
+    )
+    four_eyes: bool = Field(
+        default=False,
+        description="the initiator may not approve their own run, and a skip needs two different approvers",
+    )
+    identity: IdentityPolicy | None = None
     steps: list[Step]
 
     @field_validator("steps")

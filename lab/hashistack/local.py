@@ -15,7 +15,7 @@ import httpx
 from lab.hashistack.binaries import Backends, backends
 from lab.hashistack.config import ConsulAgent, NomadAgent, VaultServer
 
-__all__ = ["LocalStack", "VaultDev", "dev_unseal_key", "free_port", "missing_binaries", "sweep_processes"]
+__all__ = ["LocalStack", "VaultDev", "dev_unseal_key", "free_port", "missing_binaries", "release_mounts", "sweep_processes"]
 
 
 def free_port() -> int:
@@ -205,6 +205,7 @@ class LocalStack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         sweep_processes(self.root)
+        release_mounts(self.root)
 
     def __enter__(self) -> "LocalStack":
         try:
@@ -260,6 +261,17 @@ class VaultDev:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def release_mounts(root: Path) -> list[str]:
+    """Unmount what a stopped Nomad client left under `root` (its tasks' secrets/ and private/ tmpfs), deepest first."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as mountinfo:
+        points = [line.split()[4].replace("\\040", " ") for line in mountinfo]
+    left = sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
+    for point in left:
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    return left
 
 
 def dev_unseal_key(log: Path) -> str:
