@@ -1,7 +1,7 @@
 # coldstart: `make drill` runs a recovery drill end to end; `make test` runs the test suite.
 # Both install what is missing first (Debian packages, a .venv): run them as root.
 
-.PHONY: bootstrap test drill bench schema clean
+.PHONY: bootstrap test drill bench schema clean lock
 
 # Real Consul/Nomad/Vault unpacked by .ci/run (or by hand, see README) take part when present.
 ifneq ($(wildcard .cache/hashistack/consul),)
@@ -23,6 +23,20 @@ bench: bootstrap
 
 schema: bootstrap
 	.venv/bin/coldstart schema
+
+# requirements.lock: every runtime and test dependency pinned with its hashes, for Linux x86_64 /
+# CPython 3.11 (what bootstrap installs). Existing pins are kept; to move some on:
+# `make lock LOCK_ARGS='--upgrade-package NAME'` (or `LOCK_ARGS=--upgrade` for all). The resolver
+# (uv, pinned) lives in .cache/lock-tool, never in .venv.
+LOCK_TOOL := .cache/lock-tool
+UV_VERSION := 0.13.9
+lock:
+	@[ -x $(LOCK_TOOL)/bin/uv ] && $(LOCK_TOOL)/bin/uv --version | grep -qF ' $(UV_VERSION) ' || { \
+	  rm -rf $(LOCK_TOOL) && $${PYTHON:-python3.11} -m venv $(LOCK_TOOL) && \
+	  $(LOCK_TOOL)/bin/pip install -q 'uv==$(UV_VERSION)'; }
+	UV_CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_TOOL)/bin/uv pip compile -q pyproject.toml --extra test \
+	  --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  -o requirements.lock $(LOCK_ARGS)
 
 clean:
 	rm -rf .state .pytest_cache

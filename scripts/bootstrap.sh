@@ -28,12 +28,20 @@ if ((${#missing[@]})); then
 fi
 
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# The Python packages are exactly those of requirements.lock (pinned, hash-checked: what CI tested;
+# `make lock` regenerates it from pyproject.toml), then the project itself, editable. The stamp
+# follows both files, so a changed lock or pyproject re-installs an existing .venv in place.
+stamp=.venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 if [[ ! -f "$stamp" ]]; then
-  echo "bootstrap: creating .venv with $PYTHON"
-  [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+  if [[ -x .venv/bin/python ]]; then
+    echo "bootstrap: installing requirements.lock into the existing .venv"
+  else
+    echo "bootstrap: creating .venv with $PYTHON"
+    "$PYTHON" -m venv .venv
+  fi
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test]'
+  .venv/bin/pip install -q --require-hashes --no-deps -r requirements.lock
+  .venv/bin/pip install -q --no-deps -e .
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

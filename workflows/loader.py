@@ -193,6 +193,9 @@ def load_inventory(name: str, targets_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise YamlRefused(1, 1, "an inventory must be a mapping", str(path))
     data.setdefault("name", name)
+    if not isinstance(data["name"], str) or not data["name"].strip():
+        raise YamlRefused(1, 1, f"an inventory's name must be a non-empty string, not {type(data['name']).__name__}",
+                          str(path))
     return data
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import re
 from collections.abc import Hashable
 from pathlib import Path
@@ -82,6 +83,8 @@ def _position(data: bytes, offset: int) -> tuple[int, int]:
 
 def read_text(path: str | Path) -> str:
     """The file's text, checked like check_text; the size is checked before the file is read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise YamlRefused(1, 1, "not a regular file (a pipe, device or directory): give a YAML file")
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > MAX_FILE_BYTES:
@@ -208,6 +211,17 @@ class _Guards(Composer, SafeConstructor, Resolver):
                     raise _refuse(source.start_mark, "a merge (<<) takes a mapping or a list of mappings")
                 merged.extend((k, v, False) for k, v, _ in self.mapping_items(source))
         return merged + own
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except YamlRefused:
+            raise
+        except (ValueError, OverflowError) as exc:  # an impossible date, an integer past Python's digit limit
+            shown = node.value if isinstance(node.value, str) else node.tag
+            shown = shown if len(shown) <= 40 else shown[:40] + "..."
+            reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            raise _refuse(node.start_mark, f"cannot read {shown!r}: {reason}") from None
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if not isinstance(node, yaml.MappingNode):
