@@ -13,7 +13,7 @@ import time
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import yaml
 from rich.console import Console
@@ -91,8 +91,11 @@ def _prometheus_config(path: Path, prometheus_port: int, worker_metrics_port: in
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-async def _auto_approve(client, workflow_id: str, console: Console) -> None:
-    """The drill approver: approves whatever waits, as the runbook's allow-list permits."""
+async def _auto_approve(client, workflow_id: str, console: Console,
+                        identity_token: Callable[[], str] | None = None) -> None:
+    """The drill approver: approves whatever waits, as the runbook's allow-list permits.
+
+    identity_token: fetches a fresh token for each approval, when the runbook requires verified identity."""
     handle = client.get_workflow_handle(workflow_id)
     while True:
         try:
@@ -104,8 +107,10 @@ async def _auto_approve(client, workflow_id: str, console: Console) -> None:
             return
         for step in current.awaiting_approval:
             try:
+                token = await asyncio.to_thread(identity_token) if identity_token else None
                 await handle.execute_update(
-                    "approve", ApproveRequest(step=step, approver=DRILL_APPROVER, comment="drill: approved automatically")
+                    "approve", ApproveRequest(step=step, approver=DRILL_APPROVER, comment="drill: approved automatically",
+                                              identity_token=token)
                 )
             except Exception as exc:  # noqa: BLE001 - already approved, or refused: say so and go on
                 console.print(f"drill approver: {step}: {exc}", style="yellow", highlight=False)

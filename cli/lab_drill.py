@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 from rich.console import Console
@@ -20,7 +20,8 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from activities.catalog import load_registry
 from cli import render
 from cli.connection import connect
-from cli.drill import _auto_approve, free_port, start_process
+from cli.drill import DRILL_APPROVER, _auto_approve, free_port, start_process
+from cli.identity import fetch_identity_token
 from cli.runs import start_run
 from cli.timeline import build_timeline, render_markdown
 from workflows.contract import RunStatus
@@ -95,6 +96,16 @@ async def _abort_when_held(client: Any, workflow_id: str, console: Console, grac
                 console.print(reason, style="red", highlight=False)
                 await handle.execute_update("abort", ControlRequest(actor="drill-bot", reason=reason[:500]))
                 return
+
+
+def _drill_identity(inventory: dict[str, Any]) -> Callable[[], str] | None:
+    """The drill approver's own login to the lab's Vault: a fresh identity token per approval."""
+    ident = (inventory.get("facts") or {}).get("identity")
+    if not ident:
+        return None
+    password = Path(ident["password_files"][DRILL_APPROVER]).read_text().strip()
+    return lambda: fetch_identity_token(ident["vault"], ident["role"], username=DRILL_APPROVER, password=password,
+                                        mount=ident.get("userpass_mount", "userpass"))
 
 
 def _vault_token(inventory: dict[str, Any]) -> str:
@@ -205,7 +216,8 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
                 handle = await start_run(client, run, queue)
                 console.print(f"drill run {handle.id}; Web UI http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
                               highlight=False)
-                helpers = [] if interactive else [asyncio.create_task(_auto_approve(client, handle.id, console)),
+                helpers = [] if interactive else [asyncio.create_task(_auto_approve(client, handle.id, console,
+                                                                                    _drill_identity(inventory))),
                                                   asyncio.create_task(_abort_when_held(client, handle.id, console))]
                 code = await render.follow(client, handle.id, console)
                 for task in helpers:
