@@ -25,7 +25,7 @@ from lab.resp import RedisPool
 from lab.services import PY, Secrets, restart_load
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 
-__all__ = ["FAULTS", "inject"]
+__all__ = ["DOWN_TARGETS", "FAULTS", "inject"]
 
 
 def _consul_headers(cfg: LabConfig) -> dict[str, str]:
@@ -224,9 +224,121 @@ def preempted_host(cfg: LabConfig, *, target: str | None = None, notice_s: float
     return _post(f"http://{cfg.ip(host)}:{cfg.ports.node_agent}/_lab/preempt", body)
 
 
+# ---- a whole system going away (failure drills) ---------------------------------------------------
+# Prometheus and PowerDNS keep their data on disk (TSDB, the zone's SQLite), so "down" is the real
+# thing: the process is stopped and `service-up` starts it again with the same command line. Vault
+# runs in dev mode (in memory: a restart would lose its secrets and AppRole), so "down" closes its
+# port with a TCP reset in its host's firewall: to a client exactly a stopped server (connection
+# refused), and nothing is lost when it comes back.
+DOWN_TARGETS = {"prometheus": ("prom", "prometheus"), "dns": ("dns", "pdns"), "vault": ("vault", None)}
+_DOWN_COMMENT = "coldstart-fault-down"
+def _down_target(target: str | None) -> tuple[str, str | None]:
+    if target not in DOWN_TARGETS:
+        raise LabError(f"service-down/up target must be one of {', '.join(DOWN_TARGETS)}, not {target!r}")
+    return DOWN_TARGETS[target]
+
+
+def _vault_rule(cfg: LabConfig, op: str) -> list[str]:
+    return ["ip", "netns", "exec", cfg.spec.netns("vault"), "iptables", op, "INPUT", "-p", "tcp", "--dport",
+            str(cfg.ports.vault_http), "-m", "comment", "--comment", _DOWN_COMMENT, "-j", "REJECT",
+            "--reject-with", "tcp-reset"]
+
+
+def service_down(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
+    """Take a whole system away: `prometheus` or `dns` (PowerDNS) stopped, `vault` refusing connections."""
+    from lab.hosts.shell import sh
+
+    host, name = _down_target(target)
+    if name is None:
+        if sh(_vault_rule(cfg, "-C"), check=False).returncode != 0:
+            sh(_vault_rule(cfg, "-I"))
+        _remember(cfg, f"down:{target}", {"host": host, "firewall": True})
+        return {"target": target, "how": "port closed (TCP reset)", "port": cfg.ports.vault_http}
+    record = load_state(cfg.state_dir).daemons.get(f"{host}/{name}")
+    path = _fault_file(cfg)
+    remembered = (json.loads(path.read_text()) if path.exists() else {}).get(f"down:{target}")
+    if record is None:
+        if remembered:
+            return {"target": target, "how": "already stopped"}
+        raise LabError(f"no {name} daemon recorded on {host}")
+    # Remember how to start it again before stopping it: a crash in between still leaves the recipe.
+    _remember(cfg, f"down:{target}", {"host": host, "name": name, "argv": record.argv})
+    stopped = stop_daemon(cfg.spec, host, name)
+    return {"target": target, "how": "process stopped", "pid": record.pid, "was_running": stopped}
+
+
+def service_up(cfg: LabConfig, *, target: str | None = None, timeout: float = 30.0, **_: Any) -> Any:
+    """Bring back what `service-down` took away, and wait until it answers."""
+    from lab.hosts.processes import wait_for_port
+    from lab.hosts.shell import sh
+
+    host, name = _down_target(target)
+    path = _fault_file(cfg)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    down = data.pop(f"down:{target}", None)
+    if name is None:
+        removed = 0
+        while sh(_vault_rule(cfg, "-D"), check=False).returncode == 0:
+            removed += 1
+        out: dict[str, Any] = {"target": target, "rules_removed": removed}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    else:
+        if down is None:
+            return {"target": target, "how": "was not down"}
+        record = start_daemon(cfg.spec, host, name, down["argv"])
+        port = cfg.ports.prometheus if target == "prometheus" else cfg.ports.dns
+        wait_for_port(cfg.ip(host), port, timeout=timeout, pid=record.pid)
+        if target == "prometheus":
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            else:
+                raise LabError(f"prometheus not ready {timeout:.0f}s after restart; see {record.log}")
+        out = {"target": target, "pid": record.pid}
+    if path.exists():
+        path.write_text(json.dumps(data))
+    return out
+
+
+def _players_dns_rule(cfg: LabConfig, op: str) -> list[str]:
+    return ["ip", "netns", "exec", cfg.spec.netns("dns"), "iptables", op, "INPUT", "-p", "udp", "--dport",
+            str(cfg.ports.dns), "-s", cfg.ip("players"), "-m", "comment", "--comment", _DOWN_COMMENT, "-j", "DROP"]
+
+
+def players_dns_lost(cfg: LabConfig, **_: Any) -> Any:
+    """The players lose their path to DNS (their UDP queries to the authoritative server are dropped):
+    no player resolves the game, coldstart:players_admitted_error_points jumps to the target percent.
+    The steering record itself, and reading it back (AXFR over TCP), are untouched."""
+    from lab.hosts.shell import sh
+
+    if sh(_players_dns_rule(cfg, "-C"), check=False).returncode != 0:
+        sh(_players_dns_rule(cfg, "-I"))
+    _remember(cfg, "players-dns-lost", True)
+    return {"dropped": f"udp {cfg.ip('players')} -> {cfg.dns_server}"}
+
+
 def clear(cfg: LabConfig, **_: Any) -> Any:
     """Clear the process-level faults (data faults need a runbook: that is the drill)."""
     out: dict[str, Any] = {}
+    from lab.hosts.shell import sh
+
+    while sh(_players_dns_rule(cfg, "-D"), check=False).returncode == 0:
+        out["players_dns"] = "restored"
+    path = _fault_file(cfg)
+    for key in [k for k in (json.loads(path.read_text()) if path.exists() else {}) if k.startswith("down:")]:
+        out[key.replace("down:", "up:")] = service_up(cfg, target=key.split(":", 1)[1])
     if _real(cfg, "consul"):
         out["unthrottled"] = [g for g in cgroups.groups(f"coldstart-{cfg.prefix}-")
                               if cgroups.throttle(g, [], None)]
@@ -251,6 +363,9 @@ FAULTS: dict[str, Callable[..., Any]] = {
     "unhealthy-node-eligible": unhealthy_node_eligible,
     "cold-cache": cold_cache,
     "preempted-host": preempted_host,
+    "players-dns-lost": players_dns_lost,
+    "service-down": service_down,
+    "service-up": service_up,
     "clear": clear,
 }
 

@@ -1,0 +1,383 @@
+"""The action journal: one JSON line when an activity attempt starts and one when it ends, written by
+a worker interceptor, so "did anything run twice?" can be answered from what the workers did.
+
+Temporal's history records the attempt that completed an activity, not every attempt a worker ran:
+an attempt on a worker that was SIGKILLed, or a completion the server never received (so the
+activity timed out and ran again), leaves no trace there. The journal is the worker-side record.
+
+    python worker.py --journal /var/log/coldstart/actions.jsonl    # or COLDSTART_ACTION_JOURNAL
+
+Lines (`event` "started" or "ended"; an attempt is the pair with the same workflow_id, run_id,
+activity_id and attempt):
+
+    {"event": "started", "workflow_id": ..., "run_id": ..., "activity_id": "players@40#12",
+     "activity_type": "dns.steer.set", "attempt": 1, "mutating": true, "worker": "4242@host",
+     "task_queue": ..., "started_at": "2025-...Z"}
+    {"event": "ended", ... the same keys ..., "ended_at": ..., "outcome": "ok" | "failed" | "cancelled",
+     "error": "first 300 characters of the message"}
+
+The start line is written before the action runs: a worker killed mid-action leaves a start without
+an end. Each line is a single write() on an O_APPEND descriptor (several workers may share a file).
+The journal never blocks or fails an activity: a line that cannot be written is counted
+(`ActionJournal.dropped`) and logged, and the action goes on. Arguments and results are not
+written (they may be large; secrets never travel in them, but the journal need not be trusted
+with them either).
+
+`check_journal` reads a journal back and tells repeats (a step that ran twice) from retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from temporalio import activity
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+)
+
+__all__ = [
+    "ENV",
+    "ActionJournal",
+    "Attempt",
+    "JournalCheck",
+    "JournalInterceptor",
+    "Repeat",
+    "check_journal",
+    "read_journal",
+    "repeated_steps",
+]
+
+ENV = "COLDSTART_ACTION_JOURNAL"
+log = logging.getLogger("coldstart.journal")
+
+# Activity ids as RunbookWorkflow builds them: `<label>#<seq>` (seq counts every activity of the run:
+# actions `step#7`, ramp sets `step@40#9`, gate reads `step/gate/name#8`, undo `undo:step#12`) and
+# fan-out items `<step>[<index>]#<step attempt>`.
+_FAN_OUT_ID = re.compile(r"^(?P<label>.+\[\d+\])#(?P<n>\d+)$")
+_SEQ_ID = re.compile(r"^(?P<label>.+)#(?P<n>\d+)$")
+_RAMP_LABEL = re.compile(r"^(?P<step>[^/@\[]+)@(?P<percent>\d+)$")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class ActionJournal:
+    """An append-only JSON-lines file; `write` never raises."""
+
+    def __init__(self, path: str | os.PathLike[str], *, mutating: Mapping[str, bool] | None = None):
+        self.path = Path(path)
+        self.mutating = dict(mutating or {})
+        self.worker = f"{os.getpid()}@{socket.gethostname()}"
+        self.written = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._warned = 0
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        return self._fd
+
+    def write(self, record: dict[str, Any]) -> bool:
+        try:
+            line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+            with self._lock:
+                fd = self._open()
+                written = os.write(fd, line)
+                if written != len(line):
+                    raise OSError(f"short write ({written} of {len(line)} bytes)")
+                self.written += 1
+            return True
+        except Exception as exc:  # noqa: BLE001 - the journal must never fail an action
+            with self._lock:
+                self.dropped += 1
+                dropped = self.dropped
+                if self._fd is not None:  # a broken descriptor (file removed, disk gone): reopen next time
+                    try:
+                        os.close(self._fd)
+                    except OSError:
+                        pass
+                    self._fd = None
+            # 1, 2, 4, 8, ... : a full disk must not flood the log either.
+            if dropped & (dropped - 1) == 0:
+                log.warning("action journal %s: line dropped (%s: %s); %d dropped so far",
+                            self.path, type(exc).__name__, exc, dropped)
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = None
+
+
+class JournalInterceptor(Interceptor):
+    """Worker interceptor: `Worker(..., interceptors=[JournalInterceptor(journal)])`."""
+
+    def __init__(self, journal: ActionJournal):
+        self.journal = journal
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _JournalInbound(next, self.journal)
+
+
+class _JournalInbound(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, journal: ActionJournal):
+        super().__init__(next)
+        self.journal = journal
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        base: dict[str, Any] = {}
+        try:
+            info = activity.info()
+            base = {
+                "workflow_id": info.workflow_id,
+                "run_id": info.workflow_run_id,
+                "activity_id": info.activity_id,
+                "activity_type": info.activity_type,
+                "attempt": info.attempt,
+                "mutating": self.journal.mutating.get(info.activity_type),
+                "worker": self.journal.worker,
+                "task_queue": info.task_queue,
+                "started_at": _now(),
+            }
+            self.journal.write({"event": "started", **base})
+        except Exception:  # noqa: BLE001 - never in the action's way
+            self.journal.dropped += 1
+        outcome, error = "ok", None
+        try:
+            return await super().execute_activity(input)
+        except BaseException as exc:
+            outcome = "cancelled" if _is_cancel(exc) else "failed"
+            error = str(exc)[:300]
+            raise
+        finally:
+            if base:
+                self.journal.write({"event": "ended", **base, "ended_at": _now(), "outcome": outcome,
+                                    **({"error": error} if error else {})})
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    import asyncio
+
+    from temporalio.exceptions import CancelledError
+
+    return isinstance(exc, (asyncio.CancelledError, CancelledError))
+
+
+# ---- reading it back -------------------------------------------------------------------------------
+
+
+def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every line that parses (a line torn by a crash mid-write is skipped)."""
+    entries = []
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("activity_id"):
+            entries.append(entry)
+    return entries
+
+
+@dataclass
+class Attempt:
+    workflow_id: str
+    run_id: str
+    activity_id: str
+    activity_type: str
+    attempt: int
+    mutating: bool | None
+    worker: str
+    started_at: str | None = None
+    ended_at: str | None = None
+    outcome: str | None = None  # None: started, never ended (the worker died, or it is still running)
+    error: str | None = None
+
+
+@dataclass
+class Repeat:
+    """A step that ran twice: the activity ids involved and why it counts as a repeat."""
+
+    workflow_id: str
+    run_id: str
+    label: str
+    activity_ids: list[str]
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.label} ({', '.join(self.activity_ids)}): {self.why}"
+
+
+@dataclass
+class JournalCheck:
+    attempts: list[Attempt]
+    repeated: list[Repeat] = field(default_factory=list)
+    # Same activity id, an attempt that never ended (killed worker), then another attempt: allowed,
+    # actions are idempotent. (activity_id, interrupted attempt, the attempt that finished it, its outcome)
+    interrupted_retried: list[tuple[str, int, int, str | None]] = field(default_factory=list)
+    # Same activity id run again after a failed attempt (the activity RetryPolicy): allowed.
+    retried_after_failure: list[tuple[str, int]] = field(default_factory=list)  # (activity_id, attempts)
+    # A step label scheduled again for a reason the workflow records: allowed.
+    rescheduled: list[tuple[str, str, str]] = field(default_factory=list)  # (label, activity_id, why)
+    unfinished: list[Attempt] = field(default_factory=list)  # started, no end, no later attempt
+
+    def summary(self) -> str:
+        parts = [f"{len(self.attempts)} attempts", f"{len(self.repeated)} repeated"]
+        if self.interrupted_retried:
+            parts.append(f"{len(self.interrupted_retried)} interrupted and retried")
+        if self.retried_after_failure:
+            parts.append(f"{len(self.retried_after_failure)} retried after failure")
+        if self.rescheduled:
+            parts.append(f"{len(self.rescheduled)} rescheduled by the workflow (" +
+                         ", ".join(sorted({why for _, _, why in self.rescheduled})) + ")")
+        if self.unfinished:
+            parts.append(f"{len(self.unfinished)} unfinished")
+        return "; ".join(parts)
+
+
+def _split_id(activity_id: str) -> tuple[str, int, bool]:
+    """(label, number, is_fan_out): the number is the run's sequence, or the step attempt for fan-out items."""
+    match = _FAN_OUT_ID.match(activity_id)
+    if match:
+        return match["label"], int(match["n"]), True
+    match = _SEQ_ID.match(activity_id)
+    if match:
+        return match["label"], int(match["n"]), False
+    return activity_id, 0, False
+
+
+def _attempts(entries: Iterable[Mapping[str, Any]]) -> list[Attempt]:
+    by_key: dict[tuple[str, str, str, int, str], Attempt] = {}
+    for entry in entries:
+        key = (entry.get("workflow_id", ""), entry.get("run_id", ""), entry["activity_id"],
+               int(entry.get("attempt") or 0), entry.get("worker", ""))
+        attempt = by_key.get(key)
+        if attempt is None:
+            attempt = by_key[key] = Attempt(
+                workflow_id=key[0], run_id=key[1], activity_id=key[2], activity_type=entry.get("activity_type", ""),
+                attempt=key[3], mutating=entry.get("mutating"), worker=key[4])
+        attempt.started_at = attempt.started_at or entry.get("started_at")
+        if entry.get("event") == "ended":
+            attempt.ended_at = entry.get("ended_at")
+            attempt.outcome = entry.get("outcome")
+            attempt.error = entry.get("error")
+    return sorted(by_key.values(), key=lambda a: (a.started_at or "", a.attempt))
+
+
+def check_journal(entries: Iterable[Mapping[str, Any]]) -> JournalCheck:
+    """Tell repeats from retries, per workflow run.
+
+    Repeated (a step ran twice):
+    - one activity id completed ok more than once (at-least-once delivery bit: the completion was
+      lost and the server ran it again);
+    - a mutating step label (the activity id without its `#n`) scheduled again after an activity of
+      that label completed ok, unless the workflow had a reason it records: the earlier activity
+      failed (an operator retry or the step's retry re-runs it), a ramp stepping back to its last
+      good percentage after a failed gate (a set to a lower percentage than the ramp's previous
+      set), the ramp going forward again after such a step-back, or a fan-out item re-run in a new
+      attempt of a fan-out step whose earlier attempt had failed items.
+
+    Allowed and reported: an attempt that started and never ended (worker killed) followed by another
+    attempt of the same activity id; attempts after a failed attempt (the activity RetryPolicy).
+    Read-only actions (gate readings, reads) repeat by design and are not checked by label.
+    Runs are checked one by one (a continue-as-new starts a new run and its own sequence).
+    """
+    attempts = _attempts(entries)
+    result = JournalCheck(attempts=attempts)
+    by_id: dict[tuple[str, str, str], list[Attempt]] = defaultdict(list)
+    for a in attempts:
+        by_id[(a.workflow_id, a.run_id, a.activity_id)].append(a)
+
+    for (wf, run, activity_id), tries in by_id.items():
+        tries.sort(key=lambda a: (a.attempt, a.started_at or ""))
+        oks = [a for a in tries if a.outcome == "ok"]
+        if len(oks) > 1:
+            result.repeated.append(Repeat(wf, run, _split_id(activity_id)[0], [activity_id],
+                                          f"completed ok {len(oks)} times (attempts {', '.join(str(a.attempt) for a in oks)})"))
+        for i, a in enumerate(tries):
+            if a.outcome is None:
+                later = tries[i + 1:]
+                if later:
+                    result.interrupted_retried.append((activity_id, a.attempt, later[-1].attempt, later[-1].outcome))
+                else:
+                    result.unfinished.append(a)
+        if any(a.outcome == "failed" for a in tries[:-1]):
+            result.retried_after_failure.append((activity_id, len(tries)))
+
+    # Label level: group the distinct activity ids of each run by label.
+    runs: dict[tuple[str, str], dict[str, list[Attempt]]] = defaultdict(lambda: defaultdict(list))
+    for (wf, run, activity_id), tries in by_id.items():
+        runs[(wf, run)][activity_id] = tries
+    for (wf, run), ids in runs.items():
+        outcome = {aid: ("ok" if any(a.outcome == "ok" for a in tries) else "not ok") for aid, tries in ids.items()}
+        mutating = {aid: tries[0].mutating is not False for aid, tries in ids.items()}
+        # Ramp sets in the run's order, per ramp step: which of them stepped back.
+        ramp_sets: dict[str, list[tuple[int, int, str]]] = defaultdict(list)  # step -> [(seq, percent, id)]
+        fan_out_failed: set[tuple[str, int]] = set()  # (step, step attempt) with a failed item
+        labels: dict[str, list[tuple[int, str, bool]]] = defaultdict(list)
+        for aid in ids:
+            label, n, fan_out = _split_id(aid)
+            if fan_out:
+                if outcome[aid] != "ok":
+                    fan_out_failed.add((label.split("[", 1)[0], n))
+            ramp = _RAMP_LABEL.match(label)
+            if ramp and not fan_out:
+                ramp_sets[ramp["step"]].append((n, int(ramp["percent"]), aid))
+            if mutating[aid]:
+                labels[label].append((n, aid, fan_out))
+        step_backs: dict[str, list[int]] = {}  # ramp step -> seqs of step-back sets
+        for step, sets in ramp_sets.items():
+            sets.sort()
+            step_backs[step] = [sets[i][0] for i in range(1, len(sets)) if sets[i][1] < sets[i - 1][1]]
+        for label, scheduled in labels.items():
+            scheduled.sort()
+            for (n_prev, prev, _), (n, aid, fan_out) in zip(scheduled, scheduled[1:]):
+                why = None
+                if outcome[prev] != "ok":
+                    why = "retried after failure"
+                elif fan_out and (label.split("[", 1)[0], n_prev) in fan_out_failed:
+                    why = "fan-out step retried after failed items"
+                else:
+                    ramp = _RAMP_LABEL.match(label)
+                    backs = step_backs.get(ramp["step"], []) if ramp else []
+                    if n in backs:
+                        why = "ramp step-back after a failed gate"
+                    elif any(n_prev < b < n for b in backs):
+                        why = "ramp forward again after a step-back"
+                if why is None:
+                    result.repeated.append(Repeat(wf, run, label, [prev, aid],
+                                                  f"scheduled again after {prev} completed ok"))
+                else:
+                    result.rescheduled.append((label, aid, why))
+    return result
+
+
+def repeated_steps(entries: Iterable[Mapping[str, Any]] | str | os.PathLike[str]) -> list[Repeat]:
+    """The steps that ran twice (empty is the goal). Takes journal entries or a journal's path."""
+    if isinstance(entries, (str, os.PathLike)):
+        entries = read_journal(entries)
+    return check_journal(entries).repeated

@@ -1,0 +1,67 @@
+"""The action journal's checker tells repeats from retries; writing it never fails an action."""
+
+from __future__ import annotations
+
+import os
+
+from activities.journal import ActionJournal, check_journal, read_journal, repeated_steps
+
+
+def _attempt(activity_id, outcome="ok", attempt=1, kind="dns.steer.set", mutating=True, run="r1", worker="1@h"):
+    base = {"workflow_id": "coldstart-lab", "run_id": run, "activity_id": activity_id, "activity_type": kind,
+            "attempt": attempt, "mutating": mutating, "worker": worker, "started_at": f"t{attempt}"}
+    lines = [{"event": "started", **base}]
+    if outcome is not None:
+        lines.append({"event": "ended", **base, "ended_at": "t", "outcome": outcome})
+    return lines
+
+
+def test_clean_run_has_no_repeats():
+    entries = [*_attempt("open#1", kind="core.note"), *_attempt("players@20#2"),
+               *_attempt("players/gate/g#3", kind="telemetry.read", mutating=False),
+               *_attempt("players/gate/g#4", kind="telemetry.read", mutating=False), *_attempt("players@40#5")]
+    assert repeated_steps(entries) == []
+
+
+def test_interrupted_attempt_then_retry_is_not_a_repeat():
+    entries = [*_attempt("flags[3]#1", outcome=None, worker="1@h"),
+               *_attempt("flags[3]#1", attempt=2, worker="2@h")]
+    check = check_journal(entries)
+    assert check.repeated == [] and check.interrupted_retried == [("flags[3]#1", 1, 2, "ok")]
+
+
+def test_completed_twice_is_a_repeat():
+    entries = [*_attempt("close#9"), *_attempt("close#9", attempt=2)]
+    assert [r.why for r in repeated_steps(entries)] == ["completed ok 2 times (attempts 1, 2)"]
+
+
+def test_label_scheduled_again_after_success_is_a_repeat_unless_explained():
+    # A step re-run after it had completed, with nothing in the workflow's record to explain it.
+    assert [r.label for r in repeated_steps([*_attempt("open#1"), *_attempt("open#7")])] == ["open"]
+    # Retried after the first one failed (activity RetryPolicy exhausted, then an operator retry): fine.
+    failed = [*_attempt("players@40#5", outcome="failed"), *_attempt("players@40#6")]
+    assert repeated_steps(failed) == []
+    # A ramp stepping back after a failed gate, then going forward again after the retry: fine.
+    ramp = [*_attempt("players@20#2"), *_attempt("players@40#3"), *_attempt("players@20#9"), *_attempt("players@40#12")]
+    check = check_journal(ramp)
+    assert check.repeated == []
+    assert {why for _, _, why in check.rescheduled} == {"ramp step-back after a failed gate",
+                                                        "ramp forward again after a step-back"}
+    # The same ids in another run (a continue-as-new, another run of the target) are not repeats.
+    assert repeated_steps([*_attempt("open#1"), *_attempt("open#1", run="r2")]) == []
+
+
+def test_journal_write_never_raises_and_counts_drops(tmp_path):
+    path = tmp_path / "j.jsonl"
+    journal = ActionJournal(path, mutating={"a": True})
+    assert journal.write({"event": "started", "activity_id": "x#1"})
+    assert read_journal(path)[0]["activity_id"] == "x#1"
+    journal.close()
+    blocked = ActionJournal(tmp_path / "missing" / "dir-is-a-file" / "j.jsonl")
+    (tmp_path / "missing").write_text("a file where a directory should be")
+    assert not blocked.write({"event": "started", "activity_id": "x#1"})
+    assert not blocked.write({"event": "ended", "activity_id": "x#1"})
+    assert blocked.dropped == 2 and blocked.written == 0
+    if os.geteuid() != 0:  # root ignores file modes
+        path.chmod(0o400)
+        assert not ActionJournal(path).write({"activity_id": "y#1"})
