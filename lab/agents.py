@@ -14,7 +14,7 @@ from lab.hosts.state import DaemonRecord
 from lab.services import Secrets, consul_argv, nomad_argv
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 
-__all__ = ["NOMAD_CLIENTS", "WORKER_POLICY", "start_consul", "start_nomad", "start_vault", "wait_ready"]
+__all__ = ["NOMAD_CLIENTS", "WORKER_POLICY", "poll_until", "start_consul", "start_nomad", "start_vault", "wait_ready"]
 
 # Nomad client nodes: (host, datacenter, node class). The internal services run in a datacenter
 # of their own so their allocations never compete with the cache nodes.
@@ -82,7 +82,8 @@ def start_vault(cfg: LabConfig, sec: Secrets, found: Backends) -> DaemonRecord:
     return start_daemon(cfg.spec, "vault", "vault", server.argv(found.vault, server.write()))
 
 
-def _poll(what: str, probe, timeout: float, record: DaemonRecord | None = None) -> Any:
+def poll_until(what: str, probe, timeout: float, record: DaemonRecord | None = None) -> Any:
+    """probe() until it returns truthy (HTTP errors count as not yet); LabError naming `what` at the deadline."""
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
@@ -131,19 +132,19 @@ def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[Daemo
     headers = {"X-Consul-Token": sec.read("consul-token")}
     clients: list[DaemonRecord] = []
     if found.consul is not None:
-        _poll("consul leader", lambda: httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=1).json(), 30,
+        poll_until("consul leader", lambda: httpx.get(f"{cfg.consul_url}/v1/status/leader", timeout=1).json(), 30,
               consul[0])
         # ACLs are bootstrapped from initial_management once a leader is elected.
-        _poll("consul ACLs", lambda: httpx.get(f"{cfg.consul_url}/v1/agent/self", headers=headers,
+        poll_until("consul ACLs", lambda: httpx.get(f"{cfg.consul_url}/v1/agent/self", headers=headers,
                                                 timeout=1).status_code == 200, 30, consul[0])
     if found.nomad is not None:
         # A client registering before the server's keyring exists is refused and retries only after ~20 s.
-        _poll("nomad keyring", lambda: httpx.get(f"{cfg.nomad_url}/v1/operator/keyring/keys", timeout=1).json(),
+        poll_until("nomad keyring", lambda: httpx.get(f"{cfg.nomad_url}/v1/operator/keyring/keys", timeout=1).json(),
               30, nomad)
         clients = _start_nomad_clients(cfg, sec, found)
         want = {h for h, _, _ in NOMAD_CLIENTS}
-        _poll("nomad clients", lambda: want <= {n["Name"] for n in httpx.get(f"{cfg.nomad_url}/v1/nodes", timeout=1)
+        poll_until("nomad clients", lambda: want <= {n["Name"] for n in httpx.get(f"{cfg.nomad_url}/v1/nodes", timeout=1)
                                                 .json() if n.get("Status") == "ready"}, 45, nomad)
-    _poll("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
+    poll_until("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
     _configure_vault(cfg, sec)
     return clients

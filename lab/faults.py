@@ -269,6 +269,7 @@ def service_down(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
 
 def service_up(cfg: LabConfig, *, target: str | None = None, timeout: float = 30.0, **_: Any) -> Any:
     """Bring back what `service-down` took away, and wait until it answers."""
+    from lab.agents import poll_until
     from lab.hosts.processes import wait_for_port
     from lab.hosts.shell import sh
 
@@ -281,14 +282,7 @@ def service_up(cfg: LabConfig, *, target: str | None = None, timeout: float = 30
         while sh(_vault_rule(cfg, "-D"), check=False).returncode == 0:
             removed += 1
         out: dict[str, Any] = {"target": target, "rules_removed": removed}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        poll_until("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, timeout)
     else:
         if down is None:
             return {"target": target, "how": "was not down"}
@@ -296,16 +290,8 @@ def service_up(cfg: LabConfig, *, target: str | None = None, timeout: float = 30
         port = cfg.ports.prometheus if target == "prometheus" else cfg.ports.dns
         wait_for_port(cfg.ip(host), port, timeout=timeout, pid=record.pid)
         if target == "prometheus":
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
-            else:
-                raise LabError(f"prometheus not ready {timeout:.0f}s after restart; see {record.log}")
+            poll_until("prometheus", lambda: httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1).status_code == 200,
+                       timeout, record)
         out = {"target": target, "pid": record.pid}
     if path.exists():
         path.write_text(json.dumps(data))

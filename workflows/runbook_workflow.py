@@ -769,8 +769,9 @@ class RunbookWorkflow:
             lines.append(f"Skip needs an approver ({', '.join(approvers)})" if approvers else "Nobody may skip: the runbook names no approvers.")
             if state.skip_requested_by:
                 lines.append(f"Skip requested by {state.skip_requested_by}; four eyes: a second approver must confirm.")
-            if self._operators() is not None:
-                lines.append(f"Retry and abort: {', '.join(self._operators() or [])}")
+            operators = self._operators()
+            if operators is not None:
+                lines.append(f"Retry and abort: {', '.join(operators)}")
         return "\n\n".join(lines)
 
     def _allowed_approvers(self, spec: ApprovalSpec) -> list[str]:
@@ -861,10 +862,11 @@ class RunbookWorkflow:
             raise ValueError(f"step {req.step!r} is not held (it is {self._steps[req.step].status})")
         return req.step
 
-    def _check_held(self, req: ControlRequest, verb: str) -> str | None:
+    def _check_held(self, req: ControlRequest, verb: str) -> tuple[str, str | None]:
+        """(the held step, the verified subject or None)."""
         step = self._held_step(req, verb)
         if verb != "skip":
-            return self._check_operator(verb, req)
+            return step, self._check_operator(verb, req)
         # Skipping a held step (a failed health gate, most often) is the most dangerous act in a recovery.
         name, subject = self._identify("skip", req.actor, req.identity_token)
         approvers = self._inp.runbook.approvers
@@ -876,7 +878,7 @@ class RunbookWorkflow:
         first = self._steps[step].skip_requested_by
         if self._four_eyes() and first == name:
             raise ValueError(f"four eyes: {name!r} already asked to skip {step!r}; a second approver must confirm")
-        return subject
+        return step, subject
 
     def _record(self, verb: str, step: str | None, actor: str, reason: str, subject: str | None) -> None:
         self._controls.append(ControlRecord(verb=verb, step=step, actor=actor, reason=reason,
@@ -885,8 +887,7 @@ class RunbookWorkflow:
                                                           "reason": reason})
 
     def _decide(self, req: ControlRequest, verb: str) -> str:
-        subject = self._check_held(req, verb)
-        step = self._held_step(req, verb)
+        step, subject = self._check_held(req, verb)
         self._spend(req.identity_token)
         verified = f" (verified {subject})" if subject else ""
         state = self._steps[step]
