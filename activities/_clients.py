@@ -12,10 +12,11 @@ import consul.exceptions as cex
 import nomad
 import nomad.api.exceptions as nex
 import requests
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.registry import invalid_argument
 from activities.secrets import VaultSecretRef, read_kv_secret
 
 __all__ = [
@@ -36,16 +37,12 @@ __all__ = [
     "resume_details",
     "secret_of",
     "unavailable",
-    "validated",
 ]
 
-M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
-def bad(message: str) -> ApplicationError:
-    """A bad-argument error: retrying cannot help, so it is never retried."""
-    return ApplicationError(message, type="InvalidArgument", non_retryable=True)
+bad = invalid_argument
 
 
 def unavailable(message: str, *, retryable: bool = True, details: Any = None) -> ApplicationError:
@@ -53,15 +50,6 @@ def unavailable(message: str, *, retryable: bool = True, details: Any = None) ->
     args = (details,) if details is not None else ()
     return ApplicationError(message, *args, type="Unavailable", non_retryable=not retryable)
 
-
-def validated(model: type[M], inp: Any) -> M:
-    """Re-validate whatever arrived (dict or model) so bad arguments fail once, clearly."""
-    try:
-        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors())
-        raise bad(f"bad arguments for {model.__name__}: {problems}") from None
 
 
 def heartbeat(*details: Any) -> None:

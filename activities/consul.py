@@ -37,7 +37,6 @@ from activities._clients import (
     resume_details,
     secret_of,
     unavailable,
-    validated,
 )
 from activities._consul_snapshot import (ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot,
                                          taken_at)
@@ -221,7 +220,6 @@ def _step_tag() -> str:
 @action("consul.snapshot.save", timeout=1800, heartbeat=60, retry=RetryDefaults(max_attempts=3))
 def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
     """Save a forensic copy of the cluster state (GET /v1/snapshot), streamed to a file with its sha256."""
-    inp = validated(SnapshotSaveInput, inp)
     directory = Path(inp.directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -311,7 +309,6 @@ def snapshot_select(inp: SnapshotSelectInput) -> SnapshotSelectOutput:
     snapshot was taken), not the file's mtime or name: copies and rsyncs change mtimes, and
     names are whatever the tool that wrote them chose.
     """
-    inp = validated(SnapshotSelectInput, inp)
     store = Path(inp.store)
     if not store.is_dir():
         raise bad(f"snapshot store {store} is not a directory")
@@ -412,7 +409,6 @@ def _preview(client: consul.Consul, path: Path,
 @action("consul.snapshot.preview", timeout=300, retry=RetryDefaults(max_attempts=3))
 def snapshot_preview(inp: SnapshotPreviewInput) -> SnapshotPreview:
     """Show what restoring a snapshot would change (age; KV keys added, removed, changed) without restoring."""
-    inp = validated(SnapshotPreviewInput, inp)
     return _preview(consul_client(inp.consul), Path(inp.path), inp.max_keys)[0]
 
 
@@ -499,7 +495,6 @@ def snapshot_restore(inp: SnapshotRestoreInput) -> SnapshotRestoreOutput:
     its record land together: a retry of the step that finds the entry does not PUT again (that would
     roll back whatever was written since) and verifies instead. No undo: take consul.snapshot.save first.
     """
-    inp = validated(SnapshotRestoreInput, inp)
     client = consul_client(inp.consul)
     path = Path(inp.path)
     preview, target, index_before = _preview(client, path, inp.max_keys)
@@ -658,7 +653,6 @@ def health(inp: HealthInput) -> HealthOutput:
     A server that does not answer is reported (with its error), not raised: during a recovery that is
     the case that matters. Cluster reads come from the servers that answer; only none answering fails.
     """
-    inp = validated(HealthInput, inp)
     token = consul_token(inp.consul)
     servers = _probe_servers(inp.consul, token)
     up = [r for r in servers if r.reachable]
@@ -724,7 +718,6 @@ def _raft_servers(client: consul.Consul) -> list[dict[str, Any]]:
 @action("consul.leader.transfer", timeout=120, mutating=True, retry=RetryDefaults(max_attempts=4))
 def leader_transfer(inp: LeaderTransferInput) -> LeaderTransferOutput:
     """Move raft leadership off servers marked slow to a healthy voter; nothing to do if the leader is not slow."""
-    inp = validated(LeaderTransferInput, inp)
     client = consul_client(inp.consul)
     servers = _raft_servers(client)
     by_ref = {s["Node"]: s for s in servers} | {s["ID"]: s for s in servers}
@@ -833,7 +826,7 @@ def _undo_for(target: ConsulTarget, key: str, previous: KvEntry | None, index: i
 @action("consul.kv.set", timeout=60, mutating=True, undo="consul.kv.set", undo_from_output="undo")
 def kv_set(inp: KvSetInput) -> KvSetOutput:
     """Set (or delete) one KV key with check-and-set; the output holds the previous value for undo."""
-    return _kv_set(validated(KvSetInput, inp))
+    return _kv_set(inp)
 
 
 class KvRestoreInput(BaseModel):
@@ -853,7 +846,6 @@ class KvRestoreOutput(BaseModel):
 @action("consul.kv.restore", timeout=1800, heartbeat=60, mutating=True)
 def kv_restore(inp: KvRestoreInput) -> KvRestoreOutput:
     """Put recorded keys back exactly (value and flags); the undo of consul.kv.delete_prefix."""
-    inp = validated(KvRestoreInput, inp)
     client = consul_client(inp.consul)
     plan: list[tuple[KvEntry, int]] = []
     unchanged, conflicts = [], []
@@ -910,7 +902,6 @@ def kv_delete_prefix(inp: KvDeletePrefixInput) -> KvDeletePrefixOutput:
     value is what gets recorded. A retried attempt resumes from the heartbeat's record of what
     it already deleted.
     """
-    inp = validated(KvDeletePrefixInput, inp)
     client = consul_client(inp.consul)
     details = resume_details()
     deleted: dict[str, KvEntry] = {}
@@ -976,7 +967,6 @@ class StreamingSetOutput(BaseModel):
 @action("consul.streaming.set", timeout=60, mutating=True, undo="consul.kv.set", undo_from_output="undo")
 def streaming_set(inp: StreamingSetInput) -> StreamingSetOutput:
     """Turn the streaming feature flag on or off (a KV key); the output's undo puts the previous value back."""
-    inp = validated(StreamingSetInput, inp)
     out = _kv_set(KvSetInput(consul=inp.consul, key=inp.key, value=inp.true_value if inp.enabled else inp.false_value))
     return StreamingSetOutput(key=inp.key, enabled=inp.enabled, changed=out.changed,
                               previous_value=out.previous_value, undo=out.undo)
@@ -1458,7 +1448,6 @@ def user_disable(inp: UserDisableInput) -> UserDisableOutput:
     the inventory's definition); the check and the count change in one job version. On a failure the
     error's details hold what changed and `restore`, the consul.user.enable input that undoes it.
     """
-    inp = validated(UserDisableInput, inp)
     client, nomad_api = _clients(inp)
     return _disable_one(inp, client, nomad_api)
 
@@ -1466,7 +1455,6 @@ def user_disable(inp: UserDisableInput) -> UserDisableOutput:
 @action("consul.user.enable", timeout=900, heartbeat=60, mutating=True)
 def user_enable(inp: UserEnableInput) -> UserEnableOutput:
     """Restore one service exactly as consul.user.disable recorded it (flag, every check field, job count)."""
-    inp = validated(UserEnableInput, inp)
     client, nomad_api = _clients(inp)
     return _enable_one(inp, client, nomad_api)
 
@@ -1546,7 +1534,6 @@ def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
     services fail, the error says per service what changed, and its details' `restore` brings back
     every service this call recorded, the failed ones' partial changes included.
     """
-    inp = validated(UsersDisableInput, inp)
     token = consul_token(inp.consul)
     nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
     knobs = inp.model_dump(include={"disabled_value", "check_interval", "scale_to", "journal_prefix"})
@@ -1582,7 +1569,6 @@ def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
 @action("consul.users.enable", timeout=3 * 3600, heartbeat=120, mutating=True)
 def users_enable(inp: UsersEnableInput) -> UsersEnableOutput:
     """Restore every recorded service exactly as consul.users.disable found it."""
-    inp = validated(UsersEnableInput, inp)
     token = consul_token(inp.consul)
     nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
 

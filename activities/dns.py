@@ -24,7 +24,7 @@ import dns.rdatatype
 import dns.tsig
 import dns.update
 import dns.xfr
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -140,26 +140,6 @@ def decode_lua_rdata(rdata: Any) -> tuple[str, str]:
         i += 1 + n
     return inner, b"".join(parts).decode("ascii", errors="replace")
 
-
-# --- arguments ------------------------------------------------------------------------------------
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def _bad(message: str) -> ApplicationError:
-    return ApplicationError(message, type="InvalidArgument", non_retryable=True)
-
-
-def _validated(model: type[M], inp: Any) -> M:
-    # Re-validate whatever arrived (a dict, or a model built with model_construct) so bad
-    # arguments become one non-retryable error instead of five retried crashes.
-    try:
-        # warnings=False: a model_construct-ed input may hold raw dicts; validation reports them.
-        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors())
-        raise _bad(f"bad arguments for {model.__name__}: {problems}") from None
 
 
 def parse_server(server: str) -> tuple[str, int]:
@@ -481,7 +461,6 @@ async def _tsig_key(inp: SteerSetInput) -> dns.tsig.Key:
 )
 async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
     """Steer `percent` of players to the game IP on every authoritative server, and verify it took."""
-    inp = _validated(SteerSetInput, inp)
     log = activity.logger
     before = list(await asyncio.gather(*(read_state(s, inp.zone, inp.fqdn, inp.timeout_s) for s in inp.servers)))
     for state in before:
@@ -543,7 +522,6 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
 @action("dns.steer.get", timeout=30, retry=RetryDefaults(max_attempts=5))
 async def steer_get(inp: SteerGetInput) -> SteerGetOutput:
     """Read the steering record (percent, IPs, serial) from every authoritative server by AXFR."""
-    inp = _validated(SteerGetInput, inp)
     states = list(await asyncio.gather(*(read_state(s, inp.zone, inp.fqdn, inp.timeout_s) for s in inp.servers)))
     signatures = {(s.present, s.percent, s.game_ip, s.maint_ip, s.ttl, s.foreign_code) for s in states}
     consistent = len(signatures) == 1
@@ -654,7 +632,6 @@ async def query_clients(
 @action("dns.steer.sample", timeout=120, retry=RetryDefaults(max_attempts=3))
 async def steer_sample(inp: SteerSampleInput) -> SteerSampleOutput:
     """Measure the admitted share on one server by querying as N distinct ECS client subnets."""
-    inp = _validated(SteerSampleInput, inp)
     subnets = ecs_subnets(inp.ecs_base, inp.ecs_prefix, inp.clients)
     answers = await query_clients(
         inp.server, inp.name, subnets, concurrency=inp.concurrency, timeout=inp.timeout_s, attempts=inp.attempts

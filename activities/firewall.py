@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -463,23 +463,8 @@ async def _converge_chain(ex: Executor, inp: _Targeted, want: Callable[[HostFire
 
 # --------------------------------------------------------------------------- fan-out
 
-M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
 
-
-def _checked(model: type[M], inp: Any) -> M:
-    """Re-validate the input so bad arguments fail once, clearly, and are never retried."""
-    try:
-        # warnings=False: a model_construct-ed input may hold raw dicts; validation reports them.
-        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ApplicationError(
-            f"bad arguments: {exc.error_count()} error(s): "
-            + "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors()),
-            type="BadArguments",
-            non_retryable=True,
-        ) from None
 
 
 async def _fan_out(name: str, inp: _Targeted, per_host: Callable[[Executor], Awaitable[R]]) -> list[R]:
@@ -538,7 +523,6 @@ async def block(inp: BlockInput) -> BlockOutput:
     Declarative: the chain ends up holding exactly `allow`, so re-running it after
     firewall.allow calls takes those tiers back out (each removal is reported).
     """
-    inp = _checked(BlockInput, inp)
     rules = _desired_chain(inp.allow)
     results = await _fan_out(
         "firewall.block", inp, lambda ex: _converge_chain(ex, inp, lambda fw: rules, inp.ports)
@@ -553,7 +537,6 @@ async def block(inp: BlockInput) -> BlockOutput:
 @action("firewall.unblock", mutating=True, timeout=120)
 async def unblock(inp: UnblockInput) -> UnblockOutput:
     """Remove the block chain and its INPUT jump from each host; a no-op where there is none."""
-    inp = _checked(UnblockInput, inp)
 
     async def one(ex: Executor) -> HostChange:
         fw = await _read(ex, inp.chain)
@@ -587,7 +570,6 @@ def _require_block(fw: HostFirewall, chain: str) -> None:
 @action("firewall.allow", mutating=True, undo="firewall.revoke", undo_from_output="undo", timeout=120)
 async def allow(inp: AllowInput) -> AllowOutput:
     """Let one tier of sources through an existing block (added before the final reject)."""
-    inp = _checked(AllowInput, inp)
 
     def want(fw: HostFirewall) -> list[Rule]:
         _require_block(fw, inp.chain)
@@ -607,7 +589,6 @@ async def allow(inp: AllowInput) -> AllowOutput:
 @action("firewall.revoke", mutating=True, undo="firewall.allow", undo_from_output="undo", timeout=120)
 async def revoke(inp: RevokeInput) -> RevokeOutput:
     """Take one tier's sources back out of an existing block (only rules tagged with that tier)."""
-    inp = _checked(RevokeInput, inp)
     drop = set(inp.tier.cidrs)
 
     def want(fw: HostFirewall) -> list[Rule]:
@@ -625,7 +606,6 @@ async def revoke(inp: RevokeInput) -> RevokeOutput:
 @action("firewall.status", timeout=60)
 async def status(inp: StatusInput) -> StatusOutput:
     """Report the block on each host: ports, allowed tiers, and anything that looks wrong."""
-    inp = _checked(StatusInput, inp)
 
     async def one(target: HostTarget) -> HostStatus:
         try:

@@ -21,7 +21,6 @@ from activities._clients import (
     resume_details,
     translate,
     unavailable,
-    validated,
 )
 from activities._nomad_checks import group_of as _group, read_job as _job
 from activities.registry import RetryDefaults, action
@@ -192,7 +191,6 @@ class ScaleOutput(BaseModel):
         undo_from_output="undo")
 def jobs_scale(inp: ScaleInput) -> ScaleOutput:
     """Set a task group's count (modify index enforced, an active deployment waited out); the undo puts it back."""
-    inp = validated(ScaleInput, inp)
     api = nomad_client(inp.nomad)
     group, _ = read_group_count(api, inp.job, inp.group, inp.namespace)
     previous, changed = scale_group(api, inp.job, group, inp.namespace, inp.count, inp.message)
@@ -259,7 +257,6 @@ def _probe(probe: NodeProbe) -> str | None:
         undo_from_output="undo", retry=RetryDefaults(max_attempts=3))
 def nodes_quarantine_unhealthy(inp: QuarantineInput) -> QuarantineOutput:
     """Make ineligible every ready, eligible node that fails its probe (HTTP or recent failed allocations)."""
-    inp = validated(QuarantineInput, inp)
     if not inp.probes and inp.failed_allocs_within_minutes is None:
         raise bad("give probes and/or failed_allocs_within_minutes: nothing to judge nodes by")
     api = nomad_client(inp.nomad)
@@ -316,7 +313,6 @@ def nodes_quarantine_unhealthy(inp: QuarantineInput) -> QuarantineOutput:
 @action("nomad.nodes.restore_eligibility", timeout=120, mutating=True)
 def nodes_restore_eligibility(inp: NodesEligibleInput) -> NodesEligibleOutput:
     """Mark the given nodes eligible again (the undo of nomad.nodes.quarantine_unhealthy)."""
-    inp = validated(NodesEligibleInput, inp)
     api = nomad_client(inp.nomad)
     made, unchanged = [], []
     for node_id in inp.node_ids:
@@ -496,7 +492,6 @@ def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
     recorded spec. A fresh registration places every allocation directly: Nomad only uses canaries
     when updating an existing job, so there are none to promote here.
     """
-    inp = validated(RedeployInput, inp)
     api = nomad_client(inp.nomad)
     state = resume_details() or {}
     if state.get("job") != inp.job:

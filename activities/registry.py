@@ -2,15 +2,57 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-__all__ = ["ActionSpec", "RetryDefaults", "Registry", "action", "default_registry"]
+__all__ = ["ActionSpec", "RetryDefaults", "Registry", "action", "default_registry", "invalid_argument", "parse_input"]
+
+INVALID_ARGUMENT = "InvalidArgument"
+M = TypeVar("M", bound=BaseModel)
+
+
+def invalid_argument(message: str) -> ApplicationError:
+    """A bad-argument error: retrying cannot help, so it is never retried."""
+    return ApplicationError(message, type=INVALID_ARGUMENT, non_retryable=True)
+
+
+def parse_input(name: str, model: type[M], inp: Any) -> M:
+    """The one validation of an action's input at run time; bad arguments fail once, never retried."""
+    try:
+        # warnings=False: a model_construct-ed input may hold raw dicts; validation reports them.
+        data = inp.model_dump(warnings=False) if isinstance(inp, BaseModel) else inp
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<input>'}: {e['msg']}" for e in exc.errors())
+        raise invalid_argument(f"bad arguments for {name} ({model.__name__}): {problems}") from None
+
+
+def _validating(name: str, fn: Callable[..., Any], model: type[BaseModel], output: Any) -> Callable[..., Any]:
+    """Wrap an action so its input is validated here, once, and nowhere else.
+
+    The wrapper's own signature says `Any`, so the data converter hands over plain JSON and
+    does not validate (its failures would be retried as "Failed decoding arguments").
+    """
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def run(inp: Any) -> Any:
+            return await fn(parse_input(name, model, inp))
+    else:
+        @functools.wraps(fn)
+        def run(inp: Any) -> Any:
+            return fn(parse_input(name, model, inp))
+    run.__annotations__ = {"inp": Any, "return": output}
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("inp", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Any)],
+        return_annotation=output)
+    return run
 
 
 @dataclass(frozen=True)
@@ -106,7 +148,7 @@ def action(
         output_model = hints.get("return")
         if not (isinstance(output_model, type) and issubclass(output_model, BaseModel)):
             output_model = None
-        defn = activity.defn(name=name)(fn)
+        defn = activity.defn(name=name)(_validating(name, fn, input_model, hints.get("return", Any)))
         doc = inspect.getdoc(fn) or ""
         (registry or default_registry).add(
             ActionSpec(

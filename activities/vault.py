@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, field_validator
 from temporalio.exceptions import ApplicationError
 
 from activities import secrets as vault_secrets
-from activities._clients import bad, unavailable, validated
+from activities._clients import bad, unavailable
 from activities.registry import RetryDefaults, action
 from activities.secrets import VaultSecretRef
 from workflows.identity import IdentityKeys
@@ -39,7 +39,6 @@ class HealthOutput(BaseModel):
 @action("vault.health", timeout=60, retry=RetryDefaults(max_attempts=3))
 def health(inp: HealthInput) -> HealthOutput:
     """Read sys/health; sealed or uninitialized (or standby when standby_ok is false) is an error."""
-    inp = validated(HealthInput, inp)
     client = hvac.Client(url=inp.address, verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
     try:
         # Every state answers 200 so the body, not the status code, says what it is.
@@ -95,7 +94,6 @@ class ReadOutput(BaseModel):
 @action("vault.read", timeout=60, retry=RetryDefaults(max_attempts=3))
 def read(inp: ReadInput) -> ReadOutput:
     """Check a KV v2 secret exists and return a reference to it (mount, path, version, key names), not its value."""
-    inp = validated(ReadInput, inp)
     login = VaultSecretRef(address=inp.address, mount=inp.mount, path=inp.path, field="-",
                            token_env=inp.token_env, token_file=inp.token_file, ca_cert=inp.ca_cert)
     # Same token lookup and client factory as activities.secrets, so tests and workers configure one thing.
@@ -137,7 +135,6 @@ _HOW_TO_CONFIGURE = (
 @action("vault.identity_keys", timeout=60, retry=RetryDefaults(max_attempts=5))
 def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
     """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
-    inp = validated(IdentityKeysInput, inp)
     # token="" : these endpoints are public, and the worker's own token (VAULT_TOKEN) must not travel.
     client = hvac.Client(url=inp.address, token="", verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
     try:

@@ -84,7 +84,7 @@ async def test_bad_arguments_are_non_retryable(override: dict[str, object]) -> N
     with pytest.raises(ApplicationError) as err:
         await steer_set(SteerSetInput.model_construct(**fields))
     assert err.value.non_retryable and err.value.type == "InvalidArgument"
-    assert "bad arguments for SteerSetInput" in str(err.value)
+    assert "bad arguments for dns.steer.set (SteerSetInput)" in str(err.value)
 
 
 def test_sample_input_checks_subnet_room() -> None:

@@ -46,7 +46,7 @@ def _bad(**fields: object) -> BlockInput:
 async def test_bad_arguments_are_non_retryable(fields: dict[str, object], needle: str) -> None:
     with pytest.raises(ApplicationError) as info:
         await block(_bad(**fields))
-    assert info.value.non_retryable and info.value.type == "BadArguments"
+    assert info.value.non_retryable and info.value.type == "InvalidArgument"
     assert needle in info.value.message
 
 
