@@ -1,93 +1,16 @@
-"""The coldstart worker: runs RunbookWorkflow and every action in the registry."""
+"""The coldstart worker's entry point: `python worker.py --help` (the same as `coldstart worker`)."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import os
-import signal
-from concurrent.futures import ThreadPoolExecutor
+import typer
 
-import structlog
-from temporalio.client import Client
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from runtime.serve import serve
 
-from activities.catalog import load_registry
-from activities.journal import ENV as JOURNAL_ENV, ActionJournal, JournalInterceptor
-from activities.registry import Registry
-from cli.connection import connect, task_queue
-from cli.logs import configure_logging
-from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
-
-__all__ = ["build_worker", "main", "run_worker"]
-
-log = structlog.get_logger("coldstart.worker")
-
-# Identity tokens are verified inside Update validators: PyJWT and cryptography import submodules
-# lazily at verify time, which the sandbox cannot re-import, so they pass through (pure, deterministic).
-_SANDBOX = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("jwt", "cryptography"))
-
-
-def build_worker(
-    client: Client,
-    queue: str,
-    *,
-    registry: Registry | None = None,
-    executor: ThreadPoolExecutor | None = None,
-    max_concurrent_activities: int = 100,
-    journal: str | os.PathLike[str] | None = None,
-) -> Worker:
-    """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
-
-    journal: append a line per action attempt to this file (activities/journal.py)."""
-    registry = registry or load_registry()
-    interceptors = []
-    if journal:
-        mutating = {name: spec.mutating for name, spec in registry.specs.items()}
-        interceptors.append(JournalInterceptor(ActionJournal(journal, mutating=mutating)))
-    return Worker(
-        client,
-        task_queue=queue,
-        workflows=[RunbookWorkflow, FanOutWorkflow],
-        activities=registry.activities(),
-        activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
-        max_concurrent_activities=max_concurrent_activities,
-        interceptors=interceptors,
-        workflow_runner=_SANDBOX,
-    )
-
-
-async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
-    runtime = None
-    if metrics_address:
-        runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_address)))
-    client = await connect(runtime=runtime)
-    worker = build_worker(client, queue, journal=journal)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    log.info("worker started", task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()),
-             journal=journal, pid=os.getpid())
-    async with worker:
-        await stop.wait()
-        log.info("worker stopping: finishing in-flight tasks")
-    log.info("worker stopped")
+__all__ = ["main"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--task-queue", default=task_queue())
-    parser.add_argument("--metrics", default=os.environ.get("COLDSTART_METRICS", "127.0.0.1:9464"),
-                        help="Prometheus metrics bind address, '' to disable")
-    parser.add_argument("--journal", default=os.environ.get(JOURNAL_ENV) or None,
-                        help=f"append one JSON line per action attempt start/end to this file (env {JOURNAL_ENV})")
-    parser.add_argument("--log-level", default=os.environ.get("COLDSTART_LOG_LEVEL", "INFO"))
-    args = parser.parse_args()
-    configure_logging(args.log_level)
-    asyncio.run(run_worker(args.task_queue, args.metrics or None, args.journal or None))
+    typer.run(serve)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ from temporalio.worker import (
 )
 
 __all__ = [
-    "ENV",
     "ActionJournal",
     "Attempt",
     "JournalCheck",
@@ -59,7 +58,6 @@ __all__ = [
     "repeated_steps",
 ]
 
-ENV = "COLDSTART_ACTION_JOURNAL"
 log = logging.getLogger("coldstart.journal")
 
 # Activity ids as RunbookWorkflow builds them: `<label>#<seq>` (seq counts every activity of the run:

@@ -23,12 +23,12 @@ from pathlib import Path
 import consul
 import hvac
 import httpx
-from temporalio.contrib.pydantic import pydantic_data_converter
+from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 from cli.drill import start_process
 from cli.runs import start_run
-from worker import build_worker
+from runtime.worker import build_worker
 from workflows import search
 from workflows.contract import RunStatus
 from workflows.loader import plan_run
@@ -139,7 +139,7 @@ async def main(count: int, concurrency: int, failing: int) -> None:
         book = work / "disable-users.yaml"
         book.write_text(RUNBOOK.format(consul=consul_target, nomad=nomad_url, concurrency=concurrency))
         env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"), data_converter=pydantic_data_converter,
+            dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"), data_converter=DATA_CONVERTER,
             search_attributes=search.ALL, dev_server_log_level="error",
         )
         try:

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.pydantic import pydantic_data_converter
+from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 
 from bare_workflow import BareActivities
 from cli.runs import start_run
-from worker import build_worker
+from runtime.worker import build_worker
 from workflows import search
 from workflows.loader import plan_run
 
@@ -45,7 +45,7 @@ async def main() -> None:
 
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
-        data_converter=pydantic_data_converter, search_attributes=search.ALL, dev_server_log_level="error",
+        data_converter=DATA_CONVERTER, search_attributes=search.ALL, dev_server_log_level="error",
     )
     work = Path(tempfile.mkdtemp())
     book = work / "overhead.yaml"

@@ -21,7 +21,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
-from cli.connection import connect
+from runtime.connection import connect
 from cli.runs import start_run
 from cli.timeline import build_timeline, render_markdown
 from workflows.contract import ApproveRequest, RunStatus
@@ -119,7 +119,7 @@ async def _auto_approve(client, workflow_id: str, console: Console,
 
 async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool = False) -> DrillReport:
     """The demo drill: a Temporal dev server, a Prometheus, a worker, and runbooks/demo.yaml."""
-    from worker import build_worker
+    from runtime.worker import build_worker
 
     state_dir.mkdir(parents=True, exist_ok=True)
     temporal_port, ui_port, prom_port, metrics_port = free_port(), free_port(), free_port(), free_port()

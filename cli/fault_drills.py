@@ -248,7 +248,7 @@ class FaultDrills:
         await self.close()
 
     async def open(self) -> None:
-        from cli.connection import connect
+        from runtime.connection import connect
         from cli.lab_drill import _vault_token
         from lab import lifecycle
 

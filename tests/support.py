@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from activities.catalog import load_registry
 from activities.registry import Registry, RetryDefaults, action
 from cli.runs import start_run
-from worker import build_worker
+from runtime.worker import build_worker
 from workflows.loader import plan_run
 
 test_registry = Registry()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
+from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 from cli.runs import TargetBusy
@@ -160,7 +160,7 @@ async def test_continue_as_new_keeps_outputs_and_state(task_queue, tmp_path):
     """)
     environment = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL_CLI),
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         search_attributes=search.ALL,
         dev_server_log_level="error",
         dev_server_extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=20"],

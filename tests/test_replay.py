@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
+from runtime.connection import DATA_CONVERTER
 from temporalio.worker import Replayer
 
 from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
@@ -17,7 +17,7 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path):
     history = WorkflowHistory.from_json(f"replay-{path.stem}", path.read_text())
-    replayer = Replayer(workflows=[RunbookWorkflow, FanOutWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[RunbookWorkflow, FanOutWorkflow], data_converter=DATA_CONVERTER)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 

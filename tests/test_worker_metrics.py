@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from cli.connection import connect
+from runtime.connection import connect
 from tests import support
 from tests.conftest import free_port
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from cli.connection import connect
+from runtime.connection import connect
 from tests import support
 
 

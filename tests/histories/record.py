@@ -10,7 +10,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
+from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 from tests import support
@@ -75,7 +75,7 @@ steps:
 
 async def _record() -> None:
     environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(TEMPORAL_CLI), data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(TEMPORAL_CLI), data_converter=DATA_CONVERTER,
         search_attributes=search.ALL, dev_server_log_level="error",
     )
     prom = await support.ScriptedPrometheus().start()

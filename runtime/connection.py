@@ -10,13 +10,16 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
-__all__ = ["DEFAULT_TASK_QUEUE", "connect", "task_queue"]
+__all__ = ["DATA_CONVERTER", "DEFAULT_TASK_QUEUE", "TASK_QUEUE_ENV", "connect", "task_queue"]
 
 DEFAULT_TASK_QUEUE = "coldstart"
+TASK_QUEUE_ENV = "COLDSTART_TASK_QUEUE"
+# Pydantic models in and out of every workflow and action; one converter for workers and clients.
+DATA_CONVERTER = pydantic_data_converter
 
 
 def task_queue() -> str:
-    return os.environ.get("COLDSTART_TASK_QUEUE", DEFAULT_TASK_QUEUE)
+    return os.environ.get(TASK_QUEUE_ENV, DEFAULT_TASK_QUEUE)
 
 
 async def connect(profile: str | None = None, *, runtime: Runtime | None = None, **overrides: Any) -> Client:
@@ -26,4 +29,4 @@ async def connect(profile: str | None = None, *, runtime: Runtime | None = None,
     config.update(overrides)
     if runtime is not None:
         config["runtime"] = runtime
-    return await Client.connect(data_converter=pydantic_data_converter, **config)
+    return await Client.connect(data_converter=DATA_CONVERTER, **config)

@@ -1,0 +1,30 @@
+"""The worker command, one definition for `python worker.py` and `coldstart worker`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import typer
+
+from runtime.connection import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV
+from runtime.logs import configure_logging
+
+__all__ = ["serve"]
+
+JOURNAL_ENV = "COLDSTART_ACTION_JOURNAL"  # the action journal (activities/journal.py) a worker writes
+
+
+def serve(
+    task_queue: str = typer.Option(DEFAULT_TASK_QUEUE, envvar=TASK_QUEUE_ENV, help="the task queue to poll"),
+    metrics: str = typer.Option("127.0.0.1:9464", envvar="COLDSTART_METRICS",
+                                help="Prometheus metrics bind address, '' to disable"),
+    journal: Optional[str] = typer.Option(None, envvar=JOURNAL_ENV,
+                                          help="append one JSON line per action attempt start/end to this file"),
+    log_level: str = typer.Option("INFO", envvar="COLDSTART_LOG_LEVEL"),
+) -> None:
+    """Run a worker: the runbook workflows and every registered action."""
+    from runtime.worker import run_worker  # the worker's imports stay off the CLI's start-up path
+
+    configure_logging(log_level)
+    asyncio.run(run_worker(task_queue, metrics or None, journal or None))

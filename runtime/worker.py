@@ -1,0 +1,76 @@
+"""The coldstart worker: runs RunbookWorkflow and every action in the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from activities.catalog import load_registry
+from activities.journal import ActionJournal, JournalInterceptor
+from activities.registry import Registry
+from runtime.connection import connect
+from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
+
+__all__ = ["build_worker", "run_worker"]
+
+log = structlog.get_logger("coldstart.worker")
+
+# Identity tokens are verified inside Update validators: PyJWT and cryptography import submodules
+# lazily at verify time, which the sandbox cannot re-import, so they pass through (pure, deterministic).
+_SANDBOX = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("jwt", "cryptography"))
+
+
+def build_worker(
+    client: Client,
+    queue: str,
+    *,
+    registry: Registry | None = None,
+    executor: ThreadPoolExecutor | None = None,
+    max_concurrent_activities: int = 100,
+    journal: str | os.PathLike[str] | None = None,
+) -> Worker:
+    """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
+
+    journal: append a line per action attempt to this file (activities/journal.py)."""
+    registry = registry or load_registry()
+    interceptors = []
+    if journal:
+        mutating = {name: spec.mutating for name, spec in registry.specs.items()}
+        interceptors.append(JournalInterceptor(ActionJournal(journal, mutating=mutating)))
+    return Worker(
+        client,
+        task_queue=queue,
+        workflows=[RunbookWorkflow, FanOutWorkflow],
+        activities=registry.activities(),
+        activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
+        max_concurrent_activities=max_concurrent_activities,
+        interceptors=interceptors,
+        workflow_runner=_SANDBOX,
+    )
+
+
+async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
+    """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
+    runtime = None
+    if metrics_address:
+        runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_address)))
+    client = await connect(runtime=runtime)
+    worker = build_worker(client, queue, journal=journal)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("worker started", task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()),
+             journal=journal, pid=os.getpid())
+    async with worker:
+        await stop.wait()
+        log.info("worker stopping: finishing in-flight tasks")
+    log.info("worker stopped")
