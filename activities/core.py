@@ -16,7 +16,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.prometheus import PrometheusError, instant_query, single_value
-from activities.registry import RetryDefaults, action
+from activities.registry import action
+from activities.retry import Retry
 
 __all__ = [
     "HttpCheckInput",
@@ -109,7 +110,7 @@ class HttpCheckOutput(BaseModel):
     latency_ms: float
 
 
-@action("core.http_check", timeout=60, retry=RetryDefaults(max_attempts=3))
+@action("core.http_check", timeout=60, retry=Retry(max_attempts=3))
 async def http_check(inp: HttpCheckInput) -> HttpCheckOutput:
     """GET a URL and require an expected status (and optionally a substring in the body)."""
     started = time.monotonic()
@@ -137,7 +138,7 @@ class PrometheusQueryOutput(BaseModel):
     series: list[dict[str, Any]]
 
 
-@action("core.prometheus_query", timeout=60, retry=RetryDefaults(max_attempts=3))
+@action("core.prometheus_query", timeout=60, retry=Retry(max_attempts=3))
 async def prometheus_query(inp: PrometheusQueryInput) -> PrometheusQueryOutput:
     """Run an instant PromQL query; the output is its single value (an empty result is an error)."""
     try:

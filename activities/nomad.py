@@ -23,7 +23,8 @@ from activities._clients import (
     unavailable,
 )
 from activities._nomad_checks import group_of as _group, read_job as _job
-from activities.registry import RetryDefaults, action
+from activities.registry import action
+from activities.retry import Retry
 
 __all__ = [
     "NodeProbe",
@@ -254,7 +255,7 @@ def _probe(probe: NodeProbe) -> str | None:
 
 
 @action("nomad.nodes.quarantine_unhealthy", timeout=300, mutating=True, undo="nomad.nodes.restore_eligibility",
-        undo_from_output="undo", retry=RetryDefaults(max_attempts=3))
+        undo_from_output="undo", retry=Retry(max_attempts=3))
 def nodes_quarantine_unhealthy(inp: QuarantineInput) -> QuarantineOutput:
     """Make ineligible every ready, eligible node that fails its probe (HTTP or recent failed allocations)."""
     if not inp.probes and inp.failed_allocs_within_minutes is None:
@@ -481,7 +482,7 @@ def _deployment_of(api: Any, job: dict[str, Any], namespace: str) -> dict[str, A
 
 
 @action("nomad.job.redeploy_from_scratch", timeout=6 * 3600, heartbeat=60, mutating=True,
-        retry=RetryDefaults(max_attempts=3))
+        retry=Retry(max_attempts=3))
 def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
     """Stop a job, wait for its tasks to end, purge it, register it again and wait until its deployment is healthy.
 

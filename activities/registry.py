@@ -12,7 +12,9 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["ActionSpec", "RetryDefaults", "Registry", "action", "default_registry", "invalid_argument", "parse_input"]
+from activities.retry import Retry
+
+__all__ = ["ActionSpec", "Registry", "action", "default_registry", "invalid_argument", "parse_input"]
 
 INVALID_ARGUMENT = "InvalidArgument"
 M = TypeVar("M", bound=BaseModel)
@@ -56,16 +58,6 @@ def _validating(name: str, fn: Callable[..., Any], model: type[BaseModel], outpu
 
 
 @dataclass(frozen=True)
-class RetryDefaults:
-    """Activity retry policy defaults; plain data so it can travel in a workflow input."""
-
-    max_attempts: int = 5
-    initial_interval: timedelta = timedelta(seconds=1)
-    backoff: float = 2.0
-    max_interval: timedelta = timedelta(seconds=30)
-
-
-@dataclass(frozen=True)
 class ActionSpec:
     """What the validator and the worker need to know about one action."""
 
@@ -76,7 +68,7 @@ class ActionSpec:
     description: str
     timeout: timedelta
     heartbeat: timedelta | None
-    retry: RetryDefaults
+    retry: Retry
     mutating: bool
     undo: str | None
     # Name of a field in the output that the undo action takes as its whole input.
@@ -113,6 +105,7 @@ class Registry:
 
 
 default_registry = Registry()
+RetryDefaults = Retry  # TEMPORARY until the split modules are renamed
 
 
 def action(
@@ -120,7 +113,7 @@ def action(
     *,
     timeout: float | timedelta = 60,
     heartbeat: float | timedelta | None = None,
-    retry: RetryDefaults | None = None,
+    retry: Retry | None = None,
     mutating: bool = False,
     undo: str | None = None,
     undo_from_output: str | None = None,
@@ -159,7 +152,7 @@ def action(
                 description=doc.splitlines()[0] if doc else name,
                 timeout=_seconds(timeout) or timedelta(seconds=60),
                 heartbeat=_seconds(heartbeat),
-                retry=retry or RetryDefaults(),
+                retry=retry or Retry(),
                 mutating=mutating,
                 undo=undo,
                 undo_from_output=undo_from_output,

@@ -8,7 +8,8 @@ import httpx
 from pydantic import BaseModel
 
 from activities.prometheus import PrometheusError, instant_query, single_value
-from activities.registry import RetryDefaults, action
+from activities.registry import action
+from activities.retry import Retry
 from workflows.contract import ReadGateInput
 
 __all__ = ["Reading", "read"]
@@ -20,7 +21,7 @@ class Reading(BaseModel):
     latency_ms: float = 0.0
 
 
-@action("telemetry.read", timeout=30, retry=RetryDefaults(max_attempts=1))
+@action("telemetry.read", timeout=30, retry=Retry(max_attempts=1))
 async def read(inp: ReadGateInput) -> Reading:
     """Read one gate sample; an unreachable source or an empty result is an error, so the gate fails closed."""
     started = time.monotonic()

@@ -13,7 +13,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities import secrets as vault_secrets
 from activities._clients import bad, unavailable
-from activities.registry import RetryDefaults, action
+from activities.registry import action
+from activities.retry import Retry
 from activities.secrets import VaultSecretRef
 from workflows.identity import IdentityKeys
 
@@ -36,7 +37,7 @@ class HealthOutput(BaseModel):
     cluster_name: str | None
 
 
-@action("vault.health", timeout=60, retry=RetryDefaults(max_attempts=3))
+@action("vault.health", timeout=60, retry=Retry(max_attempts=3))
 def health(inp: HealthInput) -> HealthOutput:
     """Read sys/health; sealed or uninitialized (or standby when standby_ok is false) is an error."""
     client = hvac.Client(url=inp.address, verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
@@ -91,7 +92,7 @@ class ReadOutput(BaseModel):
     refs: dict[str, VaultSecretRef] = Field(description="one VaultSecretRef per key, for steps that take one")
 
 
-@action("vault.read", timeout=60, retry=RetryDefaults(max_attempts=3))
+@action("vault.read", timeout=60, retry=Retry(max_attempts=3))
 def read(inp: ReadInput) -> ReadOutput:
     """Check a KV v2 secret exists and return a reference to it (mount, path, version, key names), not its value."""
     login = VaultSecretRef(address=inp.address, mount=inp.mount, path=inp.path, field="-",
@@ -132,7 +133,7 @@ _HOW_TO_CONFIGURE = (
     "template='{\"name\": {{identity.entity.name}}}'`")
 
 
-@action("vault.identity_keys", timeout=60, retry=RetryDefaults(max_attempts=5))
+@action("vault.identity_keys", timeout=60, retry=Retry(max_attempts=5))
 def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
     """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
     # token="" : these endpoints are public, and the worker's own token (VAULT_TOKEN) must not travel.

@@ -17,7 +17,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
 from activities.catalog import load_registry
-from activities.registry import Registry, RetryDefaults, action
+from activities.registry import Registry, action
+from activities.retry import Retry
 from cli.runs import start_run
 from runtime.worker import build_worker
 from workflows.loader import plan_run
@@ -34,7 +35,7 @@ class AppendOutput(BaseModel):
     line: str
 
 
-@action("test.append", registry=test_registry, mutating=True, undo="test.append_undo", retry=RetryDefaults(max_attempts=1))
+@action("test.append", registry=test_registry, mutating=True, undo="test.append_undo", retry=Retry(max_attempts=1))
 def append(inp: AppendInput) -> AppendOutput:
     """Append one line per execution (deliberately not idempotent: it counts executions)."""
     info = activity.info()
@@ -44,7 +45,7 @@ def append(inp: AppendInput) -> AppendOutput:
     return AppendOutput(line=line)
 
 
-@action("test.append_undo", registry=test_registry, mutating=True, retry=RetryDefaults(max_attempts=1))
+@action("test.append_undo", registry=test_registry, mutating=True, retry=Retry(max_attempts=1))
 def append_undo(inp: AppendInput) -> AppendOutput:
     """Record an undo, so tests can see rollback order."""
     with open(inp.path, "a") as handle:
@@ -59,7 +60,7 @@ class FailInput(BaseModel):
     fail_items: list[str] = []
 
 
-@action("test.maybe_fail", registry=test_registry, mutating=True, retry=RetryDefaults(max_attempts=1))
+@action("test.maybe_fail", registry=test_registry, mutating=True, retry=Retry(max_attempts=1))
 def maybe_fail(inp: FailInput) -> AppendOutput:
     """Fail while a flag file is absent, or when the label is listed in fail_items."""
     if inp.label in inp.fail_items or (inp.fail_until_file_exists and not os.path.exists(inp.fail_until_file_exists)):

@@ -493,3 +493,33 @@ def test_fuzz_hostile_documents_are_refused_fast_with_a_location(tmp_path, conte
         if isinstance(raised, YamlRefused):
             assert LOCATED.match(str(raised)) and str(raised).startswith(f"{file}:"), str(raised)
         assert seconds < BOUND_SECONDS, seconds
+
+
+def test_the_shipped_json_schema_is_the_models_schema() -> None:
+    """Editors validate against runbooks/runbook.schema.json: it must be what `make schema` writes today."""
+    from workflows.schema import runbook_json_schema
+
+    shipped = json.loads((Path(__file__).parent.parent / "runbooks" / "runbook.schema.json").read_text())
+    assert shipped == runbook_json_schema(), "runbooks/runbook.schema.json is stale: run `make schema`"
+
+
+def test_one_retry_shape_from_runbook_to_temporal() -> None:
+    """A step's retry: block, an action's defaults and the run input all carry the same Retry model."""
+    from datetime import timedelta
+
+    from activities.retry import Retry
+    from workflows.spec import ActionDefaults, ActionStep
+
+    step = ActionStep.model_validate({"id": "s", "action": "x", "retry": {"max_attempts": 2, "initial_interval": "3s"}})
+    assert step.retry == Retry(max_attempts=2, initial_interval=timedelta(seconds=3))
+    # Runbooks written with the old key still load, as the same shape.
+    assert ActionStep.model_validate({"id": "s", "action": "x", "retry": {"interval": "3s", "max_attempts": 2}}).retry == step.retry
+    policy = step.retry.policy()
+    assert (policy.maximum_attempts, policy.initial_interval, policy.backoff_coefficient, policy.maximum_interval) == (
+        2, timedelta(seconds=3), 2.0, timedelta(seconds=30))
+    assert [Retry(initial_interval=timedelta(seconds=1), max_interval=timedelta(seconds=5)).delay(n).seconds
+            for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
+    # A run input recorded with the old flat fields replays as the nested shape.
+    old = {"name": "a", "timeout": "PT60S", "max_attempts": 3, "initial_interval": "PT1S", "backoff": 2.0,
+           "max_interval": "PT30S"}
+    assert ActionDefaults.model_validate(old).retry == Retry(max_attempts=3)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from workflows.identity import IdentityKeys
-from workflows.spec import ActionDefaults, ForEachSpec, RetrySpec, Runbook
+from workflows.spec import ActionDefaults, ForEachSpec, Runbook
 
 __all__ = [
     "ApprovalRecord",
@@ -270,4 +270,3 @@ class FanOutResult(BaseModel):
 
 
 RunInput.model_rebuild()
-_ = RetrySpec

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Iterable
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from activities.retry import parse_duration
 from workflows.contract import RunInput
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
 from workflows.spec import (
@@ -23,7 +24,6 @@ from workflows.spec import (
     RampStep,
     Runbook,
     Step,
-    parse_duration,
 )
 from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
 
@@ -529,10 +529,7 @@ def _pinned_defaults(spec: Any) -> ActionDefaults:
         description=spec.description,
         timeout=spec.timeout,
         heartbeat=spec.heartbeat,
-        max_attempts=spec.retry.max_attempts,
-        initial_interval=spec.retry.initial_interval,
-        backoff=spec.retry.backoff,
-        max_interval=spec.retry.max_interval,
+        retry=spec.retry,
         mutating=spec.mutating,
         undo=spec.undo,
         undo_from_output=spec.undo_from_output,

@@ -13,6 +13,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.retry import Retry
     from workflows import search
     from workflows.contract import (
         ApprovalRecord,
@@ -45,7 +46,6 @@ with workflow.unsafe.imports_passed_through():
         OnFailure,
         ParallelStep,
         RampStep,
-        RetrySpec,
         WaitStep,
     )
 
@@ -82,22 +82,6 @@ def compare(value: float, comparator: str, threshold: float) -> bool:
     }[comparator]
 
 
-def _retry_policy(defaults: ActionDefaults, override: RetrySpec | None) -> RetryPolicy:
-    if override is not None:
-        return RetryPolicy(
-            initial_interval=override.interval,
-            backoff_coefficient=override.backoff,
-            maximum_interval=override.max_interval,
-            maximum_attempts=override.max_attempts,
-        )
-    return RetryPolicy(
-        initial_interval=defaults.initial_interval,
-        backoff_coefficient=defaults.backoff,
-        maximum_interval=defaults.max_interval,
-        maximum_attempts=defaults.max_attempts,
-    )
-
-
 def _failure_message(exc: BaseException) -> str:
     """The innermost cause's message: what the activity itself said went wrong."""
     current: BaseException | None = exc
@@ -116,7 +100,7 @@ async def _execute_action(
     activity_id: str,
     summary: str,
     timeout: timedelta | None = None,
-    retry: RetrySpec | None = None,
+    retry: Retry | None = None,
 ) -> dict[str, Any]:
     try:
         result = await workflow.execute_activity(
@@ -125,7 +109,7 @@ async def _execute_action(
             activity_id=activity_id,
             start_to_close_timeout=timeout or action.timeout,
             heartbeat_timeout=action.heartbeat,
-            retry_policy=_retry_policy(action, retry),
+            retry_policy=(retry or action.retry).policy(),
             summary=summary[:400],
         )
     except ActivityError as exc:
@@ -389,7 +373,7 @@ class RunbookWorkflow:
         state = self._steps[step.id]
         if state.status in ("succeeded", "skipped"):
             return  # finished before a continue-as-new
-        retry = step.retry or RetrySpec()
+        retry = step.retry or Retry()
         while True:
             await self._checkpoint()
             state.attempts += 1
@@ -406,7 +390,7 @@ class RunbookWorkflow:
                 state.error = str(exc)
                 workflow.logger.warning("step failed", extra={"step": step.id, "error": str(exc)})
                 if step.on_failure == OnFailure.retry and not isinstance(step, ActionStep) and state.attempts < retry.max_attempts:
-                    delay = min(retry.interval * (retry.backoff ** (state.attempts - 1)), retry.max_interval)
+                    delay = retry.delay(state.attempts)
                     state.status = "failed"
                     await self._sleep(delay, f"{step.id}: retry in {delay}")
                     continue

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
+
+from activities.retry import Duration, Retry
 
 __all__ = [
     "ActionDefaults",
@@ -25,7 +24,6 @@ __all__ = [
     "ApprovalSpec",
     "ApprovalStep",
     "Comparator",
-    "Duration",
     "ForEachSpec",
     "ForEachStep",
     "GateSpec",
@@ -37,47 +35,12 @@ __all__ = [
     "ParallelStep",
     "RampSpec",
     "RampStep",
-    "RetrySpec",
     "Runbook",
     "Step",
     "STEP_KINDS",
     "UndoSpec",
     "WaitStep",
-    "parse_duration",
     "step_kind",
-]
-
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*(?:(\d+(?:\.\d+)?)s)?\s*(?:(\d+(?:\.\d+)?)ms)?\s*$")
-
-
-def parse_duration(value: Any) -> Any:
-    """Accept 90, "90s", "10m", "1h30m", "250ms"; leave anything else (ISO 8601, timedelta) to pydantic."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string such as 30s, 10m, 1h")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        return timedelta(seconds=value)
-    if isinstance(value, str) and not value.startswith(("P", "-P")):
-        match = _DURATION.match(value)
-        if not match or not any(match.groups()):
-            raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 10m, 1h30m, 250ms)")
-        hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
-        return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
-    return value
-
-
-Duration = Annotated[
-    timedelta,
-    BeforeValidator(parse_duration),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "description": "seconds"},
-                {"type": "string", "pattern": r"^(\d+(\.\d+)?h)?(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?(\d+ms)?$|^P"},
-            ]
-        }
-    ),
 ]
 
 StepId = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)]
@@ -106,13 +69,6 @@ class OnFailure(str, Enum):
     retry = "retry"
 
 
-class RetrySpec(_Strict):
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
-    interval: Duration = timedelta(seconds=5)
-    backoff: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
-    max_interval: Duration = timedelta(minutes=5)
-
-
 class UndoSpec(_Strict):
     action: str
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
@@ -123,7 +79,7 @@ class _StepBase(_Strict):
     name: str = ""
     description: str = ""
     on_failure: OnFailure = OnFailure.abort
-    retry: RetrySpec | None = None
+    retry: Retry | None = None
 
 
 class ActionStep(_StepBase):
@@ -330,10 +286,16 @@ class ActionDefaults(BaseModel):
     description: str = ""
     timeout: timedelta
     heartbeat: timedelta | None = None
-    max_attempts: int
-    initial_interval: timedelta
-    backoff: float
-    max_interval: timedelta
+    retry: Retry
     mutating: bool = False
     undo: str | None = None
     undo_from_output: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nested_retry(cls, data: Any) -> Any:
+        # Run inputs recorded before the retry shapes were merged carry its fields flat; replays read them.
+        flat = ("max_attempts", "initial_interval", "backoff", "max_interval")
+        if isinstance(data, dict) and "retry" not in data and any(k in data for k in flat):
+            data = {k: v for k, v in data.items() if k not in flat} | {"retry": {k: data[k] for k in flat if k in data}}
+        return data

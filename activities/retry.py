@@ -1,0 +1,73 @@
+"""The one retry shape: what an action declares, what a runbook step overrides, what Temporal is given."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from temporalio.common import RetryPolicy
+
+__all__ = ["Duration", "Retry", "parse_duration"]
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*(?:(\d+(?:\.\d+)?)s)?\s*(?:(\d+(?:\.\d+)?)ms)?\s*$")
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept 90, "90s", "10m", "1h30m", "250ms"; leave anything else (ISO 8601, timedelta) to pydantic."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string such as 30s, 10m, 1h")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return timedelta(seconds=value)
+    if isinstance(value, str) and not value.startswith(("P", "-P")):
+        match = _DURATION.match(value)
+        if not match or not any(match.groups()):
+            raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 10m, 1h30m, 250ms)")
+        hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+        return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+    return value
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "description": "seconds"},
+                {"type": "string", "pattern": r"^(\d+(\.\d+)?h)?(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?(\d+ms)?$|^P"},
+            ]
+        }
+    ),
+]
+
+
+class Retry(BaseModel):
+    """Temporal's retry policy in runbook terms; the defaults are every action's unless it says otherwise.
+
+    A step's `retry:` replaces its action's policy (fields left out take these defaults); a gate,
+    approval or other step with `on_failure: retry` is rerun under its own `retry:` or these defaults.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+    # `interval` is what runbooks wrote before the shapes were merged.
+    initial_interval: Duration = Field(timedelta(seconds=1), validation_alias=AliasChoices("initial_interval", "interval"))
+    backoff: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
+    max_interval: Duration = timedelta(seconds=30)
+
+    def delay(self, attempt: int) -> timedelta:
+        """How long to wait before rerunning after `attempt` failed attempts (1-based)."""
+        return min(self.initial_interval * (self.backoff ** (attempt - 1)), self.max_interval)
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            initial_interval=self.initial_interval,
+            backoff_coefficient=self.backoff,
+            maximum_interval=self.max_interval,
+            maximum_attempts=self.max_attempts,
+        )
