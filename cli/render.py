@@ -83,8 +83,7 @@ def plan(console: Console, run: RunInput) -> None:
 
     def add(steps: list[Any], prefix: str) -> None:
         for i, step in enumerate(steps, 1):
-            kind = next(k for k in ("action", "gate", "approval", "wait", "ramp", "for_each", "parallel") if k in type(step).model_fields)
-            table.add_row(f"{prefix}{i}", step.id, kind, Text(_describe(step, run)), step.on_failure.value)
+            table.add_row(f"{prefix}{i}", step.id, step.kind, Text(_describe(step, run)), step.on_failure.value)
             if isinstance(step, ParallelStep):
                 add(step.parallel, f"{prefix}{i}.")
 

@@ -245,9 +245,8 @@ class RunbookWorkflow:
 
     def _index(self, steps: list[Any]) -> None:
         for step in steps:
-            kind = next(k for k in ("action", "gate", "approval", "wait", "ramp", "for_each", "parallel") if k in type(step).model_fields)
             self._specs[step.id] = step
-            self._steps[step.id] = StepState(id=step.id, kind=kind, title=step.name or step.description)
+            self._steps[step.id] = StepState(id=step.id, kind=step.kind, title=step.name or step.description)
             if isinstance(step, ParallelStep):
                 self._index(step.parallel)
 
@@ -428,24 +427,28 @@ class RunbookWorkflow:
         return self._decisions.pop(step.id)
 
     async def _execute(self, step: Any, state: StepState) -> dict[str, Any]:
-        if isinstance(step, ActionStep):
-            return await self._action(step, state)
-        if isinstance(step, GateStep):
-            await self._gate(step.id, step.gate, step.gate.name or step.id)
-            return {"last": state.readings[-1].value if state.readings else None}
-        if isinstance(step, ApprovalStep):
-            record = await self._approval(step.id, step.approval)
-            return record.model_dump(mode="json")
-        if isinstance(step, WaitStep):
-            await self._sleep(step.wait, f"{step.id}: wait {step.wait}")
-            return {}
-        if isinstance(step, RampStep):
-            return await self._ramp(step, state)
-        if isinstance(step, ForEachStep):
-            return await self._for_each(step, state)
-        if isinstance(step, ParallelStep):
-            return await self._parallel(step)
-        raise StepFailed(f"unknown step kind for {step.id}")
+        run = {
+            "action": self._action,
+            "gate": self._gate_step,
+            "approval": self._approval_step,
+            "wait": self._wait_step,
+            "ramp": self._ramp,
+            "for_each": self._for_each,
+            "parallel": self._parallel,
+        }[step.kind]
+        return await run(step, state)
+
+    async def _gate_step(self, step: GateStep, state: StepState) -> dict[str, Any]:
+        await self._gate(step.id, step.gate, step.gate.name or step.id)
+        return {"last": state.readings[-1].value if state.readings else None}
+
+    async def _approval_step(self, step: ApprovalStep, state: StepState) -> dict[str, Any]:
+        record = await self._approval(step.id, step.approval)
+        return record.model_dump(mode="json")
+
+    async def _wait_step(self, step: WaitStep, state: StepState) -> dict[str, Any]:
+        await self._sleep(step.wait, f"{step.id}: wait {step.wait}")
+        return {}
 
     async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
         action = self._inp.actions[step.action]
@@ -695,7 +698,7 @@ class RunbookWorkflow:
             )
         return outputs
 
-    async def _parallel(self, step: ParallelStep) -> dict[str, Any]:
+    async def _parallel(self, step: ParallelStep, state: StepState | None = None) -> dict[str, Any]:
         outcomes = await asyncio.gather(*(self._run_step(child) for child in step.parallel), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, RunAborted):

@@ -38,6 +38,7 @@ __all__ = [
     "Runbook",
     "Step",
     "STEP_KINDS",
+    "STEP_TYPES",
     "UndoSpec",
     "WaitStep",
     "step_kind",
@@ -80,6 +81,11 @@ class _StepBase(_Strict):
     description: str = ""
     on_failure: OnFailure = OnFailure.abort
     retry: Retry | None = None
+
+    @property
+    def kind(self) -> str:
+        """action, gate, approval, wait, ramp, for_each or parallel (STEP_TYPES below)."""
+        return _KIND_OF[type(self)]
 
 
 class ActionStep(_StepBase):
@@ -201,16 +207,24 @@ class ParallelStep(_StepBase):
         return value
 
 
-STEP_KINDS = ("action", "gate", "approval", "wait", "ramp", "for_each", "parallel")
+# The one table of step kinds: a step's kind is the one kind key it carries, and its model.
+STEP_TYPES: dict[str, type[_StepBase]] = {
+    "action": ActionStep,
+    "gate": GateStep,
+    "approval": ApprovalStep,
+    "wait": WaitStep,
+    "ramp": RampStep,
+    "for_each": ForEachStep,
+    "parallel": ParallelStep,
+}
+STEP_KINDS = tuple(STEP_TYPES)
+_KIND_OF = {model: kind for kind, model in STEP_TYPES.items()}
 
 
 def step_kind(value: Any) -> str | None:
-    """The kind of a step is the one kind key it carries."""
+    """The kind of a step (a model, or a mapping as written) is the one kind key it carries."""
     if isinstance(value, BaseModel):
-        for kind in STEP_KINDS:
-            if kind in type(value).model_fields:
-                return kind
-        return None
+        return _KIND_OF.get(type(value))
     if isinstance(value, dict):
         kinds = [k for k in STEP_KINDS if k in value]
         return kinds[0] if len(kinds) == 1 else None
@@ -218,15 +232,7 @@ def step_kind(value: Any) -> str | None:
 
 
 Step = Annotated[
-    Union[
-        Annotated[ActionStep, Tag("action")],
-        Annotated[GateStep, Tag("gate")],
-        Annotated[ApprovalStep, Tag("approval")],
-        Annotated[WaitStep, Tag("wait")],
-        Annotated[RampStep, Tag("ramp")],
-        Annotated[ForEachStep, Tag("for_each")],
-        Annotated[ParallelStep, Tag("parallel")],
-    ],
+    Union[tuple(Annotated[model, Tag(kind)] for kind, model in STEP_TYPES.items())],  # type: ignore[valid-type]
     Discriminator(
         step_kind,
         custom_error_type="step_kind",
