@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import httpx
 from pydantic import BaseModel
@@ -10,9 +11,17 @@ from pydantic import BaseModel
 from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
-from workflows.contract import ReadGateInput
 
-__all__ = ["Reading", "read"]
+__all__ = ["ReadInput", "Reading", "read"]
+
+
+class ReadInput(BaseModel):
+    """Where one gate sample comes from: a PromQL query, or an HTTP endpoint whose status code is the value."""
+
+    source: Literal["prometheus", "http"]
+    endpoint: str
+    query: str = ""
+    timeout_seconds: float = 10.0
 
 
 class Reading(BaseModel):
@@ -22,7 +31,7 @@ class Reading(BaseModel):
 
 
 @action("telemetry.read", timeout=30, retry=Retry(max_attempts=1))
-async def read(inp: ReadGateInput) -> Reading:
+async def read(inp: ReadInput) -> Reading:
     """Read one gate sample; an unreachable source or an empty result is an error, so the gate fails closed."""
     started = time.monotonic()
     try:

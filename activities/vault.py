@@ -15,8 +15,8 @@ from activities import secrets as vault_secrets
 from activities._clients import bad, unavailable
 from activities.registry import action
 from activities.retry import Retry
+from activities.oidc import IdentityKeys
 from activities.secrets import VaultSecretRef
-from workflows.identity import IdentityKeys
 
 __all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "health", "identity_keys",
            "read"]

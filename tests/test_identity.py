@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from temporalio.exceptions import ApplicationError
 from typer.testing import CliRunner
 
+from activities.oidc import IdentityKeys
 from activities.vault import IdentityKeysInput, identity_keys
 from cli.identity import IdentityTokenError, fetch_identity_token
 from lab.hashistack.binaries import _openbao_wheel
@@ -48,7 +49,6 @@ from workflows.identity import (
     CLOCK_SKEW,
     MAX_TOKEN_BYTES,
     IdentityError,
-    IdentityKeys,
     VerifiedIdentity,
     verify_identity_token,
 )

@@ -523,3 +523,29 @@ def test_one_retry_shape_from_runbook_to_temporal() -> None:
     old = {"name": "a", "timeout": "PT60S", "max_attempts": 3, "initial_interval": "PT1S", "backoff": 2.0,
            "max_interval": "PT30S"}
     assert ActionDefaults.model_validate(old).retry == Retry(max_attempts=3)
+
+
+def test_gate_reads_are_pinned_like_any_action(tmp_path: Path) -> None:
+    """A gate's sample goes through telemetry.read with what its @action declares, pinned into the run."""
+    from activities.registry import Registry
+
+    body = """
+metadata: {name: gated}
+target: t
+steps:
+  - id: ready
+    gate: {source: http, endpoint: "http://127.0.0.1:1/health", comparator: "==", threshold: 200}
+"""
+    file = support.write_runbook(tmp_path, body)
+    run = plan_run(file, registry=support.registry())
+    declared = support.registry().get("telemetry.read")
+    pinned = run.actions["telemetry.read"]
+    assert (pinned.timeout, pinned.retry) == (declared.timeout, declared.retry)
+    assert pinned.retry.max_attempts == 1  # a failed read is a failed reading: the gate fails closed
+    # Without gates nothing is pinned; a worker without the action is refused where the first gate is.
+    plain = support.write_runbook(tmp_path, "metadata: {name: plain}\ntarget: t\nsteps:\n  - id: w\n    wait: 1s\n",
+                                  name="plain")
+    assert "telemetry.read" not in plan_run(plain, registry=support.registry()).actions
+    with pytest.raises(RunbookInvalid) as caught:
+        plan_run(file, registry=Registry())
+    assert any(LOCATED.match(e) and "gates read through the telemetry.read action" in e for e in caught.value.errors)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from workflows.identity import IdentityKeys
+from activities.oidc import IdentityKeys
 from workflows.spec import ActionDefaults, ForEachSpec, Runbook
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "FanOutInput",
     "FanOutResult",
     "GateReading",
-    "ReadGateInput",
     "RequestError",
     "RunInput",
     "RunResult",
@@ -52,15 +51,6 @@ class GateReading(BaseModel):
     passed: bool = False
     error: str | None = None
     percent: int | None = None
-
-
-class ReadGateInput(BaseModel):
-    """Input of the telemetry.read activity."""
-
-    source: Literal["prometheus", "http"]
-    endpoint: str
-    query: str = ""
-    timeout_seconds: float = 10.0
 
 
 class ApprovalRecord(BaseModel):

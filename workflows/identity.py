@@ -26,12 +26,13 @@ from typing import Any
 import jwt
 from pydantic import BaseModel, Field
 
+from activities.oidc import IdentityKeys
+
 __all__ = [
     "ALLOWED_ALGORITHMS",
     "CLOCK_SKEW",
     "MAX_TOKEN_BYTES",
     "IdentityError",
-    "IdentityKeys",
     "VerifiedIdentity",
     "verify_identity_token",
 ]
@@ -59,15 +60,6 @@ _PREFIX = "identity token"
 
 class IdentityError(ValueError):
     """A token that does not prove who sent the request; the message is one operator-readable line."""
-
-
-class IdentityKeys(BaseModel):
-    """Vault's OIDC issuer and public keys, captured by an activity at run start."""
-
-    issuer: str = Field(description="`issuer` of /v1/identity/oidc/.well-known/openid-configuration")
-    keys: list[dict[str, Any]] = Field(
-        description='the JWKS "keys" array of /v1/identity/oidc/.well-known/keys, as served')
-    captured_at: datetime
 
 
 class VerifiedIdentity(BaseModel):

@@ -299,6 +299,7 @@ def plan_run(
 
     actions = _check_semantics(runbook.steps, runbook.approvers, source, registry, check_target=inventory is not None)
     _check_access(runbook, source, registry, actions)
+    _pin_gate_reads(runbook, source, registry, actions)
     if source.errors:
         raise RunbookInvalid(source.formatted())
     return RunInput(
@@ -494,6 +495,30 @@ def _check_semantics(
 
 
 IDENTITY_KEYS_ACTION = "vault.identity_keys"
+READ_ACTION = "telemetry.read"
+
+
+def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
+    """Gates read their samples through telemetry.read: pinned like any action when the runbook has one."""
+    path = _first_gate(runbook.steps, ("steps",))
+    if path is None:
+        return
+    spec = registry.get(READ_ACTION)
+    if spec is None:
+        source.error(path, f"gates read through the {READ_ACTION} action, which this worker lacks")
+        return
+    actions[spec.name] = _pinned_defaults(spec)
+
+
+def _first_gate(steps: list[Any], base: Path_) -> Path_ | None:
+    for i, step in enumerate(steps):
+        if isinstance(step, GateStep):
+            return base + (i, "gate")
+        if isinstance(step, RampStep) and step.ramp.gates:
+            return base + (i, "ramp", "gates")
+        if isinstance(step, ParallelStep) and (inner := _first_gate(step.parallel, base + (i, "parallel"))):
+            return inner
+    return None
 
 
 def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:

@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
@@ -23,7 +22,6 @@ with workflow.unsafe.imports_passed_through():
         FanOutInput,
         FanOutResult,
         GateReading,
-        ReadGateInput,
         ResumeState,
         RunInput,
         RunResult,
@@ -32,7 +30,8 @@ with workflow.unsafe.imports_passed_through():
         UndoRecord,
         parse_request,
     )
-    from workflows.identity import IdentityKeys, verify_identity_token
+    from activities.oidc import IdentityKeys
+    from workflows.identity import verify_identity_token
     from workflows.refs import RefError, iter_refs, resolve, split_path
     from workflows.spec import (
         ActionDefaults,
@@ -54,6 +53,8 @@ __all__ = ["FANOUT_CHILD_THRESHOLD", "FanOutWorkflow", "RunbookWorkflow", "READ_
 # Fan-outs larger than this run in a child workflow, so the parent's history stays small.
 FANOUT_CHILD_THRESHOLD = 100
 READ_ACTIVITY = "telemetry.read"
+# Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
+_READ_UNPINNED = ActionDefaults(name=READ_ACTIVITY, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
 IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
 _OPERATOR_HELP = (
@@ -521,15 +522,17 @@ class RunbookWorkflow:
         self._error = f"{self._error}; rolled back: {', '.join(undone) or 'nothing to undo'}"
 
     async def _read(self, step_id: str, gate: GateSpec, name: str, percent: int | None) -> GateReading:
-        query = ReadGateInput(source=gate.source, endpoint=gate.endpoint, query=gate.query)
+        # The read's timeout and retries are what telemetry.read declares, pinned by the loader; its
+        # single attempt means a failed read is a failed reading: the gate keeps polling and fails closed.
+        action = self._inp.actions.get(READ_ACTIVITY, _READ_UNPINNED)
         try:
             raw = await workflow.execute_activity(
                 READ_ACTIVITY,
-                query,
+                {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query},
                 activity_id=self._next_id(f"{step_id}/gate/{name}"),
-                start_to_close_timeout=timedelta(seconds=30),
-                # A failed read is a failed reading: the gate keeps polling and fails closed.
-                retry_policy=RetryPolicy(maximum_attempts=1),
+                start_to_close_timeout=action.timeout,
+                heartbeat_timeout=action.heartbeat,
+                retry_policy=action.retry.policy(),
                 summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}"[:400],
             )
             value, error = raw.get("value"), raw.get("error")

@@ -1,0 +1,19 @@
+"""Vault's OIDC discovery data as a run keeps it: the issuer and public keys that verify identity tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = ["IdentityKeys"]
+
+
+class IdentityKeys(BaseModel):
+    """Vault's OIDC issuer and public keys, captured by an activity at run start."""
+
+    issuer: str = Field(description="`issuer` of /v1/identity/oidc/.well-known/openid-configuration")
+    keys: list[dict[str, Any]] = Field(
+        description='the JWKS "keys" array of /v1/identity/oidc/.well-known/keys, as served')
+    captured_at: datetime
