@@ -11,9 +11,10 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from workflows.history_tags import ActivityTag, activity_tag, timer_step
+
 __all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
 
-_STEP_OF_ACTIVITY = re.compile(r"^(?:undo:)?([a-z][a-z0-9_-]*)")
 _E = EventType
 # Control updates answer "<verb> <step> by <actor> (verified <subject>)" when identity was verified.
 _VERIFIED = re.compile(r"\(verified ([^)]+)\)")
@@ -96,11 +97,6 @@ def _time(event: Any) -> datetime:
     return event.event_time.ToDatetime().replace(tzinfo=None)
 
 
-def _step_of(activity_id: str) -> str | None:
-    match = _STEP_OF_ACTIVITY.match(activity_id)
-    return match.group(1) if match else None
-
-
 def _short(value: Any, limit: int = 160) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -129,7 +125,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
             history = await client.get_workflow_handle(workflow_id, run_id=prior).fetch_history()
             started = history.events[0].workflow_execution_started_event_attributes
         next_run = chain[0]
-    scheduled: dict[int, tuple[str, str, datetime, Any]] = {}
+    scheduled: dict[int, tuple[ActivityTag | None, str, datetime, Any]] = {}
     updates: dict[str, Entry] = {}
     while next_run:
         timeline.run_ids.append(next_run)
@@ -152,7 +148,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
             elif kind == _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 attrs = event.activity_task_scheduled_event_attributes
                 args = await _decode(client, attrs.input)
-                scheduled[event.event_id] = (attrs.activity_id, attrs.activity_type.name, at, args[0] if args else None)
+                scheduled[event.event_id] = (activity_tag(attrs.header), attrs.activity_type.name, at, args[0] if args else None)
             elif kind in (
                 _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
                 _E.EVENT_TYPE_ACTIVITY_TASK_FAILED,
@@ -168,20 +164,20 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 else:
                     attrs = event.activity_task_timed_out_event_attributes
                     outcome, value = "timed out", attrs.failure.message
-                activity_id, activity_type, started_at, args = scheduled.pop(attrs.scheduled_event_id, ("?", "?", at, None))
-                step = _step_of(activity_id)
+                tag, activity_type, started_at, args = scheduled.pop(attrs.scheduled_event_id, (None, "?", at, None))
+                step = tag.step if tag else None
                 duration = (at - started_at).total_seconds()
                 if activity_type == "telemetry.read":
                     value = value or {}
                     reading = value.get("value") if isinstance(value, dict) else None
                     error = value.get("error") if isinstance(value, dict) else value
-                    gate = activity_id.split("/gate/", 1)[-1].split("#", 1)[0]
+                    gate = tag.gate if tag and tag.gate else "?"
                     query = (args or {}).get("query") or (args or {}).get("endpoint", "")
                     detail = f"{gate}: {query} = {reading if error is None else 'no value (' + str(error) + ')'}"
                     timeline.entries.append(Entry(at, step, "gate reading", None, _short(detail, 240), duration, "value" if error is None else "error"))
                     _touch(timeline, step, started_at, at, reading=error is None and reading is not None)
                 else:
-                    label = "undo" if activity_id.startswith("undo:") else "action"
+                    label = "undo" if tag and tag.role == "undo" else "action"
                     detail = f"{activity_type} {_short(args or {}, 120)} -> {_short(value, 120)}"
                     timeline.entries.append(Entry(at, step, f"{label} {outcome}", None, detail, duration, outcome))
                     _touch(timeline, step, started_at, at, activity=True)
@@ -224,7 +220,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 summary = await _decode(client, _Wrap(event.user_metadata.summary)) if event.HasField("user_metadata") else []
                 seconds = attrs.start_to_fire_timeout.ToTimedelta().total_seconds()
                 text = summary[0] if summary else "timer"
-                step = _step_of(text) if summary else None
+                step = timer_step(str(text)) if summary else None
                 if "next reading" not in str(text):
                     timeline.entries.append(Entry(at, step, "wait", None, f"{text} ({seconds:g}s)"))
             elif kind == _E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:

@@ -10,13 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from runtime.connection import connect
+from workflows.history_tags import HistoryTagInterceptor
 from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
 
 __all__ = ["build_worker", "run_worker"]
@@ -41,7 +42,7 @@ def build_worker(
 
     journal: append a line per action attempt to this file (activities/journal.py)."""
     registry = registry or load_registry()
-    interceptors = []
+    interceptors: list[Interceptor] = [HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
         interceptors.append(JournalInterceptor(ActionJournal(journal, mutating=mutating)))

@@ -109,6 +109,16 @@ async def test_operator_session(env, task_queue, tmp_path, prom):
     markdown = await acli(env_vars, "timeline", "cli-t")
     assert "| ok |" in markdown.stdout and "bob" in markdown.stdout and "up: up = 1.0" in markdown.stdout
 
+    # The timeline reads steps from the header the workflow writes on every activity, not from ids.
+    from workflows.history_tags import activity_tag
+
+    history = await env.client.get_workflow_handle(workflow_id).fetch_history()
+    tags = [activity_tag(e.activity_task_scheduled_event_attributes.header) for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")]
+    assert tags and None not in tags
+    assert {(t.role, t.step) for t in tags} == {("action", "hello"), ("gate", "healthy"), ("action", "bye")}
+    assert {t.gate for t in tags if t.role == "gate"} == {"up"}
+
 
 def test_unreachable_temporal_is_exit_4(tmp_path):
     result = cli({"TEMPORAL_ADDRESS": "127.0.0.1:1"}, "status", "nothing")

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         parse_request,
     )
     from activities.oidc import IdentityKeys
+    from workflows.history_tags import ActivityTag, tagged, timer_summary
     from workflows.identity import verify_identity_token
     from workflows.refs import RefError, iter_refs, resolve, split_path
     from workflows.spec import (
@@ -100,19 +101,21 @@ async def _execute_action(
     *,
     activity_id: str,
     summary: str,
+    tag: ActivityTag,
     timeout: timedelta | None = None,
     retry: Retry | None = None,
 ) -> dict[str, Any]:
     try:
-        result = await workflow.execute_activity(
-            action.name,
-            args,
-            activity_id=activity_id,
-            start_to_close_timeout=timeout or action.timeout,
-            heartbeat_timeout=action.heartbeat,
-            retry_policy=(retry or action.retry).policy(),
-            summary=summary[:400],
-        )
+        with tagged(tag):
+            result = await workflow.execute_activity(
+                action.name,
+                args,
+                activity_id=activity_id,
+                start_to_close_timeout=timeout or action.timeout,
+                heartbeat_timeout=action.heartbeat,
+                retry_policy=(retry or action.retry).policy(),
+                summary=summary[:400],
+            )
     except ActivityError as exc:
         raise StepFailed(f"{action.name}: {_failure_message(exc)}") from None
     if result is None:
@@ -163,6 +166,7 @@ async def run_fan_out(inp: FanOutInput) -> FanOutResult:
                     args,
                     activity_id=f"{inp.step_id}[{index}]#{inp.attempt}",
                     summary=f"{inp.step_id} [{index}]: {inp.action.name} {json.dumps(item, default=str)[:120]}",
+                    tag=ActivityTag("fan-out", inp.step_id, item=index),
                     timeout=spec.timeout,
                 )
                 done += 1
@@ -315,6 +319,7 @@ class RunbookWorkflow:
                 {"address": policy.vault},
                 activity_id=self._next_id("identity-keys"),
                 summary=f"identity keys from {policy.vault}",
+                tag=ActivityTag("identity"),
             )
         except StepFailed as exc:
             raise StepFailed(f"verified identity: cannot read the signing keys from {policy.vault}: {exc}") from None
@@ -392,7 +397,7 @@ class RunbookWorkflow:
                 if step.on_failure == OnFailure.retry and not isinstance(step, ActionStep) and state.attempts < retry.max_attempts:
                     delay = retry.delay(state.attempts)
                     state.status = "failed"
-                    await self._sleep(delay, f"{step.id}: retry in {delay}")
+                    await self._sleep(delay, timer_summary(step.id, f"retry in {delay}"))
                     continue
                 if step.on_failure == OnFailure.hold:
                     decision = await self._hold(step, state)
@@ -448,7 +453,7 @@ class RunbookWorkflow:
         return record.model_dump(mode="json")
 
     async def _wait_step(self, step: WaitStep, state: StepState) -> dict[str, Any]:
-        await self._sleep(step.wait, f"{step.id}: wait {step.wait}")
+        await self._sleep(step.wait, timer_summary(step.id, f"wait {step.wait}"))
         return {}
 
     async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
@@ -459,6 +464,7 @@ class RunbookWorkflow:
             args,
             activity_id=self._next_id(step.id),
             summary=f"{step.id}: {step.action} {json.dumps(args, default=str)[:200]}",
+            tag=ActivityTag("action", step.id),
             timeout=step.timeout,
             retry=step.retry if step.on_failure == OnFailure.retry else None,
         )
@@ -507,6 +513,7 @@ class RunbookWorkflow:
                     record.args,
                     activity_id=self._next_id(f"undo:{record.step}"),
                     summary=f"rollback {record.step}: {record.action}",
+                    tag=ActivityTag("undo", record.step),
                 )
             except StepFailed as exc:
                 self._state = "failed"
@@ -526,15 +533,16 @@ class RunbookWorkflow:
         # single attempt means a failed read is a failed reading: the gate keeps polling and fails closed.
         action = self._inp.actions.get(READ_ACTIVITY, _READ_UNPINNED)
         try:
-            raw = await workflow.execute_activity(
-                READ_ACTIVITY,
-                {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query},
-                activity_id=self._next_id(f"{step_id}/gate/{name}"),
-                start_to_close_timeout=action.timeout,
-                heartbeat_timeout=action.heartbeat,
-                retry_policy=action.retry.policy(),
-                summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}"[:400],
-            )
+            with tagged(ActivityTag("gate", step_id, gate=name, percent=percent)):
+                raw = await workflow.execute_activity(
+                    READ_ACTIVITY,
+                    {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query},
+                    activity_id=self._next_id(f"{step_id}/gate/{name}"),
+                    start_to_close_timeout=action.timeout,
+                    heartbeat_timeout=action.heartbeat,
+                    retry_policy=action.retry.policy(),
+                    summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}"[:400],
+                )
             value, error = raw.get("value"), raw.get("error")
         except ActivityError as exc:
             value, error = None, _failure_message(exc)
@@ -579,7 +587,7 @@ class RunbookWorkflow:
                     f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
                     f"not held ({need}) within {gate.timeout} ({last or 'no value'})"
                 )
-            await self._sleep(gate.interval, f"{step_id} gate {name}: next reading")
+            await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))
 
     async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None) -> ApprovalRecord:
         state = self._steps[step_id]
@@ -627,7 +635,7 @@ class RunbookWorkflow:
             state.percent = percent
             self._publish(step.id)
             workflow.set_current_details(self._details(step))
-            await self._sleep(spec.bake, f"{step.id}: bake at {percent}%")
+            await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
             try:
                 context = self._ramp_context(percent, last_good)
                 for g, gate in enumerate(spec.gates):
@@ -664,6 +672,7 @@ class RunbookWorkflow:
             args,
             activity_id=self._next_id(f"{step.id}@{percent}"),
             summary=f"{step.id}: {action.name} to {percent}% (from {previous}%)",
+            tag=ActivityTag("ramp", step.id, percent=percent),
         )
 
     async def _for_each(self, step: ForEachStep, state: StepState) -> dict[str, Any]:
