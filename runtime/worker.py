@@ -18,7 +18,8 @@ from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from runtime.connection import connect
 from workflows.history_tags import HistoryTagInterceptor
-from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
+from workflows.fanout import FanOutWorkflow
+from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["build_worker", "run_worker"]
 

@@ -9,7 +9,8 @@ from temporalio.client import WorkflowHistory
 from runtime.connection import DATA_CONVERTER
 from temporalio.worker import Replayer
 
-from workflows.runbook_workflow import FanOutWorkflow, RunbookWorkflow
+from workflows.fanout import FanOutWorkflow
+from workflows.runbook_workflow import RunbookWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from datetime import timedelta
 from typing import Any
@@ -12,15 +11,15 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.oidc import IdentityKeys
     from activities.retry import Retry
-    from workflows import search
+    from workflows.calls import RunAborted, StepFailed, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
         ApproveRequest,
         ControlRecord,
         ControlRequest,
         FanOutInput,
-        FanOutResult,
         GateReading,
         ResumeState,
         RunInput,
@@ -30,16 +29,15 @@ with workflow.unsafe.imports_passed_through():
         UndoRecord,
         parse_request,
     )
-    from activities.oidc import IdentityKeys
+    from workflows.controls import OperatorControls
+    from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
     from workflows.history_tags import ActivityTag, tagged, timer_summary
-    from workflows.identity import verify_identity_token
-    from workflows.refs import RefError, iter_refs, resolve, split_path
+    from workflows.refs import RefError, resolve
     from workflows.spec import (
         ActionDefaults,
         ActionStep,
         ApprovalSpec,
         ApprovalStep,
-        ForEachSpec,
         ForEachStep,
         GateSpec,
         GateStep,
@@ -48,169 +46,19 @@ with workflow.unsafe.imports_passed_through():
         RampStep,
         WaitStep,
     )
+    from workflows.visibility import RunVisibility, metrics_gate, metrics_step
 
-__all__ = ["FANOUT_CHILD_THRESHOLD", "FanOutWorkflow", "RunbookWorkflow", "READ_ACTIVITY", "compare"]
+__all__ = ["READ_ACTIVITY", "RunbookWorkflow"]
 
-# Fan-outs larger than this run in a child workflow, so the parent's history stays small.
-FANOUT_CHILD_THRESHOLD = 100
 READ_ACTIVITY = "telemetry.read"
 # Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
 _READ_UNPINNED = ActionDefaults(name=READ_ACTIVITY, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
 IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
-_OPERATOR_HELP = (
-    "Approve from the Temporal Web UI (Send an Update) or `coldstart approve`. Update name: "
-)
-
-
-class StepFailed(Exception):
-    def __init__(self, message: str, *, rollback: bool = False):
-        super().__init__(message)
-        self.rollback = rollback
-
-
-class RunAborted(Exception):
-    pass
-
-
-def compare(value: float, comparator: str, threshold: float) -> bool:
-    return {
-        "<": value < threshold,
-        "<=": value <= threshold,
-        ">": value > threshold,
-        ">=": value >= threshold,
-        "==": value == threshold,
-        "!=": value != threshold,
-    }[comparator]
-
-
-def _failure_message(exc: BaseException) -> str:
-    """The innermost cause's message: what the activity itself said went wrong."""
-    current: BaseException | None = exc
-    message = str(exc)
-    while current is not None:
-        if str(current):
-            message = str(current)
-        current = current.__cause__
-    return message
-
-
-async def _execute_action(
-    action: ActionDefaults,
-    args: dict[str, Any],
-    *,
-    activity_id: str,
-    summary: str,
-    tag: ActivityTag,
-    timeout: timedelta | None = None,
-    retry: Retry | None = None,
-) -> dict[str, Any]:
-    try:
-        with tagged(tag):
-            result = await workflow.execute_activity(
-                action.name,
-                args,
-                activity_id=activity_id,
-                start_to_close_timeout=timeout or action.timeout,
-                heartbeat_timeout=action.heartbeat,
-                retry_policy=(retry or action.retry).policy(),
-                summary=summary[:400],
-            )
-    except ActivityError as exc:
-        raise StepFailed(f"{action.name}: {_failure_message(exc)}") from None
-    if result is None:
-        return {}
-    return result if isinstance(result, dict) else {"value": result}
-
-
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()[:32]
-
-
-def _referenced(context: dict[str, Any], value: Any) -> dict[str, Any]:
-    """Only the parts of the context that `value` refers to: a fan-out's input stays small
-    (otherwise a list of 1,000 items would travel twice, once as items and once inside params)."""
-    kept: dict[str, Any] = {}
-    for ref in iter_refs(value):
-        parts = split_path(ref)
-        root = parts[0]
-        if root not in context:
-            continue
-        if len(parts) > 1 and isinstance(context[root], dict) and root in ("params", "steps", "target"):
-            name = parts[1]
-            if name in context[root]:
-                kept.setdefault(root, {})[name] = context[root][name]
-        else:
-            kept[root] = context[root]
-    return kept
-
-
-async def run_fan_out(inp: FanOutInput) -> FanOutResult:
-    """Run one action per item with bounded concurrency; stop launching once the threshold is exceeded."""
-    spec: ForEachSpec = inp.spec
-    allowed = spec.allowed_failures(len(inp.items))
-    limiter = asyncio.Semaphore(spec.max_concurrency)
-    results: list[Any] = [None] * len(inp.items)
-    failures: list[str] = []
-    done = 0
-
-    async def one(index: int, item: Any) -> None:
-        nonlocal done
-        async with limiter:
-            if len(failures) > allowed:
-                return
-            try:
-                args = resolve(spec.with_, {**inp.context, spec.as_: item})
-                results[index] = await _execute_action(
-                    inp.action,
-                    args,
-                    activity_id=f"{inp.step_id}[{index}]#{inp.attempt}",
-                    summary=f"{inp.step_id} [{index}]: {inp.action.name} {json.dumps(item, default=str)[:120]}",
-                    tag=ActivityTag("fan-out", inp.step_id, item=index),
-                    timeout=spec.timeout,
-                )
-                done += 1
-            except (StepFailed, RefError) as exc:
-                failures.append(f"[{index}] {json.dumps(item, default=str)[:80]}: {exc}")
-
-    await asyncio.gather(*(one(i, item) for i, item in enumerate(inp.items)))
-    return FanOutResult(
-        total=len(inp.items),
-        succeeded=done,
-        failed=len(failures),
-        failures=failures[:50],
-        results=results,
-    )
 
 
 @workflow.defn
-class FanOutWorkflow:
-    """A large for_each fan-out, as a child so its activity events stay out of the parent's history."""
-
-    @workflow.run
-    async def run(self, inp: FanOutInput) -> FanOutResult:
-        return await run_fan_out(inp)
-
-
-def _metrics_step(runbook: str, step: str, outcome: str | None) -> None:
-    """Worker metrics for infra's rules (replay-safe: the SDK drops them during replay)."""
-    meter = workflow.metric_meter()
-    labels = {"runbook": runbook, "step": step}
-    meter.create_gauge("coldstart_step_in_progress", "1 while the step runs").set(0 if outcome else 1, labels)
-    if outcome:
-        meter.create_counter("coldstart_step_runs_total", "steps finished, by outcome").add(1, {**labels, "outcome": outcome})
-
-
-def _metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
-    meter = workflow.metric_meter()
-    result = "error" if reading.error else ("pass" if reading.passed else "fail")
-    labels = {"runbook": runbook, "gate": gate}
-    meter.create_counter("coldstart_gate_evaluations_total", "gate readings, by result").add(1, {**labels, "result": result})
-    meter.create_gauge("coldstart_gate_last_result", "1 if the gate's last reading passed").set(1 if reading.passed else 0, labels)
-
-
-@workflow.defn
-class RunbookWorkflow:
+class RunbookWorkflow(OperatorControls, RunVisibility):
     """Interprets one runbook run. Operators steer it with Updates (or Signals) and read it with Queries."""
 
     @workflow.init
@@ -314,7 +162,7 @@ class RunbookWorkflow:
         assert policy is not None
         action = self._inp.actions[IDENTITY_KEYS_ACTIVITY]
         try:
-            keys = await _execute_action(
+            keys = await execute_action(
                 action,
                 {"address": policy.vault},
                 activity_id=self._next_id("identity-keys"),
@@ -388,7 +236,7 @@ class RunbookWorkflow:
             self._publish(step.id)
             workflow.set_current_details(self._details(step))
             workflow.logger.info("step started", extra={"step": step.id, "attempt": state.attempts})
-            _metrics_step(self._inp.runbook.metadata.name, step.id, None)
+            metrics_step(self._inp.runbook.metadata.name, step.id, None)
             try:
                 outputs = await self._execute(step, state)
             except StepFailed as exc:
@@ -405,17 +253,17 @@ class RunbookWorkflow:
                         continue
                     state.status = "skipped"
                     state.ended_at = workflow.now()
-                    _metrics_step(self._inp.runbook.metadata.name, step.id, "skipped")
+                    metrics_step(self._inp.runbook.metadata.name, step.id, "skipped")
                     self._outputs[step.id] = {"outputs": {}, "status": "skipped"}
                     return
                 state.status = "failed"
                 state.ended_at = workflow.now()
-                _metrics_step(self._inp.runbook.metadata.name, step.id, "failed")
+                metrics_step(self._inp.runbook.metadata.name, step.id, "failed")
                 raise StepFailed(f"step {step.id} failed: {exc}", rollback=step.on_failure == OnFailure.rollback) from None
             state.status = "succeeded"
             state.outputs = outputs
             state.ended_at = workflow.now()
-            _metrics_step(self._inp.runbook.metadata.name, step.id, "ok")
+            metrics_step(self._inp.runbook.metadata.name, step.id, "ok")
             self._outputs[step.id] = {"outputs": outputs, "status": "succeeded"}
             self._publish(step.id)
             return
@@ -459,7 +307,7 @@ class RunbookWorkflow:
     async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
         action = self._inp.actions[step.action]
         args = self._resolve(step.with_)
-        execution = _execute_action(
+        execution = execute_action(
             action,
             args,
             activity_id=self._next_id(step.id),
@@ -508,7 +356,7 @@ class RunbookWorkflow:
         while self._undo:
             record = self._undo.pop()
             try:
-                await _execute_action(
+                await execute_action(
                     self._inp.actions[record.action],
                     record.args,
                     activity_id=self._next_id(f"undo:{record.step}"),
@@ -545,10 +393,10 @@ class RunbookWorkflow:
                 )
             value, error = raw.get("value"), raw.get("error")
         except ActivityError as exc:
-            value, error = None, _failure_message(exc)
+            value, error = None, failure_message(exc)
         passed = value is not None and error is None and compare(float(value), gate.comparator, gate.threshold)
         reading = GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
-        _metrics_gate(self._inp.runbook.metadata.name, name, reading)
+        metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
 
     def _resolved_gate(self, gate: GateSpec, ramp: dict[str, int] | None = None) -> GateSpec:
@@ -667,7 +515,7 @@ class RunbookWorkflow:
 
     async def _ramp_set(self, step: RampStep, action: ActionDefaults, percent: int, previous: int) -> None:
         args = self._resolve(step.ramp.with_, ramp={"percent": percent, "previous": previous})
-        await _execute_action(
+        await execute_action(
             action,
             args,
             activity_id=self._next_id(f"{step.id}@{percent}"),
@@ -684,7 +532,7 @@ class RunbookWorkflow:
             step_id=step.id,
             spec=spec,
             items=items,
-            context=_referenced(self._context(), spec.with_),
+            context=referenced(self._context(), spec.with_),
             action=self._inp.actions[spec.action],
             attempt=state.attempts,
         )
@@ -697,7 +545,7 @@ class RunbookWorkflow:
                     static_summary=f"{step.id}: {spec.action} on {len(items)} items",
                 )
             except ChildWorkflowError as exc:
-                raise StepFailed(f"fan-out {step.id}: {_failure_message(exc)}") from None
+                raise StepFailed(f"fan-out {step.id}: {failure_message(exc)}") from None
         else:
             result = await run_fan_out(fan_out)
         allowed = spec.allowed_failures(len(items))
@@ -719,239 +567,6 @@ class RunbookWorkflow:
         if failed:
             raise StepFailed("; ".join(str(f) for f in failed))
         return {child.id: self._outputs.get(child.id, {}).get("outputs", {}) for child in step.parallel}
-
-    # ---- visibility ------------------------------------------------------------------------
-
-    def _publish(self, current: str | None) -> None:
-        """Upsert the Web UI search attributes when they change (not on every event)."""
-        awaiting = bool(self._awaiting)
-        if self._published == (current, awaiting):
-            return
-        self._published = (current, awaiting)
-        workflow.upsert_search_attributes(
-            [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
-        )
-
-    def _details(self, step: Any) -> str:
-        """Markdown for the Web UI's 'current details': what is happening and how to act on it."""
-        book = self._inp.runbook.metadata.name
-        if step is None:
-            if self._paused and self._state == "running":
-                return f"**{book}** paused. Resume with Update `resume` and `{self._example('resume', actor='you')}`."
-            return f"**{book}** {self._state}" + (f": {self._error}" if self._error else "")
-        state = self._steps[step.id]
-        lines = [f"**{book}** on `{self._inp.target_name}`: step `{step.id}` ({state.kind}) {state.status}"]
-        if step.description:
-            lines.append(step.description)
-        if isinstance(step, ActionStep):
-            lines.append(f"Runs `{step.action}`: {self._inp.actions[step.action].description}")
-        if isinstance(step, RampStep) and state.percent is not None:
-            lines.append(f"Ramp at {state.percent}% (last good {state.last_good if state.last_good is not None else step.ramp.baseline}%).")
-        if state.status == "awaiting_approval":
-            spec = self._awaiting.get(step.id)
-            allowed = self._allowed_approvers(spec) if spec else []
-            lines.append(f"Waiting for approval: {state.awaiting}")
-            lines.append(
-                _OPERATOR_HELP
-                + "`approve`, input: "
-                + f"`{self._example('approve', step=step.id, approver=allowed[0] if allowed else 'your-name', comment='checked')}`"
-            )
-            if allowed:
-                lines.append(f"Allowed approvers: {', '.join(allowed)}")
-            if spec and self._four_eyes(spec):
-                lines.append(f"Four eyes: {self._inp.initiator} (who started the run) cannot approve.")
-        if state.status == "held":
-            lines.append(f"Held after failure: {state.error}")
-            for name in ("retry", "skip", "abort"):
-                lines.append(f"Update `{name}`: `{self._example(name, step=step.id, actor='your-name', reason='why')}`")
-            approvers = self._inp.runbook.approvers
-            lines.append(f"Skip needs an approver ({', '.join(approvers)})" if approvers else "Nobody may skip: the runbook names no approvers.")
-            if state.skip_requested_by:
-                lines.append(f"Skip requested by {state.skip_requested_by}; four eyes: a second approver must confirm.")
-            operators = self._operators()
-            if operators is not None:
-                lines.append(f"Retry and abort: {', '.join(operators)}")
-        return "\n\n".join(lines)
-
-    def _allowed_approvers(self, spec: ApprovalSpec) -> list[str]:
-        return list(spec.approvers if spec.approvers is not None else self._inp.runbook.approvers)
-
-    def _four_eyes(self, spec: ApprovalSpec | None = None) -> bool:
-        if spec is not None and spec.four_eyes is not None:
-            return spec.four_eyes
-        return self._inp.runbook.four_eyes
-
-    def _needs_identity(self, verb: str) -> bool:
-        policy = self._inp.runbook.identity
-        return policy is not None and verb in policy.controls
-
-    def _example(self, verb: str, **fields: Any) -> str:
-        if self._needs_identity(verb):
-            fields["identity_token"] = "<token from `coldstart identity token` or Vault>"
-        return json.dumps(fields)
-
-    # ---- operator controls -----------------------------------------------------------------
-    # Each control is authorized twice over: the runbook says who may (approvers, operators, four
-    # eyes) and, where it requires verified identity, a Vault-signed token says who is asking.
-
-    def _identify(self, verb: str, name: str, token: str | None) -> tuple[str, str | None]:
-        """The acting name and, with verified identity, the token's subject; ValueError otherwise."""
-        if not self._needs_identity(verb):
-            return name, None
-        policy = self._inp.runbook.identity
-        assert policy is not None
-        if not token:
-            raise ValueError(
-                f"{verb} needs a verified identity: send identity_token, a token from Vault role "
-                f"{policy.role!r} (`coldstart {verb} --vault-login` fetches one)"
-            )
-        if self._identity_keys is None:
-            raise ValueError("the run has not captured its identity keys yet; try again in a moment")
-        who = verify_identity_token(token, self._identity_keys, audience=policy.audience, now=workflow.now(),
-                                    name_claim=policy.name_claim)
-        if name != who.name:
-            raise ValueError(f"the identity token is {who.name!r}'s, not {name!r}'s")
-        if _digest(token) in self._used_tokens:
-            raise ValueError("this identity token was already used in this run: fetch a new one")
-        return who.name, who.subject
-
-    def _spend(self, token: str | None) -> None:
-        if token and self._inp.runbook.identity is not None:
-            self._used_tokens.append(_digest(token))
-
-    def _operators(self) -> list[str] | None:
-        """Who may retry, pause, resume and abort; None when the runbook leaves it to anyone named."""
-        book = self._inp.runbook
-        return sorted(set(book.operators) | set(book.approvers)) if book.operators else None
-
-    def _check_operator(self, verb: str, req: ControlRequest) -> str | None:
-        name, subject = self._identify(verb, req.actor, req.identity_token)
-        allowed = self._operators()
-        if allowed is not None and name not in allowed:
-            raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed)})")
-        return subject
-
-    def _check_approve(self, req: ApproveRequest) -> str | None:
-        if req.step not in self._steps:
-            raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
-        spec = self._awaiting.get(req.step)
-        if spec is None or req.step in self._granted:
-            raise ValueError(f"step {req.step!r} is not awaiting approval (it is {self._steps[req.step].status})")
-        if not req.approver.strip():
-            raise ValueError("an approval needs the approver's name")
-        name, subject = self._identify("approve", req.approver, req.identity_token)
-        allowed = self._allowed_approvers(spec)
-        if allowed and name not in allowed:
-            raise ValueError(f"{name!r} may not approve {req.step!r} (approvers: {', '.join(allowed)})")
-        if self._four_eyes(spec) and name == self._inp.initiator:
-            raise ValueError(f"four eyes: {name!r} started this run and cannot approve it")
-        return subject
-
-    def _held_step(self, req: ControlRequest, verb: str) -> str:
-        if not req.actor.strip():
-            raise ValueError(f"{verb} needs the operator's name (actor)")
-        if req.step is None:
-            held = [s for s, st in self._steps.items() if st.status == "held" and s not in self._decisions]
-            if len(held) != 1:
-                raise ValueError(f"{verb}: name the step (held: {', '.join(held) or 'none'})")
-            return held[0]
-        if req.step not in self._steps:
-            raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
-        if self._steps[req.step].status != "held" or req.step in self._decisions:
-            raise ValueError(f"step {req.step!r} is not held (it is {self._steps[req.step].status})")
-        return req.step
-
-    def _check_held(self, req: ControlRequest, verb: str) -> tuple[str, str | None]:
-        """(the held step, the verified subject or None)."""
-        step = self._held_step(req, verb)
-        if verb != "skip":
-            return step, self._check_operator(verb, req)
-        # Skipping a held step (a failed health gate, most often) is the most dangerous act in a recovery.
-        name, subject = self._identify("skip", req.actor, req.identity_token)
-        approvers = self._inp.runbook.approvers
-        if not approvers:
-            raise ValueError(f"nobody may skip {step!r}: runbook {self._inp.runbook.metadata.name} names no approvers "
-                             "(retry or abort instead)")
-        if name not in approvers:
-            raise ValueError(f"{name!r} may not skip {step!r} (approvers: {', '.join(approvers)})")
-        first = self._steps[step].skip_requested_by
-        if self._four_eyes() and first == name:
-            raise ValueError(f"four eyes: {name!r} already asked to skip {step!r}; a second approver must confirm")
-        return step, subject
-
-    def _record(self, verb: str, step: str | None, actor: str, reason: str, subject: str | None) -> None:
-        self._controls.append(ControlRecord(verb=verb, step=step, actor=actor, reason=reason,
-                                            at=workflow.now(), subject=subject))
-        workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": actor, "subject": subject,
-                                                          "reason": reason})
-
-    def _decide(self, req: ControlRequest, verb: str) -> str:
-        step, subject = self._check_held(req, verb)
-        self._spend(req.identity_token)
-        verified = f" (verified {subject})" if subject else ""
-        state = self._steps[step]
-        if verb == "skip" and self._four_eyes() and state.skip_requested_by is None:
-            state.skip_requested_by = req.actor
-            self._record("skip-requested", step, req.actor, req.reason, subject)
-            return f"skip of {step} requested by {req.actor}{verified}; four eyes: a second approver must confirm"
-        state.skip_requested_by = None
-        self._decisions[step] = verb
-        self._record(verb, step, req.actor, req.reason, subject)
-        return f"{verb} {step} by {req.actor}{verified}"
-
-    def _approve(self, req: ApproveRequest) -> ApprovalRecord:
-        subject = self._check_approve(req)
-        self._spend(req.identity_token)
-        record = ApprovalRecord(step=req.step, approver=req.approver, comment=req.comment, at=workflow.now(),
-                                subject=subject)
-        self._granted[req.step] = record
-        workflow.logger.info("approved", extra={"step": req.step, "approver": req.approver, "subject": subject})
-        return record
-
-    def _check_abort(self, req: ControlRequest) -> str | None:
-        if not req.actor.strip():
-            raise ValueError("abort needs the operator's name (actor)")
-        if self._abort is not None:
-            raise ValueError(f"already aborted by {self._abort.actor}")
-        if self._state != "running":
-            raise ValueError(f"the run has already {self._state}")
-        return self._check_operator("abort", req)
-
-    def _abort_run(self, req: ControlRequest) -> str:
-        subject = self._check_abort(req)
-        self._spend(req.identity_token)
-        self._abort = req
-        self._record("abort", req.step, req.actor, req.reason, subject)
-        return f"abort requested by {req.actor}"
-
-    def _check_pause(self, req: ControlRequest) -> str | None:
-        if not req.actor.strip():
-            raise ValueError("pause needs the operator's name (actor)")
-        if self._paused:
-            raise ValueError("the run is already paused")
-        return self._check_operator("pause", req)
-
-    def _pause(self, req: ControlRequest) -> str:
-        subject = self._check_pause(req)
-        self._spend(req.identity_token)
-        self._paused = True
-        self._record("pause", None, req.actor, req.reason, subject)
-        workflow.set_current_details(self._details(None))
-        return f"paused by {req.actor}; the current step finishes first"
-
-    def _check_resume(self, req: ControlRequest) -> str | None:
-        if not req.actor.strip():
-            raise ValueError("resume needs the operator's name (actor)")
-        if not self._paused:
-            raise ValueError("the run is not paused")
-        return self._check_operator("resume", req)
-
-    def _resume(self, req: ControlRequest) -> str:
-        subject = self._check_resume(req)
-        self._spend(req.identity_token)
-        self._paused = False
-        self._record("resume", None, req.actor, req.reason, subject)
-        return f"resumed by {req.actor}"
 
     # Requests arrive as raw JSON (the Web UI sends whatever was typed): parse_request turns a bad
     # field into one clear line in the validator instead of a converter error or a dropped signal.

@@ -1,0 +1,95 @@
+"""How the workflow calls an action: one tagged activity with its pinned timeout and retry, a failure as StepFailed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.retry import Retry
+    from workflows.history_tags import ActivityTag, tagged
+    from workflows.refs import iter_refs, split_path
+    from workflows.spec import ActionDefaults
+
+__all__ = ["RunAborted", "StepFailed", "compare", "execute_action", "failure_message", "referenced"]
+
+
+class StepFailed(Exception):
+    def __init__(self, message: str, *, rollback: bool = False):
+        super().__init__(message)
+        self.rollback = rollback
+
+
+class RunAborted(Exception):
+    pass
+
+
+def compare(value: float, comparator: str, threshold: float) -> bool:
+    return {
+        "<": value < threshold,
+        "<=": value <= threshold,
+        ">": value > threshold,
+        ">=": value >= threshold,
+        "==": value == threshold,
+        "!=": value != threshold,
+    }[comparator]
+
+
+def failure_message(exc: BaseException) -> str:
+    """The innermost cause's message: what the activity itself said went wrong."""
+    current: BaseException | None = exc
+    message = str(exc)
+    while current is not None:
+        if str(current):
+            message = str(current)
+        current = current.__cause__
+    return message
+
+
+async def execute_action(
+    action: ActionDefaults,
+    args: dict[str, Any],
+    *,
+    activity_id: str,
+    summary: str,
+    tag: ActivityTag,
+    timeout: timedelta | None = None,
+    retry: Retry | None = None,
+) -> dict[str, Any]:
+    try:
+        with tagged(tag):
+            result = await workflow.execute_activity(
+                action.name,
+                args,
+                activity_id=activity_id,
+                start_to_close_timeout=timeout or action.timeout,
+                heartbeat_timeout=action.heartbeat,
+                retry_policy=(retry or action.retry).policy(),
+                summary=summary[:400],
+            )
+    except ActivityError as exc:
+        raise StepFailed(f"{action.name}: {failure_message(exc)}") from None
+    if result is None:
+        return {}
+    return result if isinstance(result, dict) else {"value": result}
+
+
+def referenced(context: dict[str, Any], value: Any) -> dict[str, Any]:
+    """Only the parts of the context that `value` refers to: a fan-out's input stays small
+    (otherwise a list of 1,000 items would travel twice, once as items and once inside params)."""
+    kept: dict[str, Any] = {}
+    for ref in iter_refs(value):
+        parts = split_path(ref)
+        root = parts[0]
+        if root not in context:
+            continue
+        if len(parts) > 1 and isinstance(context[root], dict) and root in ("params", "steps", "target"):
+            name = parts[1]
+            if name in context[root]:
+                kept.setdefault(root, {})[name] = context[root][name]
+        else:
+            kept[root] = context[root]
+    return kept

@@ -1,0 +1,208 @@
+"""Operator controls: who may approve, retry, skip, pause, resume or abort, and what each accepted one records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contract import ApprovalRecord, ApproveRequest, ControlRecord, ControlRequest
+    from workflows.identity import verify_identity_token
+    from workflows.spec import ApprovalSpec
+
+__all__ = ["OperatorControls"]
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+class OperatorControls:
+    """RunbookWorkflow's operator controls, checked in Update validators and applied by the handlers.
+
+    Each control is authorized twice over: the runbook says who may (approvers, operators, four
+    eyes) and, where it requires verified identity, a Vault-signed token says who is asking.
+    """
+
+    def _allowed_approvers(self, spec: ApprovalSpec) -> list[str]:
+        return list(spec.approvers if spec.approvers is not None else self._inp.runbook.approvers)
+
+    def _four_eyes(self, spec: ApprovalSpec | None = None) -> bool:
+        if spec is not None and spec.four_eyes is not None:
+            return spec.four_eyes
+        return self._inp.runbook.four_eyes
+
+    def _needs_identity(self, verb: str) -> bool:
+        policy = self._inp.runbook.identity
+        return policy is not None and verb in policy.controls
+
+    def _example(self, verb: str, **fields: Any) -> str:
+        if self._needs_identity(verb):
+            fields["identity_token"] = "<token from `coldstart identity token` or Vault>"
+        return json.dumps(fields)
+
+    # ---- operator controls -----------------------------------------------------------------
+    # Each control is authorized twice over: the runbook says who may (approvers, operators, four
+    # eyes) and, where it requires verified identity, a Vault-signed token says who is asking.
+
+    def _identify(self, verb: str, name: str, token: str | None) -> tuple[str, str | None]:
+        """The acting name and, with verified identity, the token's subject; ValueError otherwise."""
+        if not self._needs_identity(verb):
+            return name, None
+        policy = self._inp.runbook.identity
+        assert policy is not None
+        if not token:
+            raise ValueError(
+                f"{verb} needs a verified identity: send identity_token, a token from Vault role "
+                f"{policy.role!r} (`coldstart {verb} --vault-login` fetches one)"
+            )
+        if self._identity_keys is None:
+            raise ValueError("the run has not captured its identity keys yet; try again in a moment")
+        who = verify_identity_token(token, self._identity_keys, audience=policy.audience, now=workflow.now(),
+                                    name_claim=policy.name_claim)
+        if name != who.name:
+            raise ValueError(f"the identity token is {who.name!r}'s, not {name!r}'s")
+        if _digest(token) in self._used_tokens:
+            raise ValueError("this identity token was already used in this run: fetch a new one")
+        return who.name, who.subject
+
+    def _spend(self, token: str | None) -> None:
+        if token and self._inp.runbook.identity is not None:
+            self._used_tokens.append(_digest(token))
+
+    def _operators(self) -> list[str] | None:
+        """Who may retry, pause, resume and abort; None when the runbook leaves it to anyone named."""
+        book = self._inp.runbook
+        return sorted(set(book.operators) | set(book.approvers)) if book.operators else None
+
+    def _check_operator(self, verb: str, req: ControlRequest) -> str | None:
+        name, subject = self._identify(verb, req.actor, req.identity_token)
+        allowed = self._operators()
+        if allowed is not None and name not in allowed:
+            raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed)})")
+        return subject
+
+    def _check_approve(self, req: ApproveRequest) -> str | None:
+        if req.step not in self._steps:
+            raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
+        spec = self._awaiting.get(req.step)
+        if spec is None or req.step in self._granted:
+            raise ValueError(f"step {req.step!r} is not awaiting approval (it is {self._steps[req.step].status})")
+        if not req.approver.strip():
+            raise ValueError("an approval needs the approver's name")
+        name, subject = self._identify("approve", req.approver, req.identity_token)
+        allowed = self._allowed_approvers(spec)
+        if allowed and name not in allowed:
+            raise ValueError(f"{name!r} may not approve {req.step!r} (approvers: {', '.join(allowed)})")
+        if self._four_eyes(spec) and name == self._inp.initiator:
+            raise ValueError(f"four eyes: {name!r} started this run and cannot approve it")
+        return subject
+
+    def _held_step(self, req: ControlRequest, verb: str) -> str:
+        if not req.actor.strip():
+            raise ValueError(f"{verb} needs the operator's name (actor)")
+        if req.step is None:
+            held = [s for s, st in self._steps.items() if st.status == "held" and s not in self._decisions]
+            if len(held) != 1:
+                raise ValueError(f"{verb}: name the step (held: {', '.join(held) or 'none'})")
+            return held[0]
+        if req.step not in self._steps:
+            raise ValueError(f"no step {req.step!r} in runbook {self._inp.runbook.metadata.name}")
+        if self._steps[req.step].status != "held" or req.step in self._decisions:
+            raise ValueError(f"step {req.step!r} is not held (it is {self._steps[req.step].status})")
+        return req.step
+
+    def _check_held(self, req: ControlRequest, verb: str) -> tuple[str, str | None]:
+        """(the held step, the verified subject or None)."""
+        step = self._held_step(req, verb)
+        if verb != "skip":
+            return step, self._check_operator(verb, req)
+        # Skipping a held step (a failed health gate, most often) is the most dangerous act in a recovery.
+        name, subject = self._identify("skip", req.actor, req.identity_token)
+        approvers = self._inp.runbook.approvers
+        if not approvers:
+            raise ValueError(f"nobody may skip {step!r}: runbook {self._inp.runbook.metadata.name} names no approvers "
+                             "(retry or abort instead)")
+        if name not in approvers:
+            raise ValueError(f"{name!r} may not skip {step!r} (approvers: {', '.join(approvers)})")
+        first = self._steps[step].skip_requested_by
+        if self._four_eyes() and first == name:
+            raise ValueError(f"four eyes: {name!r} already asked to skip {step!r}; a second approver must confirm")
+        return step, subject
+
+    def _record(self, verb: str, step: str | None, actor: str, reason: str, subject: str | None) -> None:
+        self._controls.append(ControlRecord(verb=verb, step=step, actor=actor, reason=reason,
+                                            at=workflow.now(), subject=subject))
+        workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": actor, "subject": subject,
+                                                          "reason": reason})
+
+    def _decide(self, req: ControlRequest, verb: str) -> str:
+        step, subject = self._check_held(req, verb)
+        self._spend(req.identity_token)
+        verified = f" (verified {subject})" if subject else ""
+        state = self._steps[step]
+        if verb == "skip" and self._four_eyes() and state.skip_requested_by is None:
+            state.skip_requested_by = req.actor
+            self._record("skip-requested", step, req.actor, req.reason, subject)
+            return f"skip of {step} requested by {req.actor}{verified}; four eyes: a second approver must confirm"
+        state.skip_requested_by = None
+        self._decisions[step] = verb
+        self._record(verb, step, req.actor, req.reason, subject)
+        return f"{verb} {step} by {req.actor}{verified}"
+
+    def _approve(self, req: ApproveRequest) -> ApprovalRecord:
+        subject = self._check_approve(req)
+        self._spend(req.identity_token)
+        record = ApprovalRecord(step=req.step, approver=req.approver, comment=req.comment, at=workflow.now(),
+                                subject=subject)
+        self._granted[req.step] = record
+        workflow.logger.info("approved", extra={"step": req.step, "approver": req.approver, "subject": subject})
+        return record
+
+    def _check_abort(self, req: ControlRequest) -> str | None:
+        if not req.actor.strip():
+            raise ValueError("abort needs the operator's name (actor)")
+        if self._abort is not None:
+            raise ValueError(f"already aborted by {self._abort.actor}")
+        if self._state != "running":
+            raise ValueError(f"the run has already {self._state}")
+        return self._check_operator("abort", req)
+
+    def _abort_run(self, req: ControlRequest) -> str:
+        subject = self._check_abort(req)
+        self._spend(req.identity_token)
+        self._abort = req
+        self._record("abort", req.step, req.actor, req.reason, subject)
+        return f"abort requested by {req.actor}"
+
+    def _check_pause(self, req: ControlRequest) -> str | None:
+        if not req.actor.strip():
+            raise ValueError("pause needs the operator's name (actor)")
+        if self._paused:
+            raise ValueError("the run is already paused")
+        return self._check_operator("pause", req)
+
+    def _pause(self, req: ControlRequest) -> str:
+        subject = self._check_pause(req)
+        self._spend(req.identity_token)
+        self._paused = True
+        self._record("pause", None, req.actor, req.reason, subject)
+        workflow.set_current_details(self._details(None))
+        return f"paused by {req.actor}; the current step finishes first"
+
+    def _check_resume(self, req: ControlRequest) -> str | None:
+        if not req.actor.strip():
+            raise ValueError("resume needs the operator's name (actor)")
+        if not self._paused:
+            raise ValueError("the run is not paused")
+        return self._check_operator("resume", req)
+
+    def _resume(self, req: ControlRequest) -> str:
+        subject = self._check_resume(req)
+        self._spend(req.identity_token)
+        self._paused = False
+        self._record("resume", None, req.actor, req.reason, subject)
+        return f"resumed by {req.actor}"

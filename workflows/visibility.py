@@ -1,0 +1,90 @@
+"""What a run shows while it runs: Web UI search attributes and details, and the worker's step and gate metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import search
+    from workflows.contract import GateReading
+    from workflows.spec import ActionStep, RampStep
+
+__all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
+
+_OPERATOR_HELP = (
+    "Approve from the Temporal Web UI (Send an Update) or `coldstart approve`. Update name: "
+)
+
+
+def metrics_step(runbook: str, step: str, outcome: str | None) -> None:
+    """Worker metrics for infra's rules (replay-safe: the SDK drops them during replay)."""
+    meter = workflow.metric_meter()
+    labels = {"runbook": runbook, "step": step}
+    meter.create_gauge("coldstart_step_in_progress", "1 while the step runs").set(0 if outcome else 1, labels)
+    if outcome:
+        meter.create_counter("coldstart_step_runs_total", "steps finished, by outcome").add(1, {**labels, "outcome": outcome})
+
+
+def metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
+    meter = workflow.metric_meter()
+    result = "error" if reading.error else ("pass" if reading.passed else "fail")
+    labels = {"runbook": runbook, "gate": gate}
+    meter.create_counter("coldstart_gate_evaluations_total", "gate readings, by result").add(1, {**labels, "result": result})
+    meter.create_gauge("coldstart_gate_last_result", "1 if the gate's last reading passed").set(1 if reading.passed else 0, labels)
+
+
+class RunVisibility:
+    """RunbookWorkflow's Web UI face; reads the run's state, never changes it."""
+
+    def _publish(self, current: str | None) -> None:
+        """Upsert the Web UI search attributes when they change (not on every event)."""
+        awaiting = bool(self._awaiting)
+        if self._published == (current, awaiting):
+            return
+        self._published = (current, awaiting)
+        workflow.upsert_search_attributes(
+            [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
+        )
+
+    def _details(self, step: Any) -> str:
+        """Markdown for the Web UI's 'current details': what is happening and how to act on it."""
+        book = self._inp.runbook.metadata.name
+        if step is None:
+            if self._paused and self._state == "running":
+                return f"**{book}** paused. Resume with Update `resume` and `{self._example('resume', actor='you')}`."
+            return f"**{book}** {self._state}" + (f": {self._error}" if self._error else "")
+        state = self._steps[step.id]
+        lines = [f"**{book}** on `{self._inp.target_name}`: step `{step.id}` ({state.kind}) {state.status}"]
+        if step.description:
+            lines.append(step.description)
+        if isinstance(step, ActionStep):
+            lines.append(f"Runs `{step.action}`: {self._inp.actions[step.action].description}")
+        if isinstance(step, RampStep) and state.percent is not None:
+            lines.append(f"Ramp at {state.percent}% (last good {state.last_good if state.last_good is not None else step.ramp.baseline}%).")
+        if state.status == "awaiting_approval":
+            spec = self._awaiting.get(step.id)
+            allowed = self._allowed_approvers(spec) if spec else []
+            lines.append(f"Waiting for approval: {state.awaiting}")
+            lines.append(
+                _OPERATOR_HELP
+                + "`approve`, input: "
+                + f"`{self._example('approve', step=step.id, approver=allowed[0] if allowed else 'your-name', comment='checked')}`"
+            )
+            if allowed:
+                lines.append(f"Allowed approvers: {', '.join(allowed)}")
+            if spec and self._four_eyes(spec):
+                lines.append(f"Four eyes: {self._inp.initiator} (who started the run) cannot approve.")
+        if state.status == "held":
+            lines.append(f"Held after failure: {state.error}")
+            for name in ("retry", "skip", "abort"):
+                lines.append(f"Update `{name}`: `{self._example(name, step=step.id, actor='your-name', reason='why')}`")
+            approvers = self._inp.runbook.approvers
+            lines.append(f"Skip needs an approver ({', '.join(approvers)})" if approvers else "Nobody may skip: the runbook names no approvers.")
+            if state.skip_requested_by:
+                lines.append(f"Skip requested by {state.skip_requested_by}; four eyes: a second approver must confirm.")
+            operators = self._operators()
+            if operators is not None:
+                lines.append(f"Retry and abort: {', '.join(operators)}")
+        return "\n\n".join(lines)
