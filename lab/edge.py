@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-from lab.resp import RedisError, RedisPool
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
 
 __all__ = ["SCHEDULING_KEY", "EdgeService", "main"]
 
@@ -25,12 +25,12 @@ MAINTENANCE_PAGE = "<html><body><h1>Down for maintenance</h1><p>We are bringing 
 
 
 class EdgeService:
-    """Owns the metrics, the Redis pools (by address) and the PostgreSQL pool."""
+    """Owns the metrics, the Redis clients (by address) and the PostgreSQL pool."""
 
     def __init__(self, *, dsn: str, consul: str, consul_token: str | None, static_nodes: list[str]) -> None:
         self.dsn, self.consul, self.consul_token = dsn, consul, consul_token
         self.nodes: list[str] = list(static_nodes)
-        self.pools: dict[str, RedisPool] = {}
+        self.caches: dict[str, Redis] = {}
         self.db = None
         self.registry = CollectorRegistry()
         r = self.registry
@@ -58,8 +58,8 @@ class EdgeService:
 
     async def stop(self) -> None:
         self._refresher.cancel()
-        for pool in self.pools.values():
-            await pool.close()
+        for cache in self.caches.values():
+            await cache.aclose()
         if self.db is not None:
             await self.db.close()
 
@@ -79,36 +79,40 @@ class EdgeService:
                     pass  # keep serving with the last placement we knew: Consul being down is the drill
                 await asyncio.sleep(2.0)
 
-    def _pool(self, player: int) -> RedisPool | None:
+    def _cache(self, player: int) -> tuple[str, Redis] | None:
         if not self.nodes:
             return None
         # crc32, not hash(): stable across processes, so a restart keeps keys on the same node.
         address = self.nodes[zlib.crc32(str(player).encode()) % len(self.nodes)]
-        if address not in self.pools:
+        if address not in self.caches:
             host, _, port = address.rpartition(":")
-            self.pools[address] = RedisPool(host, int(port), timeout=0.5)
-        return self.pools[address]
+            # At most 8 connections, callers wait for one; no retries: a failed read counts as a miss.
+            self.caches[address] = Redis.from_pool(BlockingConnectionPool(
+                host=host, port=int(port), max_connections=8, timeout=None,
+                socket_timeout=0.5, socket_connect_timeout=0.5))
+        return address, self.caches[address]
 
     # ---- the request path ----------------------------------------------------------------
     async def player(self, player: int) -> dict:
         key = f"player:{player}"
-        pool = self._pool(player)
-        if pool is not None:
+        cache = self._cache(player)
+        if cache is not None:
+            address, client = cache
             try:
-                cached = await pool.get(key)
+                cached = await client.get(key)
             except RedisError:
-                self.cache_errors.labels(pool.address).inc()
+                self.cache_errors.labels(address).inc()
                 cached = None
             if cached is not None:
                 self.cache_requests.labels("hit").inc()
                 return json.loads(cached)
         self.cache_requests.labels("miss").inc()
         row = await self._query(player)
-        if pool is not None and row is not None:
+        if cache is not None and row is not None:
             try:
-                await pool.set(key, json.dumps(row), CACHE_TTL_S)
+                await client.set(key, json.dumps(row), ex=CACHE_TTL_S)
             except RedisError:
-                self.cache_errors.labels(pool.address).inc()
+                self.cache_errors.labels(address).inc()
         return row
 
     async def _query(self, player: int) -> dict | None:

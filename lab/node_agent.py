@@ -11,8 +11,8 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-
-from lab.resp import RedisError, RedisPool
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
 
 __all__ = ["Container", "NodeAgent", "main"]
 
@@ -51,7 +51,9 @@ class Container:
 class NodeAgent:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.redis = RedisPool("127.0.0.1", args.redis_port, size=2, timeout=0.5)
+        self.redis = Redis.from_pool(BlockingConnectionPool(
+            host="127.0.0.1", port=args.redis_port, max_connections=2, timeout=None,
+            socket_timeout=0.5, socket_connect_timeout=0.5))
         self.containers: list[Container] = []
         self.notice_deadline: float | None = None
         self.registry = CollectorRegistry()
@@ -123,9 +125,9 @@ class NodeAgent:
     # ---- metrics -------------------------------------------------------------------------
     async def collect(self) -> bytes:
         try:
-            await self.redis.execute("PING")
+            await self.redis.ping()
             self.redis_up.set(1)
-            self.redis_keys.set(await self.redis.execute("DBSIZE"))
+            self.redis_keys.set(await self.redis.dbsize())
         except RedisError:
             self.redis_up.set(0)
             self.redis_keys.set(0)

@@ -1,3 +1,3 @@
-"""API-faithful Consul, Nomad and Vault stand-ins for the drill lab."""
+"""API-faithful Consul and Nomad stand-ins for the drill lab (its Vault is always real)."""
 
-__all__ = ["clock", "consul", "nomad", "vault"]
+__all__ = ["clock", "consul", "nomad"]

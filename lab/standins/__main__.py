@@ -2,27 +2,79 @@
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
+from typing import Annotated, NamedTuple, Optional
 
-__all__ = ["main"]
+import typer
 
-USAGE = "usage: python -m lab.standins {consul|nomad} [options]  (--help per stand-in)"
+from .consul import run as _run_consul
+from .consul_state import STREAMING_KEY
+from .listeners import ListenSpec, parse_listen
+from .nomad import parse_node, run as _run_nomad
+
+__all__ = ["app", "main"]
+
+_ADDRESS = "[NETNS:]HOST:PORT"
+
+app = typer.Typer(
+    help="Run one API-faithful stand-in (Consul or Nomad) for the drill lab until SIGTERM.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+class _Server(NamedTuple):
+    name: str
+    listen: ListenSpec
+
+
+def _parse_server(text: str) -> _Server:
+    name, sep, addr = text.partition("=")
+    if not sep:
+        raise typer.BadParameter(f"--server wants NAME={_ADDRESS}, got {text!r}")
+    return _Server(name, parse_listen(addr))
+
+
+@app.command()
+def consul(
+    server: Annotated[Optional[list[_Server]], typer.Option(
+        parser=_parse_server, metavar=f"NAME={_ADDRESS}", help="one per server listener (repeat)")] = None,
+    listen: Annotated[Optional[list[ListenSpec]], typer.Option(
+        parser=parse_listen, metavar=_ADDRESS, help="extra listener answering as the first server (repeat)")] = None,
+    servers: Annotated[int, typer.Option(help="cluster size when fewer --server are given")] = 3,
+    datacenter: str = "dc1",
+    acl_token: Optional[str] = None,
+    acl_token_file: Optional[Path] = None,
+    state_dir: Optional[Path] = None,
+    streaming_key: str = STREAMING_KEY,
+    seed: int = 0,
+) -> None:
+    """Consul HTTP API stand-in: a cluster of servers in one process, one listener per server."""
+    if not server and not listen:
+        raise typer.BadParameter("give at least one --server or --listen")
+    token = acl_token_file.read_text().strip() if acl_token_file else acl_token
+    _run_consul(list(server or []), list(listen or []), servers=servers, datacenter=datacenter,
+                acl_token=token, state_dir=state_dir, streaming_key=streaming_key, seed=seed)
+
+
+@app.command()
+def nomad(
+    listen: Annotated[list[ListenSpec], typer.Option(parser=parse_listen, metavar=_ADDRESS, help="(repeat)")],
+    node: Annotated[Optional[list[dict]], typer.Option(
+        parser=parse_node, metavar="NAME[:netns=NS,class=C,key=value]",
+        help="client node (repeat); default client1..3")] = None,
+    datacenter: str = "dc1",
+    region: str = "global",
+    state_dir: Optional[Path] = None,
+) -> None:
+    """Nomad HTTP API stand-in: one server and its client nodes; raw_exec tasks are real processes."""
+    _run_nomad(listen, list(node or []), datacenter=datacenter, region=region, state_dir=state_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        raise SystemExit(0 if argv else 2)
-    kind, rest = argv[0], argv[1:]
-    if kind == "consul":
-        from .consul import main as run
-    elif kind == "nomad":
-        from .nomad import main as run
-    else:
-        print(USAGE, file=sys.stderr)
-        raise SystemExit(2)
-    run(rest)
+    app(args=argv, prog_name="python -m lab.standins")
 
 
 if __name__ == "__main__":

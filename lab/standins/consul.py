@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
@@ -26,10 +25,10 @@ from .consul_state import (
     parse_duration,
     public_check,
 )
-from .listeners import LABEL, ListenSpec, bind_socket, parse_listen, serve_forever
+from .listeners import LABEL, ListenSpec, bind_socket, serve_forever
 from .promtext import render
 
-__all__ = ["make_app", "build_cluster", "main", "CLUSTER", "SERVER"]
+__all__ = ["make_app", "build_cluster", "run", "CLUSTER", "SERVER"]
 
 CLUSTER = web.AppKey("cluster", ConsulCluster)
 SERVER = web.AppKey("server", str)
@@ -806,36 +805,16 @@ def build_cluster(
     return ConsulCluster([(n, h, r) for (n, h), r in zip(names_hosts, raft)], **kwargs)
 
 
-def _parse_server(text: str) -> tuple[str, ListenSpec]:
-    name, sep, addr = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--server wants NAME=[NETNS:]HOST:PORT, got {text!r}")
-    return name, parse_listen(addr)
-
-
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lab.standins consul", description=__doc__)
-    ap.add_argument("--server", action="append", default=[], type=_parse_server,
-                    help="NAME=[NETNS:]HOST:PORT, one per server listener (repeat)")
-    ap.add_argument("--listen", action="append", default=[], type=parse_listen,
-                    help="[NETNS:]HOST:PORT extra listener answering as the first server")
-    ap.add_argument("--servers", type=int, default=3, help="cluster size when fewer --server are given")
-    ap.add_argument("--datacenter", default="dc1")
-    ap.add_argument("--acl-token", default=None)
-    ap.add_argument("--acl-token-file", type=Path, default=None)
-    ap.add_argument("--state-dir", type=Path, default=None)
-    ap.add_argument("--streaming-key", default=STREAMING_KEY)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    token = args.acl_token
-    if args.acl_token_file:
-        token = args.acl_token_file.read_text().strip()
-    specs: list[tuple[str, ListenSpec | None]] = list(args.server)
-    if not specs and not args.listen:
-        ap.error("give at least one --server or --listen")
+def run(
+    servers_at: list[tuple[str, ListenSpec]], listen: list[ListenSpec], *, servers: int = 3, datacenter: str = "dc1",
+    acl_token: str | None = None, state_dir: Path | None = None, streaming_key: str = STREAMING_KEY, seed: int = 0,
+) -> None:
+    """Serve a cluster of at least `servers` servers until SIGTERM: one listener per (name, address) in
+    `servers_at` (the others listen nowhere), and each of `listen` answering as the first server."""
+    specs: list[tuple[str, ListenSpec | None]] = list(servers_at)
     names = {n for n, _ in specs}
     i = 1
-    while len(specs) < args.servers:
+    while len(specs) < servers:
         name = f"consul{i}"
         i += 1
         if name not in names:
@@ -844,11 +823,11 @@ def main(argv: list[str]) -> None:
     hosts = [spec.host if spec else f"127.0.0.{k + 1}" for k, (_, spec) in enumerate(specs)]
     cluster = build_cluster(
         [(n, h) for (n, _), h in zip(specs, hosts)],
-        datacenter=args.datacenter,
-        acl_token=token,
-        state_dir=args.state_dir,
-        streaming_key=args.streaming_key,
-        seed=args.seed,
+        datacenter=datacenter,
+        acl_token=acl_token,
+        state_dir=state_dir,
+        streaming_key=streaming_key,
+        seed=seed,
         params=LoadParams(),
     )
     # Bind every socket (entering netns as needed) before the loop exists.
@@ -857,7 +836,7 @@ def main(argv: list[str]) -> None:
     for name, spec in specs:
         if spec is not None:
             pairs.append((name, bind_socket(spec)))
-    for spec in args.listen:
+    for spec in listen:
         pairs.append((first, bind_socket(spec)))
     apps = [(make_app(cluster, name, run_housekeeping=(k == 0)), sock) for k, (name, sock) in enumerate(pairs)]
     asyncio.run(serve_forever(apps))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -11,11 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
-from .listeners import LABEL, bind_socket, parse_listen, serve_forever
-from .nomad_state import NOMAD_VERSION, NomadError, NomadState, public
+from .listeners import LABEL, ListenSpec, bind_socket, serve_forever
+from .nomad_model import NOMAD_VERSION, NomadError, public
+from .nomad_state import NomadState
 from .promtext import Series, render
 
-__all__ = ["make_app", "main", "STATE", "parse_node"]
+__all__ = ["make_app", "run", "STATE", "parse_node"]
 
 STATE = web.AppKey("nomad_state", NomadState)
 RPC_ADDR = web.AppKey("rpc_addr", str)
@@ -443,20 +443,14 @@ def parse_node(text: str) -> dict[str, Any]:
     return spec
 
 
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lab.standins nomad", description=__doc__)
-    ap.add_argument("--listen", action="append", type=parse_listen, required=True, help="[NETNS:]HOST:PORT")
-    ap.add_argument("--node", action="append", type=parse_node, default=[],
-                    help="NAME[:netns=NS,class=C,key=value] client node (repeat); default client1..3")
-    ap.add_argument("--datacenter", default="dc1")
-    ap.add_argument("--region", default="global")
-    ap.add_argument("--state-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
-    nodes = args.node or [{"name": f"client{i}", "meta": {}} for i in (1, 2, 3)]
-    first = args.listen[0]
-    st = NomadState(nodes, datacenter=args.datacenter, region=args.region, state_dir=args.state_dir,
+def run(listen: list[ListenSpec], nodes: list[dict[str, Any]], *, datacenter: str = "dc1", region: str = "global",
+        state_dir: Path | None = None) -> None:
+    """Serve on every `listen` address until SIGTERM; `nodes` as parse_node gives them, default client1..3."""
+    nodes = nodes or [{"name": f"client{i}", "meta": {}} for i in (1, 2, 3)]
+    first = listen[0]
+    st = NomadState(nodes, datacenter=datacenter, region=region, state_dir=state_dir,
                     http_addr=f"{first.host}:{first.port}")
-    socks = [bind_socket(spec) for spec in args.listen]
+    socks = [bind_socket(spec) for spec in listen]
     rpc = f"{first.host}:4647"
     apps = [(make_app(st, rpc, run_housekeeping=(i == 0)), s) for i, s in enumerate(socks)]
     asyncio.run(serve_forever(apps))

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
 __all__ = ["Series", "render", "quantile", "SampleWindow"]
+
+# generate_latest spells whole numbers as Python does ("1.0"); Go's exposition, which Consul and Nomad
+# serve, writes "1" (both write 1.234567e+06 from a million on).
+_WHOLE = re.compile(r"^([^#].* -?\d+)\.0$", re.MULTILINE)
 
 
 @dataclass
 class Series:
     name: str
-    kind: str  # gauge | counter | summary
+    kind: str  # gauge | summary
     value: float = 0.0
     labels: Mapping[str, str] = field(default_factory=dict)
     quantiles: Mapping[float, float] | None = None  # summaries only
@@ -20,54 +29,36 @@ class Series:
     total: float = 0.0
 
 
-def _fmt(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
+class _SeriesCollector(Collector):
+    """One scrape's series as metric families, as go-metrics' Prometheus sink exposes them: HELP is the
+    name, a summary's samples are its quantiles then _sum and _count."""
 
+    def __init__(self, series: Iterable[Series]) -> None:
+        self._series = series
 
-def _labels(labels: Mapping[str, str], extra: Mapping[str, str] | None = None) -> str:
-    merged = dict(labels)
-    if extra:
-        merged.update(extra)
-    if not merged:
-        return ""
-    body = ",".join(
-        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in sorted(merged.items())
-    )
-    return "{" + body + "}"
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}  # one family per name, in first-seen order
+        for s in self._series:
+            family = families.get(s.name)
+            if family is None:
+                kind = SummaryMetricFamily if s.kind == "summary" else GaugeMetricFamily
+                family = families[s.name] = kind(s.name, s.name)
+            labels = dict(s.labels)
+            if s.kind == "summary":
+                for q, v in sorted((s.quantiles or {}).items()):
+                    family.add_sample(s.name, {**labels, "quantile": str(q)}, v)
+                family.add_sample(f"{s.name}_sum", labels, s.total)
+                family.add_sample(f"{s.name}_count", labels, s.count)
+            else:
+                family.add_sample(s.name, labels, s.value)
+        yield from families.values()
 
 
 def render(series: Iterable[Series]) -> str:
-    """Prometheus text format 0.0.4; one TYPE line per metric family."""
-    lines: list[str] = []
-    # The exposition format needs each family's samples contiguous, so group first.
-    families: dict[str, list[Series]] = {}
-    for s in series:
-        families.setdefault(s.name, []).append(s)
-    for name, members in families.items():
-        lines.append(f"# HELP {name} {name}")
-        lines.append(f"# TYPE {name} {members[0].kind}")
-        for s in members:
-            lines.extend(_sample_lines(s))
-    return "\n".join(lines) + "\n"
-
-
-def _sample_lines(s: Series) -> list[str]:
-    lines: list[str] = []
-    if s.kind == "summary":
-        for q, v in sorted((s.quantiles or {}).items()):
-            lines.append(f"{s.name}{_labels(s.labels, {'quantile': str(q)})} {_fmt(v)}")
-        lines.append(f"{s.name}_sum{_labels(s.labels)} {_fmt(s.total)}")
-        lines.append(f"{s.name}_count{_labels(s.labels)} {s.count}")
-    else:
-        lines.append(f"{s.name}{_labels(s.labels)} {_fmt(s.value)}")
-    return lines
+    """Prometheus text format 0.0.4 as the Go agents write it, from a private registry (not the process's)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SeriesCollector(series))
+    return _WHOLE.sub(r"\1", generate_latest(registry).decode())
 
 
 def quantile(sorted_values: list[float], q: float) -> float:

@@ -1,0 +1,63 @@
+"""Nomad stand-in vocabulary: API constants, NomadError and pure helpers shared by the state modules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Any
+
+__all__ = [
+    "NS_PER_S", "NOMAD_VERSION", "DEFAULT_UPDATE", "DEPLOYMENT_TYPES", "ACTIVE_DEPLOYMENT", "NomadError", "public",
+    "rfc3339", "json_hash", "alloc_index", "task_state",
+]
+
+NS_PER_S = 1_000_000_000
+NOMAD_VERSION = "1.1.6"
+# The update block Nomad gives every group of a service or system job that names none (or only some fields):
+# https://developer.hashicorp.com/nomad/docs/job-specification/update
+DEFAULT_UPDATE = {
+    "AutoPromote": False, "AutoRevert": False, "Canary": 0, "HealthCheck": "checks",
+    "HealthyDeadline": 300 * NS_PER_S, "MaxParallel": 1, "MinHealthyTime": 10 * NS_PER_S,
+    "ProgressDeadline": 600 * NS_PER_S, "Stagger": 30 * NS_PER_S,
+}
+DEPLOYMENT_TYPES = ("service", "system")
+ACTIVE_DEPLOYMENT = ("initializing", "pending", "running", "paused", "blocked", "unblocking")
+
+
+class NomadError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def public(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop the stand-in's bookkeeping keys (prefixed _) from an API object."""
+    return {k: v for k, v in obj.items() if not k.startswith("_")}
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def json_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def alloc_index(alloc: dict[str, Any]) -> int:
+    name = alloc["Name"]
+    return int(name[name.rindex("[") + 1: -1])
+
+
+def task_state(state: str, now: int, event: str, message: str, failed: bool = False,
+               started: Any = None, finished: Any = None, exit_code: int | None = None) -> dict[str, Any]:
+    def stamp(v: Any) -> str | None:
+        return rfc3339(v / NS_PER_S) if isinstance(v, int) else v
+
+    return {
+        "State": state, "Failed": failed, "Restarts": 0, "LastRestart": None,
+        "StartedAt": stamp(started), "FinishedAt": stamp(finished),
+        "Events": [{"Type": event, "Time": now, "DisplayMessage": message, "Message": message,
+                    "ExitCode": exit_code or 0, "FailsTask": failed, "Details": {}}],
+    }
+
