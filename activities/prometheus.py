@@ -1,4 +1,4 @@
-"""A small Prometheus HTTP API client: instant queries reduced to one number, failing closed."""
+"""The one Prometheus HTTP API client: instant and range queries, and a result reduced to one number, failing closed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import httpx
 
-__all__ = ["PrometheusError", "instant_query", "single_value"]
+__all__ = ["PrometheusError", "instant_query", "range_query", "single_value"]
 
 
 class PrometheusError(Exception):
@@ -15,11 +15,22 @@ class PrometheusError(Exception):
 
 async def instant_query(base_url: str, query: str, *, timeout: float = 10.0, client: httpx.AsyncClient | None = None) -> dict:
     """GET /api/v1/query and return its `data` (resultType and result)."""
-    url = base_url.rstrip("/") + "/api/v1/query"
+    return await _api(base_url, "query", {"query": query}, timeout=timeout, client=client)
+
+
+async def range_query(base_url: str, query: str, *, start: float, end: float, step: str = "2s",
+                      timeout: float = 10.0, client: httpx.AsyncClient | None = None) -> dict:
+    """GET /api/v1/query_range and return its `data` (a matrix: each series' [time, value] pairs)."""
+    params = {"query": query, "start": start, "end": end, "step": step}
+    return await _api(base_url, "query_range", params, timeout=timeout, client=client)
+
+
+async def _api(base_url: str, endpoint: str, params: dict, *, timeout: float, client: httpx.AsyncClient | None) -> dict:
+    url = base_url.rstrip("/") + "/api/v1/" + endpoint
     owned = client is None
     client = client or httpx.AsyncClient(timeout=timeout)
     try:
-        response = await client.get(url, params={"query": query})
+        response = await client.get(url, params=params)
     except httpx.HTTPError as exc:
         raise PrometheusError(f"prometheus at {base_url} unreachable: {type(exc).__name__}: {exc}") from None
     finally:

@@ -12,7 +12,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
@@ -119,14 +118,17 @@ def _vault_token(inventory: dict[str, Any]) -> str:
     return client.auth.approle.login(role_id=role_id, secret_id=secret_id)["auth"]["client_token"]
 
 
-def _admitted_curve(prometheus: str, start: float, end: float) -> list[tuple[float, float, float]]:
+async def _admitted_curve(prometheus: str, start: float, end: float) -> list[tuple[float, float, float]]:
     """(time, target %, admitted %) from the players generator, read back from Prometheus."""
+    from activities.prometheus import PrometheusError, range_query
+
     series: dict[str, dict[float, float]] = {}
     for name, query in (("target", "max(coldstart_players_target_percent)"),
                         ("admitted", "max(coldstart_players_admitted_fraction) * 100")):
-        response = httpx.get(f"{prometheus}/api/v1/query_range",
-                             params={"query": query, "start": start, "end": end, "step": "2s"}, timeout=10)
-        result = response.json().get("data", {}).get("result", [])
+        try:
+            result = (await range_query(prometheus, query, start=start, end=end)).get("result", [])
+        except PrometheusError:
+            result = []
         series[name] = {float(t): float(v) for t, v in result[0]["values"]} if result else {}
     # A target read as NaN (the generator before its first sweep) is no step of the ramp.
     return [(t, target, series["admitted"].get(t, float("nan")))
@@ -224,7 +226,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
                     task.cancel()
                 status = await handle.query("status", result_type=RunStatus)
             timeline = await build_timeline(client, handle.id)
-        curve = await asyncio.to_thread(_admitted_curve, inventory["telemetry"]["prometheus"], ramp_started, time.time())
+        curve = await _admitted_curve(inventory["telemetry"]["prometheus"], ramp_started, time.time())
     finally:
         if not keep:
             await asyncio.to_thread(lifecycle.down, cfg)
