@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
+from tenacity import RetryError, Retrying, retry_if_exception_type, retry_if_not_result, stop_after_delay, wait_fixed
 
 from lab.hashistack import Backends, ConsulAgent, NomadAgent, VaultServer
 from lab.hosts.processes import start_daemon, wait_for_port
@@ -84,18 +84,14 @@ def start_vault(cfg: LabConfig, sec: Secrets, found: Backends) -> DaemonRecord:
 
 def poll_until(what: str, probe, timeout: float, record: DaemonRecord | None = None) -> Any:
     """probe() until it returns truthy (HTTP errors count as not yet); LabError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-            if value:
-                return value
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            last = exc
-        time.sleep(0.1)
-    where = f"; see {record.log}" if record else ""
-    raise LabError(f"{what} not ready after {timeout:.0f}s ({last!r}){where}")
+    polling = Retrying(retry=retry_if_exception_type((httpx.HTTPError, ValueError, KeyError)) | retry_if_not_result(bool),
+                       stop=stop_after_delay(timeout), wait=wait_fixed(0.1))
+    try:
+        return polling(probe)
+    except RetryError as exc:
+        last = exc.last_attempt.exception() or exc.last_attempt.result()
+        where = f"; see {record.log}" if record else ""
+        raise LabError(f"{what} not ready after {timeout:.0f}s ({last!r}){where}") from None
 
 
 def _configure_vault(cfg: LabConfig, sec: Secrets) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+import psutil
+from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
 from lab.hosts.spec import LabSpec
 from lab.hosts.state import DaemonRecord, load_state, save_state
@@ -39,23 +40,22 @@ def run_in_host(
     )
 
 
-def process_starttime(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot); None if gone or a zombie."""
+def process_starttime(pid: int) -> float | None:
+    """When the process started (psutil's create_time); None if it is gone or a zombie."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            _reap(pid)
+            return None
+        return process.create_time()
+    except psutil.NoSuchProcess:
         return None
-    # comm (field 2) may contain spaces and parens; everything after the last ')' is fixed.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        _reap(pid)
-        return None
-    return int(fields[19])
 
 
-def pid_alive(pid: int, starttime: int | None = None) -> bool:
+def pid_alive(pid: int, starttime: float | None = None) -> bool:
+    """The PID runs, and is still the process started at `starttime` (a recycled PID is not)."""
     current = process_starttime(pid)
-    return current is not None and (starttime is None or current == starttime)
+    return current is not None and (starttime is None or abs(current - starttime) < 0.01)
 
 
 def _reap(pid: int) -> None:
@@ -69,31 +69,28 @@ def _reap(pid: int) -> None:
         pass  # not our child: its parent reaps it
 
 
-def kill_pid(pid: int, starttime: int | None = None, *, grace: float = 3.0) -> bool:
+def kill_pid(pid: int, starttime: float | None = None, *, grace: float = 3.0) -> bool:
     """SIGTERM, then SIGKILL after `grace`; only if the PID still names the same process."""
     if not pid_alive(pid, starttime):
         _reap(pid)
         return False
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if not pid_alive(pid, starttime):
-            return True
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return True
-    for _ in range(100):
-        _reap(pid)
-        if not pid_alive(pid, starttime):
-            break
-        time.sleep(0.02)
+        process = psutil.Process(pid)
+        process.terminate()
+        if not _gone(pid, starttime, grace):
+            process.kill()
+            _gone(pid, starttime, 2.0)
+    except psutil.NoSuchProcess:
+        pass
+    _reap(pid)
     return True
+
+
+def _gone(pid: int, starttime: float | None, timeout: float) -> bool:
+    # pid_alive, not psutil's wait: it reaps our own children and counts a zombie as gone.
+    waiting = Retrying(retry=retry_if_result(bool), stop=stop_after_delay(timeout), wait=wait_fixed(0.05),
+                       retry_error_callback=lambda state: state.outcome.result())
+    return not waiting(pid_alive, pid, starttime)
 
 
 def start_daemon(spec: LabSpec, host: str, name: str, argv: list[str], *, host_sysfs: bool = False) -> DaemonRecord:
@@ -141,17 +138,24 @@ def stop_daemon(spec: LabSpec, host: str, name: str) -> bool:
     return was_running
 
 
+class _NotYet(Exception):
+    pass
+
+
 def wait_for_port(address: str, port: int, *, timeout: float = 10.0, pid: int | None = None) -> None:
     """Connect from the root namespace until something listens; fail fast if `pid` died."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+
+    def attempt() -> None:
         if pid is not None and not pid_alive(pid):
             raise RuntimeError(f"process {pid} exited before {address}:{port} was listening")
         try:
-            with socket.create_connection((address, port), timeout=0.5):
-                return
+            socket.create_connection((address, port), timeout=0.5).close()
         except OSError as exc:
-            last = exc
-            time.sleep(0.05)
-    raise TimeoutError(f"{address}:{port} not listening after {timeout}s: {last!r}")
+            raise _NotYet(repr(exc)) from None
+
+    retrying = Retrying(retry=retry_if_exception_type(_NotYet), stop=stop_after_delay(timeout), wait=wait_fixed(0.05),
+                        reraise=True)
+    try:
+        retrying(attempt)
+    except _NotYet as exc:
+        raise TimeoutError(f"{address}:{port} not listening after {timeout}s: {exc}") from None

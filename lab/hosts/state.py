@@ -19,7 +19,7 @@ class DaemonRecord(BaseModel):
     host: str
     name: str
     pid: int
-    starttime: int
+    starttime: float  # psutil create_time: seconds since the epoch
     argv: list[str]
     log: str
 
