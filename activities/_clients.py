@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, TypeVar
+from typing import Annotated, Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 import consul
@@ -12,10 +12,11 @@ import consul.exceptions as cex
 import nomad
 import nomad.api.exceptions as nex
 import requests
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities._fields import BaseUrl
 from activities.registry import invalid_argument
 from activities.secrets import VaultSecretRef, read_kv_secret
 
@@ -83,21 +84,17 @@ def go_duration_seconds(value: Any) -> float:
 # --------------------------------------------------------------------------- targets
 
 
-def _url(value: str) -> str:
-    value = value.strip().rstrip("/")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{value!r} is not an http(s) URL")
-    if parts.path not in ("", "/"):
-        raise ValueError(f"{value!r}: give the agent's base URL, without a path")
-    return value
+def _distinct(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
 
 
 class ConsulTarget(BaseModel):
     """How to reach a Consul cluster; the ACL token is a Vault reference, read inside the activity."""
 
-    address: str = Field(description="an agent's HTTP API base URL, e.g. http://10.0.0.5:8500")
-    servers: list[str] = Field(
+    model_config = ConfigDict(extra="forbid")
+
+    address: BaseUrl = Field(description="an agent's HTTP API base URL, e.g. http://10.0.0.5:8500")
+    servers: Annotated[list[BaseUrl], AfterValidator(_distinct)] = Field(
         default_factory=list,
         description="every server's HTTP API URL (health/leader actions read metrics from the leader's agent)",
     )
@@ -106,30 +103,19 @@ class ConsulTarget(BaseModel):
     ca_cert: str | None = Field(default=None, description="CA bundle for https; default system trust")
     timeout_seconds: float = Field(default=15.0, gt=0, le=600)
 
-    @field_validator("address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        return _url(value)
-
-    @field_validator("servers")
-    @classmethod
-    def _servers(cls, values: list[str]) -> list[str]:
-        return list(dict.fromkeys(_url(v) for v in values))
 
 
 class NomadTarget(BaseModel):
     """How to reach a Nomad cluster; the ACL token is a Vault reference, read inside the activity."""
 
-    address: str = Field(description="Nomad HTTP API base URL, e.g. http://10.0.0.6:4646")
+    model_config = ConfigDict(extra="forbid")
+
+    address: BaseUrl = Field(description="Nomad HTTP API base URL, e.g. http://10.0.0.6:4646")
     token: VaultSecretRef | None = Field(default=None, description="where the Nomad ACL token lives in Vault")
     region: str | None = None
     ca_cert: str | None = None
     timeout_seconds: float = Field(default=15.0, gt=0, le=600)
 
-    @field_validator("address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        return _url(value)
 
 
 # --------------------------------------------------------------------------- clients

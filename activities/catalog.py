@@ -11,9 +11,12 @@ __all__ = ["ACTION_MODULES", "load_registry"]
 ACTION_MODULES = [
     "activities.core",
     "activities.telemetry",
-    "activities.firewall",
-    "activities.dns",
-    "activities.consul",
+    "activities.firewall.actions",
+    "activities.dns.actions",
+    "activities.consul.snapshots",
+    "activities.consul.leadership",
+    "activities.consul.kv",
+    "activities.consul.users",
     "activities.nomad",
     "activities.vault",
 ]

@@ -105,7 +105,6 @@ class Registry:
 
 
 default_registry = Registry()
-RetryDefaults = Retry  # TEMPORARY until the split modules are renamed
 
 
 def action(

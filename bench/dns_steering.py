@@ -17,14 +17,9 @@ import dns.asyncquery  # noqa: E402
 import dns.rcode  # noqa: E402
 import dns.tsig  # noqa: E402
 
-from activities.dns import (  # noqa: E402
-    SteerSetInput,
-    ecs_subnets,
-    parse_server,
-    query_clients,
-    steer_set,
-    steering_update,
-)
+from activities.dns.actions import SteerSetInput, steer_set  # noqa: E402
+from activities.dns.ecs import ecs_subnets, query_clients  # noqa: E402
+from activities.dns.steering import parse_server, steering_update  # noqa: E402
 from activities.secrets import VaultSecretRef, use_client_factory  # noqa: E402
 from lab.dns import PdnsLab, PdnsSettings, free_port, prepare, start, stop  # noqa: E402
 

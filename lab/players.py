@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import signal
 import time
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from activities.dns import ecs_subnets, query_clients, read_state
+from activities.dns.axfr import read_state
+from activities.dns.ecs import ecs_subnets, query_clients
+from lab.serving import metrics_app, serve_app, stop_on_signals
 
 __all__ = ["PlayerLoad", "main"]
 
@@ -105,20 +105,8 @@ class PlayerLoad:
 
 async def serve(args: argparse.Namespace) -> None:
     load = PlayerLoad(args)
-    app = web.Application()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(load.registry), content_type="text/plain", charset="utf-8")
-
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    host, _, port = args.metrics.rpartition(":")
-    await web.TCPSite(runner, host, int(port)).start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    runner = await serve_app(metrics_app(load.registry), args.metrics)
+    stop = stop_on_signals()
     print(f"players: {args.clients} clients, {args.rps} rps for {args.duration}s; metrics on {args.metrics}", flush=True)
     await load.run(stop)
     # After the run time the exporter stays up (idle) so Prometheus still sees the last values.

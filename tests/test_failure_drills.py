@@ -74,7 +74,7 @@ def _readable(history_json: str) -> str:
 
 
 async def _percent(pdns_lab):  # noqa: F811
-    from activities.dns import SteerGetInput, steer_get
+    from activities.dns.actions import SteerGetInput, steer_get
 
     state = await steer_get(SteerGetInput(zone=pdns_lab.settings.zone, name="play",
                                           servers=[f"127.0.0.1:{pdns_lab.settings.port}"]))

@@ -6,7 +6,7 @@ import ipaddress
 import sqlite3
 from pathlib import Path
 
-from activities.dns import steering_code
+from activities.dns.steering import steering_code
 from lab.dns.settings import PdnsSettings
 from lab.dns.tsig import TsigKey
 

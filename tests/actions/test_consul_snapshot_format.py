@@ -18,12 +18,12 @@ import requests
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import consul as ca
-from activities._consul_snapshot import ArchiveError, normalize, read_snapshot
+from activities.consul import snapshots
+from activities.consul.archive import ArchiveError, normalize, read_snapshot
 
 
-def _save(stack, directory: Path) -> ca.SnapshotSaveOutput:
-    return ca.snapshot_save(ca.SnapshotSaveInput(consul=stack.consul_target(), directory=str(directory)))
+def _save(stack, directory: Path) -> snapshots.SnapshotSaveOutput:
+    return snapshots.snapshot_save(snapshots.SnapshotSaveInput(consul=stack.consul_target(), directory=str(directory)))
 
 
 def _members(path: Path) -> dict[str, bytes]:
@@ -106,9 +106,9 @@ def test_corrupt_or_truncated_archives_raise_archive_error(stack, tmp_path):
         with pytest.raises(ArchiveError, match=message):
             read_snapshot(path)
     # Real Consul panics on a state.bin it cannot decode: the restore refuses before anything is sent.
-    corrupt = ca.SnapshotRestoreInput(consul=stack.consul_target(), path=str(cases["is not valid msgpack"]))
+    corrupt = snapshots.SnapshotRestoreInput(consul=stack.consul_target(), path=str(cases["is not valid msgpack"]))
     with pytest.raises(ApplicationError) as err:
-        ca.snapshot_restore(corrupt)
+        snapshots.snapshot_restore(corrupt)
     assert err.value.non_retryable and "\n" not in str(err.value) and "state.bin is corrupt" in str(err.value)
     assert stack.admin().kv.get("fmt/corrupt")[1]["Value"] == b"intact"
 
@@ -128,20 +128,20 @@ def test_restore_retried_after_success_does_not_put_again(stack, tmp_path):
     saved = _save(stack, tmp_path)
     admin.kv.put("fmt/retry/k", "drifted")
     step = _step()
-    inp = ca.SnapshotRestoreInput(consul=stack.consul_target(), path=saved.path, expect_sha256=saved.sha256)
-    first = step.run(ca.snapshot_restore, inp)
+    inp = snapshots.SnapshotRestoreInput(consul=stack.consul_target(), path=saved.path, expect_sha256=saved.sha256)
+    first = step.run(snapshots.snapshot_restore, inp)
     assert first.restored and first.verified and not first.resumed and first.journal_key
     assert admin.kv.get("fmt/retry/k")[1]["Value"] == b"from the snapshot"
     # Work carries on after the restore; then the same step is retried (its completion was lost).
     admin.kv.put("fmt/retry/k", "written after the restore")
     admin.kv.put("fmt/retry/new", "also after")
-    again = step.run(ca.snapshot_restore, inp)
+    again = step.run(snapshots.snapshot_restore, inp)
     assert again.restored and again.resumed and again.verified
     assert again.written_since == ["fmt/retry/k", "fmt/retry/new"] and not again.preview.in_sync
     assert admin.kv.get("fmt/retry/k")[1]["Value"] == b"written after the restore"
     assert admin.kv.get("fmt/retry/new")[1]["Value"] == b"also after"
     # Another step asking for the same restore is a new decision: it does restore.
-    other = _step().run(ca.snapshot_restore, inp)
+    other = _step().run(snapshots.snapshot_restore, inp)
     assert other.restored and not other.resumed and admin.kv.get("fmt/retry/new")[1] is None
 
 
@@ -161,6 +161,6 @@ def test_restore_whose_response_was_lost_still_counts_once(stack, tmp_path, monk
         return result
 
     monkeypatch.setattr(consul.std.HTTPClient, "put", reset_after_upload)
-    out = ca.snapshot_restore(ca.SnapshotRestoreInput(consul=stack.consul_target(), path=saved.path))
+    out = snapshots.snapshot_restore(snapshots.SnapshotRestoreInput(consul=stack.consul_target(), path=saved.path))
     assert out.restored and out.verified and sent == ["/v1/snapshot"]
     assert admin.kv.get("fmt/lost/k")[1]["Value"] == b"from the snapshot"

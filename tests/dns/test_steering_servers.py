@@ -8,7 +8,8 @@ import dns.tsig
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.dns import SteerGetInput, encode_lua_rdata, steer_get, steer_set, steering_code
+from activities.dns.actions import SteerGetInput, steer_get, steer_set
+from activities.dns.steering import encode_lua_rdata, steering_code
 from lab.dns import PdnsLab, PdnsSettings, free_port, prepare, start, stop
 from tests.dns.support import FQDN, GAME_IP, MAINT_IP, FakeVault, raw_update, set_input
 

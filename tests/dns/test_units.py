@@ -8,16 +8,14 @@ import pytest
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from activities.dns import (
+from activities.dns.actions import SteerSampleInput, SteerSetInput, steer_set
+from activities.dns.ecs import ecs_subnets
+from activities.dns.steering import (
     SCALE,
-    SteerSampleInput,
-    SteerSetInput,
     decode_lua_rdata,
-    ecs_subnets,
     encode_lua_rdata,
     parse_server,
     parse_steering_code,
-    steer_set,
     steering_code,
 )
 from activities.registry import default_registry

@@ -10,9 +10,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.executors import ExecutorError, SshExecutor, executor_for
-from activities.firewall import (
+from activities.firewall.actions import (
     AllowInput,
-    AllowTier,
     BlockInput,
     StatusInput,
     UnblockInput,
@@ -22,6 +21,7 @@ from activities.firewall import (
     status,
     unblock,
 )
+from activities.firewall.rules import AllowTier
 from lab.hosts import LabSpec, run_in_host, ssh_target, start_daemon
 from lab.hosts.sshd import SshPaths
 from tests.hosts.labkit import ECHO_PORT, HTTP_PORT, connect, connect_from

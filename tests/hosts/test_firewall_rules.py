@@ -6,16 +6,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.executors import HostTarget
-from activities.firewall import (
-    AllowInput,
-    AllowTier,
-    BlockInput,
-    HostFirewall,
-    _desired_chain,
-    allow,
-    block,
-    render_block,
-)
+from activities.firewall.actions import AllowInput, BlockInput, allow, block
+from activities.firewall.rules import AllowTier, HostFirewall, _desired_chain, render_block
 from activities.registry import default_registry
 
 SSH = {"name": "consul1", "address": "10.213.0.11", "key_path": "/k", "known_hosts": "/kh"}

@@ -1,0 +1,98 @@
+"""The KV core the Consul actions share: one stored entry, and check-and-set writes that read back."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import consul
+from pydantic import BaseModel
+from temporalio.exceptions import ApplicationError
+
+from activities._clients import call, unavailable
+from activities.consul.archive import normalize
+
+__all__ = ["ABSENT", "CAS_ATTEMPTS", "KvEntry", "kv_ensure"]
+
+CAS_ATTEMPTS = 8
+
+
+class KvEntry(BaseModel):
+    """One key exactly as stored: value as base64 (None = empty/null) and flags."""
+
+    key: str
+    value_base64: str | None = None
+    flags: int = 0
+
+    def raw(self) -> bytes | None:
+        return base64.b64decode(self.value_base64) if self.value_base64 is not None else None
+
+
+def _entry(raw: dict[str, Any]) -> KvEntry:
+    # py-consul hands values back already base64-decoded.
+    return KvEntry(key=raw["Key"], value_base64=normalize(raw.get("Value")), flags=int(raw.get("Flags") or 0))
+
+
+def _text(entry: KvEntry | None) -> str | None:
+    if entry is None or entry.value_base64 is None:
+        return None
+    return entry.raw().decode("utf-8", errors="replace")
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or any(c in key for c in "\n\r\0"):
+        raise ValueError(f"bad KV key {key!r}: non-empty, no leading slash, no control characters")
+    return key
+
+
+class _Absent:
+    """Desired state: the key does not exist."""
+
+
+ABSENT = _Absent()
+
+
+def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, flags: int = 0,
+              expect_index: int | None = None) -> tuple[KvEntry | None, bool, int]:
+    """Make `key` hold `want` with check-and-set; returns (previous, changed, modify index after).
+
+    expect_index guards undo steps: when the key no longer has the ModifyIndex we left it at,
+    someone changed it since, and overwriting their value silently would be wrong.
+    """
+    for _ in range(CAS_ATTEMPTS):
+        index, cur = call(f"read KV {key}", lambda: client.kv.get(key))
+        previous = _entry(cur) if cur else None
+        if isinstance(want, _Absent):
+            if cur is None:
+                return previous, False, int(index or 0)
+        elif cur is not None and normalize(cur.get("Value")) == normalize(want) and int(cur.get("Flags") or 0) == flags:
+            return previous, False, int(cur["ModifyIndex"])
+        current_index = int(cur["ModifyIndex"]) if cur else 0
+        if expect_index is not None and current_index != expect_index:
+            raise ApplicationError(
+                f"KV {key} changed since it was recorded (ModifyIndex {current_index}, expected {expect_index}); "
+                "not overwriting it", type="Conflict", non_retryable=True)
+        if isinstance(want, _Absent):
+            ok = call(f"delete KV {key}", lambda: client.kv.delete(key, cas=current_index))
+        else:
+            ok = call(f"write KV {key}", lambda: client.kv.put(key, want or b"", cas=current_index, flags=flags))
+        if ok:
+            _, after = call(f"read back KV {key}", lambda: client.kv.get(key))
+            if isinstance(want, _Absent):
+                if after is not None:
+                    raise unavailable(f"deleted KV {key} but it reads back present")
+                return previous, True, 0
+            if after is None or normalize(after.get("Value")) != normalize(want):
+                raise unavailable(f"wrote KV {key} but it reads back differently")
+            return previous, True, int(after["ModifyIndex"])
+        # CAS lost a race with another writer: read again and decide again.
+    raise unavailable(f"KV {key}: check-and-set kept losing to concurrent writers ({CAS_ATTEMPTS} attempts)")
+
+
+def _want(entry: KvEntry | None) -> bytes | None | _Absent:
+    return ABSENT if entry is None else (entry.raw() or b"")
+
+
+def _read_prefix(client: consul.Consul, prefix: str) -> tuple[int, list[dict[str, Any]]]:
+    index, entries = call(f"list KV {prefix}", lambda: client.kv.get(prefix, recurse=True))
+    return int(index or 0), list(entries or [])

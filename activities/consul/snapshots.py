@@ -1,0 +1,392 @@
+"""Consul snapshot actions: save a forensic copy, select one by its raft time, preview and restore it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import consul
+from consul.callback import CB
+from pydantic import BaseModel, Field, field_validator
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities._clients import ConsulTarget, bad, call, consul_client, describe, heartbeat, unavailable
+from activities.consul._kv import _read_prefix
+from activities.consul.archive import (ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot,
+                                       taken_at)
+from activities.registry import action
+from activities.retry import Retry
+
+__all__ = [
+    "RESTORE_JOURNAL",
+    "SnapshotPreview",
+    "SnapshotPreviewInput",
+    "SnapshotRestoreInput",
+    "SnapshotRestoreOutput",
+    "SnapshotSaveInput",
+    "SnapshotSaveOutput",
+    "SnapshotSelectInput",
+    "SnapshotSelectOutput",
+    "snapshot_preview",
+    "snapshot_restore",
+    "snapshot_save",
+    "snapshot_select",
+]
+
+
+class SnapshotSaveInput(BaseModel):
+    consul: ConsulTarget
+    directory: str = Field(description="directory to write the snapshot file into (created if missing)")
+    prefix: str = Field(default="consul", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    stale: bool = Field(default=False, description="let any server answer (use when the leader is unhealthy)")
+
+
+class SnapshotSaveOutput(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    index: int
+    snapshot_id: str
+    taken_at: datetime
+    reused: bool = Field(description="true when a retry of this step found its file already complete")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _step_tag() -> str:
+    # A retried attempt of the same step gets the same file name, so it can reuse a finished file.
+    if activity.in_activity():
+        info = activity.info()
+        return hashlib.sha256(f"{info.workflow_id}/{info.activity_id}".encode()).hexdigest()[:12]
+    return hashlib.sha256(os.urandom(16)).hexdigest()[:12]
+
+
+@action("consul.snapshot.save", timeout=1800, heartbeat=60, retry=Retry(max_attempts=3))
+def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
+    """Save a forensic copy of the cluster state (GET /v1/snapshot), streamed to a file with its sha256."""
+    directory = Path(inp.directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad(f"cannot create snapshot directory {directory}: {exc.strerror}") from None
+    tag = _step_tag()
+    done = next(iter(sorted(directory.glob(f"{inp.prefix}-*-{tag}.snap"))), None)
+    if done is not None:
+        try:
+            meta = read_snapshot(done).meta
+            return SnapshotSaveOutput(path=str(done), size=done.stat().st_size, sha256=_sha256(done),
+                                      index=int(meta.get("Index", 0)), snapshot_id=str(meta.get("ID")),
+                                      taken_at=taken_at(meta), reused=True)
+        except ArchiveError:
+            done.unlink(missing_ok=True)  # a torn file from a crashed attempt: take a fresh one
+    client = consul_client(inp.consul)
+    tmp = directory / f".{inp.prefix}-{tag}.tmp"
+    params: list[tuple[str, Any]] = [("dc", inp.consul.datacenter)] if inp.consul.datacenter else []
+    if inp.stale:
+        params.append(("stale", "true"))
+    digest, size = hashlib.sha256(), 0
+    try:
+        # Streamed through py-consul's own session: snapshots can be far larger than memory allows.
+        resp = client.http.session.get(client.http.uri("/v1/snapshot", params), headers=client.prepare_headers(),
+                                       stream=True, verify=client.http.verify, timeout=inp.consul.timeout_seconds)
+        if resp.status_code == 403:
+            raise ApplicationError("consul.snapshot.save: Consul denied the request (needs a management token)",
+                                   type="PermissionDenied", non_retryable=True)
+        if resp.status_code != 200:
+            raise unavailable(f"consul.snapshot.save: HTTP {resp.status_code}: {resp.text[:300]}")
+        index = int(resp.headers.get("X-Consul-Index", "0") or 0)
+        with tmp.open("wb") as fh:
+            for chunk in resp.iter_content(1 << 20):
+                fh.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                heartbeat({"bytes": size})
+            fh.flush()
+            os.fsync(fh.fileno())
+    except ApplicationError:
+        tmp.unlink(missing_ok=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - any transport failure: clean up, let Temporal retry
+        tmp.unlink(missing_ok=True)
+        raise unavailable(f"consul.snapshot.save: {describe(exc)}") from None
+    try:
+        meta = read_snapshot(tmp).meta
+        when = taken_at(meta)
+    except ArchiveError as exc:
+        tmp.unlink(missing_ok=True)
+        raise unavailable(f"consul.snapshot.save: the server sent an unreadable archive: {exc}") from None
+    final = directory / f"{inp.prefix}-{when.strftime('%Y%m%dT%H%M%SZ')}-{index}-{tag}.snap"
+    os.replace(tmp, final)
+    return SnapshotSaveOutput(path=str(final), size=size, sha256=digest.hexdigest(), index=index,
+                              snapshot_id=str(meta.get("ID")), taken_at=when, reused=False)
+
+
+class SnapshotSelectInput(BaseModel):
+    store: str = Field(description="directory holding snapshot archives")
+    before: datetime = Field(description="pick the newest snapshot taken strictly before this (timezone required)")
+    pattern: str = Field(default="*.snap", description="glob for snapshot files in the store")
+    max_age_seconds: float | None = Field(default=None, gt=0, description="refuse a snapshot older than this")
+
+    @field_validator("before")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("before needs a timezone (e.g. 2021-10-28T13:37:00Z)")
+        return value
+
+
+class SnapshotSelectOutput(BaseModel):
+    path: str
+    taken_at: datetime
+    age_seconds: float
+    snapshot_id: str
+    index: int
+    considered: int
+    unreadable: list[str]
+
+
+@action("consul.snapshot.select", timeout=300, retry=Retry(max_attempts=2))
+def snapshot_select(inp: SnapshotSelectInput) -> SnapshotSelectOutput:
+    """Pick the newest snapshot in a store taken before a time, dated by the archive's own raft metadata.
+
+    The time comes from meta.json's ID ("<term>-<index>-<unix ms>", written by raft when the
+    snapshot was taken), not the file's mtime or name: copies and rsyncs change mtimes, and
+    names are whatever the tool that wrote them chose.
+    """
+    store = Path(inp.store)
+    if not store.is_dir():
+        raise bad(f"snapshot store {store} is not a directory")
+    best: tuple[datetime, Path, dict[str, Any]] | None = None
+    considered, unreadable = 0, []
+    for path in sorted(store.glob(inp.pattern)):
+        if not path.is_file():
+            continue
+        considered += 1
+        try:
+            meta = read_meta(path)
+            when = taken_at(meta)
+        except ArchiveError as exc:
+            unreadable.append(str(exc))
+            continue
+        if when < inp.before and (best is None or when > best[0]):
+            best = (when, path, meta)
+    if best is None:
+        raise ApplicationError(
+            f"no readable snapshot in {store} ({inp.pattern}) taken before {inp.before.isoformat()} "
+            f"({considered} files, {len(unreadable)} unreadable)", type="NotFound", non_retryable=True)
+    when, path, meta = best
+    age = (datetime.now(timezone.utc) - when).total_seconds()
+    if inp.max_age_seconds is not None and age > inp.max_age_seconds:
+        raise ApplicationError(f"newest snapshot before {inp.before.isoformat()} is {path.name}, "
+                               f"{age:.0f}s old: older than max_age_seconds={inp.max_age_seconds:.0f}",
+                               type="TooOld", non_retryable=True)
+    return SnapshotSelectOutput(path=str(path), taken_at=when, age_seconds=round(age, 3),
+                                snapshot_id=str(meta.get("ID")), index=int(meta.get("Index", 0)),
+                                considered=considered, unreadable=unreadable)
+
+
+class SnapshotPreviewInput(BaseModel):
+    consul: ConsulTarget
+    path: str = Field(description="snapshot archive to restore")
+    max_keys: int = Field(default=50, ge=0, le=5000, description="cap on each listed key set")
+
+
+class SnapshotPreview(BaseModel):
+    """What a restore would do, for an approval prompt."""
+
+    path: str
+    snapshot_id: str
+    taken_at: datetime
+    age_seconds: float
+    index: int
+    sha256: str
+    in_sync: bool = Field(description="the cluster's KV already equals the snapshot's")
+    added: list[str] = Field(default_factory=list, description="keys the restore brings back")
+    removed: list[str] = Field(default_factory=list, description="keys the restore deletes")
+    changed: list[str] = Field(default_factory=list, description="keys whose value or flags the restore changes")
+    added_count: int = 0
+    removed_count: int = 0
+    changed_count: int = 0
+    truncated: bool = False
+
+
+# Restores write one entry here, inside the restored archive itself (see snapshot_restore). The
+# prefix is bookkeeping: previews and verification leave it out on both sides.
+RESTORE_JOURNAL = "coldstart/journal/snapshot-restores/"
+
+
+def _live_kv(client: consul.Consul) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Every KV entry as read (with its indexes) and the KV index the read was answered at."""
+    index, entries = _read_prefix(client, "")
+    return index, {e["Key"]: e for e in entries}
+
+
+def _comparable(entries: dict[str, Any]) -> dict[str, tuple[str | None, int]]:
+    return {k: (normalize(e.get("Value")), int(e.get("Flags") or 0))
+            for k, e in entries.items() if not k.startswith(RESTORE_JOURNAL)}
+
+
+def _preview(client: consul.Consul, path: Path,
+             max_keys: int) -> tuple[SnapshotPreview, dict[str, tuple[str | None, int]], int]:
+    """(preview, the snapshot's KV, the cluster's KV index when it was compared)."""
+    if not path.is_file():
+        raise bad(f"snapshot {path} does not exist")
+    try:
+        snap = read_snapshot(path)
+        when = taken_at(snap.meta)
+    except ArchiveError as exc:
+        raise bad(f"snapshot {path} is unusable: {exc}") from None
+    target = {k: v for k, v in snap.kv.items() if not k.startswith(RESTORE_JOURNAL)}
+    index, live = _live_kv(client)
+    added, removed, changed = kv_diff(_comparable(live), target)
+    total = len(added) + len(removed) + len(changed)
+    preview = SnapshotPreview(
+        path=str(path), snapshot_id=str(snap.meta.get("ID")), taken_at=when,
+        age_seconds=round((datetime.now(timezone.utc) - when).total_seconds(), 3),
+        index=int(snap.meta.get("Index", 0)), sha256=_sha256(path), in_sync=total == 0,
+        added=added[:max_keys], removed=removed[:max_keys], changed=changed[:max_keys],
+        added_count=len(added), removed_count=len(removed), changed_count=len(changed),
+        truncated=max(len(added), len(removed), len(changed)) > max_keys)
+    return preview, target, index
+
+
+@action("consul.snapshot.preview", timeout=300, retry=Retry(max_attempts=3))
+def snapshot_preview(inp: SnapshotPreviewInput) -> SnapshotPreview:
+    """Show what restoring a snapshot would change (age; KV keys added, removed, changed) without restoring."""
+    return _preview(consul_client(inp.consul), Path(inp.path), inp.max_keys)[0]
+
+
+class SnapshotRestoreInput(BaseModel):
+    consul: ConsulTarget
+    path: str
+    expect_sha256: str | None = Field(default=None, description="refuse unless the file still has this digest "
+                                      "(pin the file the approval step previewed)")
+    max_keys: int = Field(default=50, ge=0, le=5000)
+    force: bool = Field(default=False, description="restore even when the KV already matches the snapshot")
+
+
+class SnapshotRestoreOutput(BaseModel):
+    restored: bool = Field(description="this step's restore is applied (by this attempt or an earlier one)")
+    resumed: bool = Field(default=False, description="an earlier attempt of this step had already restored: "
+                          "nothing was sent again")
+    preview: SnapshotPreview = Field(description="the cluster against the snapshot when this attempt started")
+    verified: bool = Field(description="the KV read back as the snapshot's, apart from keys written since the restore")
+    written_since: list[str] = Field(default_factory=list,
+                                     description="keys that differ from the snapshot because they were written "
+                                                 "after the restore")
+    journal_key: str | None = Field(default=None, description="KV entry recording this step's restore")
+    seconds: float
+    notes: list[str] = Field(default_factory=list)
+
+
+def _journal(client: consul.Consul, key: str) -> dict[str, Any] | None:
+    """This step's restore record, if a restore carrying it has been applied."""
+    _, entry = call(f"read KV {key}", lambda: client.kv.get(key))
+    try:
+        return json.loads(entry["Value"]) if entry and entry.get("Value") else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _put_snapshot(client: consul.Consul, target: ConsulTarget, path: Path, journal: str,
+                  record: dict[str, Any]) -> None:
+    """PUT the archive with the journal entry added; a lost response still counts if the entry is there."""
+    params: list[tuple[str, Any]] = [("dc", target.datacenter)] if target.datacenter else []
+    with tempfile.TemporaryDirectory(prefix="coldstart-restore-") as tmp:
+        archive = Path(tmp) / path.name
+        try:
+            append_kv(path, archive, journal, json.dumps(record, sort_keys=True).encode(), record["sha256"])
+        except ArchiveError as exc:
+            raise bad(f"snapshot {path} is unusable: {exc}") from None
+        with archive.open("rb") as fh:
+            try:
+                # A file object makes requests stream the body instead of loading the archive.
+                call("consul.snapshot.restore", lambda: client.http.put(
+                    CB.boolean(), "/v1/snapshot", params=params, data=fh, headers=client.prepare_headers()))
+            except ApplicationError as exc:
+                try:
+                    applied = _journal(client, journal) == record
+                except ApplicationError:
+                    applied = False
+                if not applied:
+                    raise exc from None
+
+
+def _check_restored(client: consul.Consul, target: dict[str, tuple[str | None, int]], journal: str,
+                    since: int) -> tuple[bool, list[str], list[str]]:
+    """(journal entry present, keys written after the restore, keys differing from the snapshot otherwise).
+
+    A restore brings entries back with the snapshot's own indexes and every later write gets a raft
+    index above `since` (the KV index read before the restore), so a difference with a higher index
+    is someone's write since. A snapshot key that is missing cannot be dated (tombstones are not
+    readable), so it counts as unexplained.
+    """
+    _, live = _live_kv(client)
+    present = journal in live
+    added, removed, changed = kv_diff(_comparable(live), target)
+    later = sorted([k for k in removed if int(live[k]["CreateIndex"]) > since]
+                   + [k for k in changed if int(live[k]["ModifyIndex"]) > since])
+    unexplained = sorted(set(added + removed + changed) - set(later))
+    return present, later, unexplained
+
+
+@action("consul.snapshot.restore", timeout=1800, heartbeat=120, mutating=True,
+        retry=Retry(max_attempts=3))
+def snapshot_restore(inp: SnapshotRestoreInput) -> SnapshotRestoreOutput:
+    """Reset the cluster to a snapshot (PUT /v1/snapshot); skipped when the KV already equals the snapshot's.
+
+    The archive goes out with one extra KV entry, RESTORE_JOURNAL + this step's tag, so the restore and
+    its record land together: a retry of the step that finds the entry does not PUT again (that would
+    roll back whatever was written since) and verifies instead. No undo: take consul.snapshot.save first.
+    """
+    client = consul_client(inp.consul)
+    path = Path(inp.path)
+    preview, target, index_before = _preview(client, path, inp.max_keys)
+    if inp.expect_sha256 and preview.sha256 != inp.expect_sha256.lower():
+        raise bad(f"snapshot {path} changed since it was approved (sha256 {preview.sha256[:12]}…, "
+                  f"expected {inp.expect_sha256[:12]}…)")
+    journal = f"{RESTORE_JOURNAL}{_step_tag()}"
+    earlier = _journal(client, journal)
+    if earlier is not None and earlier.get("sha256") == preview.sha256:
+        return _resumed(client, preview, target, journal, int(earlier.get("kv_index_before", 0)))
+    if preview.in_sync and not inp.force:
+        return SnapshotRestoreOutput(restored=False, preview=preview, verified=True, seconds=0.0)
+    heartbeat({"phase": "restoring", "sha256": preview.sha256, "journal_key": journal})
+    started = time.monotonic()
+    record = {"sha256": preview.sha256, "snapshot_id": preview.snapshot_id, "kv_index_before": index_before}
+    _put_snapshot(client, inp.consul, path, journal, record)
+    seconds = round(time.monotonic() - started, 3)
+    present, later, unexplained = _check_restored(client, target, journal, index_before)
+    if not present:
+        raise unavailable(f"Consul accepted {path.name} but its KV lacks the restore's journal entry {journal}: "
+                          "the restore did not take effect, or another one replaced it", retryable=False)
+    if unexplained:
+        raise unavailable(f"restored {path.name} but the KV reads back different: {len(unexplained)} keys differ "
+                          f"(e.g. {', '.join(unexplained[:5])}); the restore DID run", retryable=False)
+    return SnapshotRestoreOutput(restored=True, preview=preview, verified=True, written_since=later,
+                                 journal_key=journal, seconds=seconds)
+
+
+def _resumed(client: consul.Consul, preview: SnapshotPreview, target: dict[str, tuple[str | None, int]],
+             journal: str, since: int) -> SnapshotRestoreOutput:
+    """An earlier attempt of this step restored the snapshot: verify, never PUT again."""
+    _, later, unexplained = _check_restored(client, target, journal, since)
+    notes = [f"an earlier attempt restored this snapshot (journal {journal}); not sent again"]
+    if unexplained:
+        notes.append(f"{len(unexplained)} keys differ from the snapshot without a later write to explain it "
+                     f"(deleted since, or never restored): {', '.join(unexplained[:5])}")
+    return SnapshotRestoreOutput(restored=True, resumed=True, preview=preview, verified=not unexplained,
+                                 written_since=later, journal_key=journal, seconds=0.0, notes=notes)

@@ -1,0 +1,595 @@
+"""Consul usage actions: disable non-essential services (flag, check, count) and restore them, one or many."""
+
+from __future__ import annotations
+
+import copy
+import json
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Annotated, Any, Literal
+
+import consul
+from consul.callback import CB
+from pydantic import BaseModel, Field, field_validator
+from temporalio.exceptions import ApplicationError
+
+from activities._clients import (
+    ConsulTarget,
+    NomadTarget,
+    bad,
+    call,
+    consul_client,
+    consul_token,
+    describe,
+    go_duration_seconds,
+    heartbeat,
+    nomad_client,
+    secret_of,
+    unavailable,
+)
+from activities._fields import unique_names
+from activities._nomad_checks import CheckPlace, check_at, differing, find_check, group_of, read_job, worst_status
+from activities.consul._kv import ABSENT, CAS_ATTEMPTS, KvEntry, _entry, _want, kv_ensure
+from activities.consul.services import UserService, _ci
+from activities.registry import action
+
+__all__ = [
+    "JOURNAL_PREFIX",
+    "AgentCheckRecord",
+    "FlagRecord",
+    "NomadCheckRecord",
+    "ScaleRecord",
+    "ServiceRecord",
+    "UserDisableInput",
+    "UserDisableOutput",
+    "UserEnableInput",
+    "UserEnableOutput",
+    "UsersDisableInput",
+    "UsersDisableOutput",
+    "UsersEnableInput",
+    "UsersEnableOutput",
+    "user_disable",
+    "user_enable",
+    "users_disable",
+    "users_enable",
+]
+
+JOURNAL_PREFIX = "coldstart/journal/users/"
+
+
+class FlagRecord(BaseModel):
+    key: str
+    previous: KvEntry | None = Field(description="None: the key did not exist")
+
+
+class NomadCheckRecord(BaseModel):
+    """A check as the Nomad job defined it before it was stretched."""
+
+    owner: Literal["nomad"] = "nomad"
+    job: str
+    namespace: str
+    place: CheckPlace
+    interval: str = Field(description="the original interval, for humans (the definition holds it exactly)")
+    definition: dict[str, Any] = Field(description="the check object exactly as the job spec had it")
+
+
+class AgentCheckRecord(BaseModel):
+    """A check registered on an agent, with the definition it is registered from."""
+
+    owner: Literal["agent"] = "agent"
+    agent: str
+    check_id: str
+    interval: str
+    definition: dict[str, Any] = Field(description="the registration body from the inventory (without ID)")
+
+
+class ScaleRecord(BaseModel):
+    job: str
+    group: str
+    namespace: str
+    count: int
+
+
+class ServiceRecord(BaseModel):
+    """What one service looked like before consul.user.disable touched it."""
+
+    name: str
+    tier: str = ""
+    flag: FlagRecord | None = None
+    check: Annotated[NomadCheckRecord | AgentCheckRecord, Field(discriminator="owner")] | None = None
+    scale: ScaleRecord | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class _Shared(BaseModel):
+    consul: ConsulTarget
+    nomad: NomadTarget | None = Field(default=None, description="needed when services name a Nomad job")
+    journal_prefix: str | None = Field(
+        default=JOURNAL_PREFIX,
+        description="KV prefix recording each service's original state before it is changed, so a crash or a "
+                    "second disable never records the disabled state as the original; null = no journal")
+
+
+class _DisableKnobs(BaseModel):
+    disabled_value: str = Field(default="disabled", description="what the usage flag is set to")
+    check_interval: str = Field(default="10m", description="the stretched health-check interval")
+    scale_to: int = Field(default=1, ge=0, description="task group count while disabled (never scales up)")
+
+    @field_validator("check_interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        if go_duration_seconds(value) <= 0:
+            raise ValueError("check_interval must be > 0")
+        return value
+
+
+class UserEnableInput(_Shared):
+    record: ServiceRecord
+    tiers: list[str] | None = Field(default=None, description="only re-enable services of these tiers (the rest "
+                                                             "are left for a later step); default every tier")
+
+
+class UserDisableInput(_Shared, _DisableKnobs):
+    service: UserService
+
+
+class UserDisableOutput(BaseModel):
+    service: str
+    skipped: str | None = Field(default=None, description="why nothing was done (essential service)")
+    changed: list[str] = Field(description="what this call changed: flag, check, scale")
+    record: ServiceRecord | None
+    restore: UserEnableInput = Field(description="the input for consul.user.enable (a no-op for essential services)")
+
+
+class UserEnableOutput(BaseModel):
+    service: str
+    changed: list[str]
+    notes: list[str] = Field(default_factory=list)
+
+
+def _nanoseconds(interval: str) -> int:
+    return int(round(go_duration_seconds(interval) * 1e9))
+
+
+def _duration_text(nanoseconds: int) -> str:
+    for unit, size in (("h", 3600 * 10**9), ("m", 60 * 10**9), ("s", 10**9), ("ms", 10**6)):
+        if nanoseconds and nanoseconds % size == 0:
+            return f"{nanoseconds // size}{unit}"
+    return f"{nanoseconds}ns"
+
+
+def _seconds(value: Any) -> float:
+    """An agent-reported or definition duration in seconds; unset ("" or None) is 0."""
+    return 0.0 if value in (None, "") else go_duration_seconds(value)
+
+
+# --------------------------------------------------------------------------- checks registered on an agent
+
+
+def _agent_client(inp: _Shared, client: consul.Consul, agent: str) -> consul.Consul:
+    return client if agent == inp.consul.address else consul_client(inp.consul, agent, token=client.token or "")
+
+
+def _read_agent_check(client: consul.Consul, agent: str, check_id: str) -> dict[str, Any]:
+    checks = call(f"list agent checks on {agent}", lambda: client.agent.checks())
+    chk = checks.get(check_id)
+    if chk is None:
+        raise ApplicationError(f"check {check_id!r} is not registered on agent {agent}", type="NotFound",
+                               non_retryable=True)
+    return chk
+
+
+def _with_interval(definition: dict[str, Any], interval: str) -> dict[str, Any]:
+    key = next(k for k in definition if k.lower() == "interval")
+    return {**definition, key: interval}
+
+
+def _agent_matches(live: dict[str, Any], body: dict[str, Any]) -> bool:
+    """Does the agent's check show what `body` registers? (Interval, Timeout, Name, ServiceID, Notes: all the
+    agent reports of a definition.)"""
+    return (_seconds(live.get("Interval")) == _seconds(_ci(body, "Interval"))
+            and _seconds(live.get("Timeout")) == _seconds(_ci(body, "Timeout"))
+            and live.get("Name") == (_ci(body, "Name") or live.get("Name"))
+            and live.get("ServiceID", "") == (_ci(body, "ServiceID") or "")
+            and live.get("Notes", "") == (_ci(body, "Notes") or ""))
+
+
+def _observe_agent_check(inp: UserDisableInput, client: consul.Consul) -> AgentCheckRecord:
+    svc = inp.service
+    agent = svc.check_agent or inp.consul.address
+    live = _read_agent_check(_agent_client(inp, client, agent), agent, svc.check_id)
+    want = str(_ci(svc.check_definition, "Interval"))
+    have = live.get("Interval")
+    if _seconds(have) not in (_seconds(want), _seconds(inp.check_interval)):
+        raise ApplicationError(
+            f"check {svc.check_id} on {agent} runs every {have or 'never'}, but the inventory's check_definition "
+            f"says {want}: the inventory is out of date; not re-registering the check from it",
+            type="Conflict", non_retryable=True)
+    return AgentCheckRecord(agent=agent, check_id=svc.check_id, interval=want, definition=svc.check_definition)
+
+
+def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckRecord, interval: str,
+                        changed: list[str]) -> None:
+    """Register the recorded definition with `interval` unless the agent already shows it; read back.
+    "check" goes into `changed` as soon as the agent took the registration."""
+    agent_client = _agent_client(inp, client, rec.agent)
+    body = {**_with_interval(rec.definition, interval), "ID": rec.check_id}
+    if _agent_matches(_read_agent_check(agent_client, rec.agent, rec.check_id), body):
+        return
+    # The agent keeps the check's status and output across a re-registration of the same ID.
+    ok = call(f"register check {rec.check_id} on {rec.agent}", lambda: agent_client.http.put(
+        CB.boolean(), "/v1/agent/check/register", headers=agent_client.prepare_headers(), data=json.dumps(body)))
+    if not ok:
+        raise unavailable(f"agent {rec.agent} refused to register check {rec.check_id}")
+    changed.append("check")
+    after = _read_agent_check(agent_client, rec.agent, rec.check_id)
+    if not _agent_matches(after, body):
+        raise unavailable(f"registered check {rec.check_id} on {rec.agent} every {interval}, but it reads back "
+                          f"every {after.get('Interval')!r}")
+
+
+# --------------------------------------------------------------------------- the Nomad job: check and count
+
+
+def _live_check(spec: dict[str, Any], rec: NomadCheckRecord) -> dict[str, Any]:
+    """The recorded check in `spec`, refusing when it is gone or was changed since beyond what we stretch."""
+    chk = check_at(spec, rec.place)
+    where = f"check {rec.place.check!r} of service {rec.place.service!r} in job {rec.job}"
+    if chk is None:
+        raise ApplicationError(f"{where} is gone since it was recorded; not touching the job", type="Conflict",
+                               non_retryable=True)
+    moved = differing(chk, rec.definition)
+    if moved:
+        raise ApplicationError(f"{where} changed since it was recorded ({', '.join(moved)}); not overwriting it",
+                               type="Conflict", non_retryable=True)
+    return chk
+
+
+def _job_group(spec: dict[str, Any], scale: ScaleRecord) -> dict[str, Any]:
+    tg = next((g for g in spec.get("TaskGroups") or [] if g["Name"] == scale.group), None)
+    if tg is None:
+        raise ApplicationError(f"job {scale.job} has no task group {scale.group!r} any more; not touching it",
+                               type="Conflict", non_retryable=True)
+    return tg
+
+
+def _check_status(client: consul.Consul, rec: NomadCheckRecord) -> str | None:
+    """The worst state Consul holds for this check across the service's instances (None: none registered)."""
+    _, checks = call(f"read health checks of {rec.place.service}", lambda: client.health.checks(rec.place.service))
+    return worst_status([c.get("Status", "") for c in checks or [] if c.get("Name") == rec.place.check])
+
+
+def _apply_to_job(api: Any, scale: ScaleRecord, plan: Any, changed: list[str]) -> None:
+    """One update_job with `plan(spec) -> [what it changed]` (editing spec); update_job reads the job back and
+    asks `plan` again, which must then find nothing to do. What landed goes into `changed`, also when
+    update_job fails after its register (then told from the job as it reads now)."""
+    from activities.nomad import update_job
+
+    if not plan(read_job(api, scale.job, scale.namespace)):
+        return  # already as wanted: no need to wait out a deployment to find that out
+    planned: list[list[str]] = []
+
+    def mutate(spec: dict[str, Any]) -> bool:
+        found = plan(spec)
+        if found:
+            planned.append(found)
+        return bool(found)
+
+    try:
+        _, did = update_job(api, scale.job, scale.namespace, mutate)
+    except Exception:
+        if planned:
+            try:
+                remaining = plan(read_job(api, scale.job, scale.namespace))
+            except Exception:  # noqa: BLE001 - cannot tell: count the planned change as made
+                remaining = []
+            changed += [what for what in planned[-1] if what not in remaining]
+        raise
+    changed += planned[-1] if did else []
+
+
+def _disable_job(inp: UserDisableInput, client: consul.Consul, api: Any, rec: ServiceRecord,
+                 changed: list[str]) -> None:
+    """Stretch the job's check and scale it down in ONE job version (each register starts a deployment).
+    Only Interval, InitialStatus and OnUpdate of the check change (STRETCHED_FIELDS)."""
+    scale = rec.scale
+    check = rec.check if isinstance(rec.check, NomadCheckRecord) else None
+    want = _nanoseconds(inp.check_interval)
+
+    def plan(spec: dict[str, Any]) -> list[str]:
+        changes = []
+        tg = _job_group(spec, scale)
+        if check is not None:
+            chk = _live_check(spec, check)
+            if chk.get("Interval") != want:
+                # A changed check is a new one to Consul: critical until its first run, which the agent
+                # staggers anywhere within the interval. So it starts in the state it has now (read after
+                # update_job waited out a deployment), and the deployment of this version does not wait on
+                # it (on_update = ignore): it would otherwise fail, or roll back where auto_revert is on.
+                status = _check_status(client, check)
+                chk["Interval"] = want
+                chk["OnUpdate"] = "ignore"
+                if status is not None:
+                    chk["InitialStatus"] = status
+                changes.append("check")
+        if int(tg.get("Count") or 0) > inp.scale_to:
+            tg["Count"] = inp.scale_to
+            changes.append("scale")
+        return changes
+
+    _apply_to_job(api, scale, plan, changed)
+
+
+def _enable_job(api: Any, rec: ServiceRecord, changed: list[str]) -> None:
+    """Put the recorded check (every field) and count back in ONE job version."""
+    scale = rec.scale
+    check = rec.check if isinstance(rec.check, NomadCheckRecord) else None
+
+    def plan(spec: dict[str, Any]) -> list[str]:
+        changes = []
+        tg = _job_group(spec, scale)
+        if check is not None:
+            chk = _live_check(spec, check)
+            if chk != check.definition:
+                chk.clear()
+                chk.update(copy.deepcopy(check.definition))
+                changes.append("check")
+        if int(tg.get("Count") or 0) != scale.count:
+            tg["Count"] = scale.count
+            changes.append("scale")
+        return changes
+
+    _apply_to_job(api, scale, plan, changed)
+
+
+# --------------------------------------------------------------------------- one service
+
+
+def _journal_key(prefix: str, name: str) -> str:
+    return f"{prefix.rstrip('/')}/{name}"
+
+
+def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
+    svc = inp.service
+    record = ServiceRecord(name=svc.name, tier=svc.tier)
+    if svc.usage_flag_key:
+        _, cur = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
+        record.flag = FlagRecord(key=svc.usage_flag_key, previous=_entry(cur) if cur else None)
+    if svc.check_owner == "agent":
+        record.check = _observe_agent_check(inp, client)
+    if svc.nomad_job:
+        spec = read_job(nomad_api, svc.nomad_job, svc.nomad_namespace)
+        tg = group_of(spec, svc.nomad_group)
+        record.scale = ScaleRecord(job=svc.nomad_job, group=tg["Name"], namespace=svc.nomad_namespace,
+                                   count=int(tg.get("Count") or 0))
+        if svc.check_owner == "nomad":
+            place = find_check(spec, tg["Name"], svc.check_service or svc.name, svc.check_name)
+            definition = copy.deepcopy(check_at(spec, place))
+            if not definition.get("Interval"):
+                record.notes.append(f"check {place.check!r} of job {svc.nomad_job} has no interval: left alone")
+            else:
+                record.check = NomadCheckRecord(job=svc.nomad_job, namespace=svc.nomad_namespace, place=place,
+                                                interval=_duration_text(int(definition["Interval"])),
+                                                definition=definition)
+    return record
+
+
+def _record(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
+    """The service's original state: from the journal if an earlier attempt wrote it, else observed now."""
+    if inp.journal_prefix is None:
+        return _observe(inp, client, nomad_api)
+    key = _journal_key(inp.journal_prefix, inp.service.name)
+    for _ in range(CAS_ATTEMPTS):
+        _, cur = call(f"read journal {key}", lambda: client.kv.get(key))
+        if cur is not None and cur.get("Value"):
+            return ServiceRecord.model_validate_json(cur["Value"])
+        record = _observe(inp, client, nomad_api)
+        if call(f"write journal {key}", lambda: client.kv.put(key, record.model_dump_json(), cas=0)):
+            return record
+    raise unavailable(f"could not create journal entry {key}")
+
+
+def _partial(action_name: str, name: str, changed: list[str], exc: BaseException,
+             details: dict[str, Any]) -> ApplicationError:
+    """An error that says exactly what this call changed before it failed; details carry the way back."""
+    done = f"changed {', '.join(changed)}" if changed else "changed nothing"
+    cause = str(exc) if isinstance(exc, ApplicationError) else describe(exc)
+    kind = (exc.type if isinstance(exc, ApplicationError) else None) or "Unavailable"
+    return ApplicationError(f"{action_name} {name}: {done}, then failed: {cause}",
+                            {"service": name, "changed": changed, **details}, type=kind,
+                            non_retryable=isinstance(exc, ApplicationError) and exc.non_retryable)
+
+
+def _disable_one(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> UserDisableOutput:
+    svc = inp.service
+    if svc.essential:
+        noop = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=None,
+                               record=ServiceRecord(name=svc.name, notes=["essential: left untouched"]))
+        return UserDisableOutput(service=svc.name, skipped="essential", changed=[], record=None, restore=noop)
+    if svc.nomad_job and nomad_api is None:
+        raise bad(f"service {svc.name} names Nomad job {svc.nomad_job} but no nomad target was given")
+    record = _record(inp, client, nomad_api)
+    restore = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix, record=record)
+    changed: list[str] = []
+    try:
+        if record.flag is not None:
+            _, did, _ = kv_ensure(client, record.flag.key, inp.disabled_value.encode(),
+                                  record.flag.previous.flags if record.flag.previous else 0)
+            changed += ["flag"] if did else []
+        if isinstance(record.check, AgentCheckRecord):
+            _ensure_agent_check(inp, client, record.check, inp.check_interval, changed)
+        if record.scale is not None:
+            _disable_job(inp, client, nomad_api, record, changed)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, say what had changed and how to undo it
+        raise _partial("consul.user.disable", svc.name, changed, exc, {
+            "record": record.model_dump(mode="json"), "restore": restore.model_dump(mode="json")}) from None
+    return UserDisableOutput(service=svc.name, changed=changed, record=record, restore=restore)
+
+
+def _enable_one(inp: UserEnableInput, client: consul.Consul, nomad_api: Any) -> UserEnableOutput:
+    rec = inp.record
+    if inp.tiers is not None and rec.tier not in inp.tiers:
+        return UserEnableOutput(service=rec.name, changed=[], notes=[f"tier {rec.tier!r} not in {inp.tiers}: later"])
+    if rec.scale is not None and nomad_api is None:
+        raise bad(f"record for {rec.name} has a Nomad job but no nomad target was given")
+    changed: list[str] = []
+    try:
+        if rec.flag is not None:
+            _, did, _ = kv_ensure(client, rec.flag.key, _want(rec.flag.previous),
+                                  rec.flag.previous.flags if rec.flag.previous else 0)
+            changed += ["flag"] if did else []
+        if isinstance(rec.check, AgentCheckRecord):
+            _ensure_agent_check(inp, client, rec.check, rec.check.interval, changed)
+        if rec.scale is not None:
+            _enable_job(nomad_api, rec, changed)
+        if inp.journal_prefix is not None:
+            # Only now: until everything is back, the journal still holds the original for a retry.
+            kv_ensure(client, _journal_key(inp.journal_prefix, rec.name), ABSENT)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, say what had been restored
+        raise _partial("consul.user.enable", rec.name, changed, exc, {}) from None
+    return UserEnableOutput(service=rec.name, changed=changed, notes=rec.notes)
+
+
+def _clients(shared: _Shared) -> tuple[consul.Consul, Any]:
+    return consul_client(shared.consul), nomad_client(shared.nomad) if shared.nomad else None
+
+
+@action("consul.user.disable", timeout=900, heartbeat=60, mutating=True, undo="consul.user.enable",
+        undo_from_output="restore")
+def user_disable(inp: UserDisableInput) -> UserDisableOutput:
+    """Cut one non-essential service's Consul usage: flag off, health check every 10 min, job scaled down.
+
+    The check is changed where its owner defines it (the Nomad job's service block, or the agent from
+    the inventory's definition); the check and the count change in one job version. On a failure the
+    error's details hold what changed and `restore`, the consul.user.enable input that undoes it.
+    """
+    client, nomad_api = _clients(inp)
+    return _disable_one(inp, client, nomad_api)
+
+
+@action("consul.user.enable", timeout=900, heartbeat=60, mutating=True)
+def user_enable(inp: UserEnableInput) -> UserEnableOutput:
+    """Restore one service exactly as consul.user.disable recorded it (flag, every check field, job count)."""
+    client, nomad_api = _clients(inp)
+    return _enable_one(inp, client, nomad_api)
+
+
+class UsersDisableInput(_Shared, _DisableKnobs):
+    services: Annotated[list[UserService], unique_names("service")] = Field(min_length=1, max_length=20_000)
+    max_parallel: int = Field(default=8, ge=1, le=64)
+
+
+class UsersEnableInput(_Shared):
+    records: list[ServiceRecord] = Field(max_length=20_000)
+    max_parallel: int = Field(default=8, ge=1, le=64)
+
+
+class UsersDisableOutput(BaseModel):
+    disabled: list[str] = Field(description="non-essential services now disabled")
+    changed: dict[str, list[str]] = Field(description="per service, what this call changed (flag, check, scale); "
+                                                      "services it changed nothing on are absent")
+    skipped_essential: list[str]
+    restore: UsersEnableInput
+
+
+class UsersEnableOutput(BaseModel):
+    enabled: list[str]
+    changed: dict[str, list[str]] = Field(description="per service, what this call restored")
+
+
+def _fan_out(name: str, items: list[Any], one: Any, max_parallel: int
+             ) -> tuple[list[Any], dict[str, ApplicationError], bool]:
+    """Run one(item) on a bounded pool, heartbeating progress from this (the activity's) thread, also while a
+    slow item (a job waiting out a deployment) keeps the others from finishing."""
+    results: list[Any] = []
+    failures: dict[str, ApplicationError] = {}
+    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=name) as pool:
+        pending = {pool.submit(one, item): item for item in items}
+        while pending:
+            done, _ = wait(pending, timeout=20, return_when=FIRST_COMPLETED)
+            for fut in done:
+                label = getattr(pending.pop(fut), "name", "?")
+                try:
+                    results.append(fut.result())
+                except ApplicationError as exc:
+                    failures[label] = exc
+                except Exception as exc:  # noqa: BLE001 - one service's surprise must not hide the others
+                    failures[label] = unavailable(describe(exc))
+            heartbeat({"done": len(items) - len(pending), "of": len(items)})
+    return results, failures, all(not exc.non_retryable for exc in failures.values())
+
+
+def _partial_details(exc: ApplicationError) -> dict[str, Any]:
+    details = exc.details[0] if exc.details else None
+    return details if isinstance(details, dict) else {}
+
+
+def _changes_text(changed: dict[str, list[str]]) -> str:
+    if not changed:
+        return "nothing"
+    shown = [f"{name} ({', '.join(what)})" for name, what in sorted(changed.items())[:10]]
+    return ", ".join(shown) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
+
+
+@action("consul.users.disable", timeout=3 * 3600, heartbeat=120, mutating=True, undo="consul.users.enable",
+        undo_from_output="restore")
+def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
+    """Disable every non-essential service's Consul usage; for 1,000s prefer for_each over consul.user.disable.
+
+    Safe to retry: every service's original state is journaled in KV before it is changed. When some
+    services fail, the error says per service what changed, and its details' `restore` brings back
+    every service this call recorded, the failed ones' partial changes included.
+    """
+    token = consul_token(inp.consul)
+    nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
+    knobs = inp.model_dump(include={"disabled_value", "check_interval", "scale_to", "journal_prefix"})
+
+    def one(svc: UserService) -> UserDisableOutput:
+        client = consul_client(inp.consul, token=token or "")
+        api = nomad_client(inp.nomad, token=nomad_token or "") if inp.nomad else None
+        sub = UserDisableInput(consul=inp.consul, nomad=inp.nomad, service=svc, **knobs)
+        return _disable_one(sub, client, api)
+
+    results, failures, retryable = _fan_out("users-disable", inp.services, one, inp.max_parallel)
+    partial = {name: _partial_details(exc) for name, exc in failures.items()}
+    records = [r.record for r in results if r.record is not None]
+    records += [ServiceRecord.model_validate(p["record"]) for p in partial.values() if p.get("record")]
+    order = {s.name: i for i, s in enumerate(inp.services)}
+    records.sort(key=lambda r: order[r.name])
+    restore = UsersEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix,
+                               records=records, max_parallel=inp.max_parallel)
+    changed = {r.service: r.changed for r in results if r.changed}
+    changed |= {name: p["changed"] for name, p in partial.items() if p.get("changed")}
+    if failures:
+        raise ApplicationError(
+            f"consul.users.disable: {len(failures)} of {len(inp.services)} service(s) failed; changed "
+            f"{_changes_text(changed)}; details.restore brings back all {len(records)} recorded: "
+            + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
+            {"failed": {k: str(v) for k, v in failures.items()}, "changed": changed,
+             "restore": restore.model_dump(mode="json")},
+            type="PartialFailure", non_retryable=not retryable)
+    return UsersDisableOutput(disabled=[r.service for r in results if r.skipped is None], changed=changed,
+                              skipped_essential=[r.service for r in results if r.skipped], restore=restore)
+
+
+@action("consul.users.enable", timeout=3 * 3600, heartbeat=120, mutating=True)
+def users_enable(inp: UsersEnableInput) -> UsersEnableOutput:
+    """Restore every recorded service exactly as consul.users.disable found it."""
+    token = consul_token(inp.consul)
+    nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
+
+    def one(rec: ServiceRecord) -> UserEnableOutput:
+        client = consul_client(inp.consul, token=token or "")
+        api = nomad_client(inp.nomad, token=nomad_token or "") if inp.nomad else None
+        sub = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix, record=rec)
+        return _enable_one(sub, client, api)
+
+    results, failures, retryable = _fan_out("users-enable", inp.records, one, inp.max_parallel)
+    changed = {r.service: r.changed for r in results if r.changed}
+    changed |= {name: d["changed"] for name, exc in failures.items() if (d := _partial_details(exc)).get("changed")}
+    if failures:
+        raise ApplicationError(
+            f"consul.users.enable: {len(failures)} of {len(inp.records)} service(s) failed; restored "
+            f"{_changes_text(changed)}: " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:10]),
+            {"failed": {k: str(v) for k, v in failures.items()}, "changed": changed},
+            type="PartialFailure", non_retryable=not retryable)
+    return UsersEnableOutput(enabled=[r.service for r in results], changed=changed)
