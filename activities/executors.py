@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import asyncssh
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "CommandResult",
@@ -16,6 +16,7 @@ __all__ = [
     "ExecutorError",
     "HostTarget",
     "NetnsExecutor",
+    "ShellAccess",
     "SshExecutor",
     "executor_for",
 ]
@@ -202,10 +203,11 @@ def _text(value: object) -> str:
     return str(value)
 
 
-class HostTarget(BaseModel):
-    """How an activity reaches one host; travels in workflow inputs, so plain data only."""
+class ShellAccess(BaseModel):
+    """How to reach a shell on a host: ssh with its host key pinned, or a network namespace on this machine."""
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model_config = ConfigDict(extra="forbid")
+
     kind: Literal["ssh", "netns"] = "ssh"
     address: str | None = None
     port: int = Field(default=22, ge=1, le=65535)
@@ -216,16 +218,28 @@ class HostTarget(BaseModel):
     netns: str | None = None
     sudo: bool = False
 
+    def _who(self) -> str:
+        return "executor"
+
     @model_validator(mode="after")
-    def _complete(self) -> "HostTarget":
+    def _complete(self) -> "ShellAccess":
         if self.kind == "ssh":
             if not self.address:
-                raise ValueError(f"host {self.name}: ssh target needs an address")
+                raise ValueError(f"{self._who()}: ssh target needs an address")
             if not self.key_path:
-                raise ValueError(f"host {self.name}: ssh target needs key_path")
+                raise ValueError(f"{self._who()}: ssh target needs key_path")
         elif not self.netns:
-            raise ValueError(f"host {self.name}: netns target needs netns")
+            raise ValueError(f"{self._who()}: netns target needs netns")
         return self
+
+
+class HostTarget(ShellAccess):
+    """How an activity reaches one named host; travels in workflow inputs, so plain data only."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+    def _who(self) -> str:
+        return f"host {self.name}"
 
 
 def executor_for(target: HostTarget) -> SshExecutor | NetnsExecutor:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import hvac
 import hvac.exceptions
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio.exceptions import ApplicationError
 
 __all__ = ["ClientFactory", "VaultSecretRef", "read_kv_secret", "use_client_factory"]
@@ -20,6 +20,8 @@ ClientFactory = Callable[[str, str, "bool | str"], Any]
 
 class VaultSecretRef(BaseModel):
     """Where a secret lives and how to log in; holds no secret itself, so it may sit in an input."""
+
+    model_config = ConfigDict(extra="forbid")
 
     address: str = Field(description="Vault URL, e.g. http://10.0.0.5:8200")
     mount: str = Field(default="secret", description="KV v2 mount point")

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import httpx
-import yaml
 
 from activities.journal import JournalCheck, check_journal, read_journal
 from cli.drill import DRILL_APPROVER, free_port, wait_port
+from workflows.loader import read_inventory
 
 __all__ = ["ACTOR", "CASES", "FAULT_LAB", "CaseReport", "FaultDrills", "HistoryFact", "history_facts"]
 
@@ -256,7 +256,7 @@ class FaultDrills:
         t0 = time.monotonic()
         self.lab_info = await asyncio.to_thread(lifecycle.up, self.cfg)
         self._log(f"lab up in {time.monotonic() - t0:.1f} s ({', '.join(f'{k} {v}' for k, v in self.lab_info['backends'].items())})")
-        self.inventory = yaml.safe_load(Path(self.lab_info["inventory"]).read_text())
+        self.inventory = read_inventory(self.lab_info["inventory"]).as_target()
         token = await asyncio.to_thread(_vault_token, self.inventory)
         await asyncio.to_thread(self.server.start)
         # The port opens before the frontend is healthy: try for a while.
@@ -291,7 +291,7 @@ class FaultDrills:
 
     async def dns_percent(self) -> float | None:
         """The steering percentage read back from PowerDNS (AXFR), the same on every server or None."""
-        from activities.dns import read_state
+        from activities.dns.axfr import read_state
 
         dns = self.inventory["dns"]
         zone = dns["zone"] if dns["zone"].endswith(".") else dns["zone"] + "."
@@ -315,9 +315,12 @@ class FaultDrills:
         return {e["Key"]: base64.b64decode(e["Value"]).decode() if e.get("Value") else "" for e in r.json()}
 
     async def prometheus(self, query: str) -> float | None:
-        async with httpx.AsyncClient(timeout=5) as http:
-            r = await http.get(f"{self.inventory['telemetry']['prometheus']}/api/v1/query", params={"query": query})
-        result = r.json().get("data", {}).get("result", [])
+        from activities.prometheus import PrometheusError, instant_query
+
+        try:
+            result = (await instant_query(self.inventory["telemetry"]["prometheus"], query, timeout=5)).get("result", [])
+        except PrometheusError:
+            return None
         return float(result[0]["value"][1]) if result else None
 
     # ---- runs ---------------------------------------------------------------------------------

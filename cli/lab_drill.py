@@ -163,18 +163,18 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
                         keep: bool = False, params: dict[str, Any] | None = None,
                         lab: dict[str, Any] | None = None) -> LabDrillReport:
     """`lab` overrides LabConfig fields (prefix, bridge, veth_prefix, subnet) to keep apart from another lab."""
-    import yaml
-
     from lab import faults as lab_faults
     from lab import lifecycle
     from lab.settings import LabConfig
     from runtime.worker import build_worker
+    from workflows.loader import read_inventory
+    from workflows.yaml_safety import load_file
 
     spec = DRILLS[name]
     overrides = Path("runbooks/drills") / f"{name}.yaml"
     # The drill's own params, then the drill overrides file, then the caller's.
     params = {**spec.params,
-              **((yaml.safe_load(overrides.read_text()) or {}).get("params", {}) if overrides.exists() else {}),
+              **((load_file(overrides) or {}).get("params", {}) if overrides.exists() else {}),
               **(params or {})}
     state_dir.mkdir(parents=True, exist_ok=True)
     targets = state_dir / "targets"
@@ -196,7 +196,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
         for fault, options in spec.faults:
             await asyncio.to_thread(lab_faults.inject, cfg, fault, **options)
             console.print(f"injected {fault}", highlight=False)
-        inventory = yaml.safe_load(Path(info["inventory"]).read_text())
+        inventory = read_inventory(info["inventory"]).as_target()
         os.environ["VAULT_TOKEN"] = await asyncio.to_thread(_vault_token, inventory)
         temporal_port, ui_port = free_port(), free_port()
         temporal = str(Path(sys.prefix) / "bin" / "temporal")

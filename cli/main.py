@@ -66,15 +66,19 @@ def _params(pairs: list[str]) -> dict[str, Any]:
 
 
 def _inventory(target: Optional[str]) -> dict[str, Any] | None:
-    from workflows.loader import load_inventory
+    from workflows.loader import InventoryInvalid, load_inventory
     from workflows.yaml_safety import YamlRefused
 
     if not target:
         return None
     try:
-        return load_inventory(target, _targets_dir())
+        return load_inventory(target, _targets_dir()).as_target()
     except YamlRefused as exc:  # already one `file:line:col: message` line
         err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        raise CliError("", EXIT_INVALID) from None
+    except InventoryInvalid as exc:
+        for line in exc.errors:
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
         raise CliError("", EXIT_INVALID) from None
     except (OSError, ValueError) as exc:
         _fail(str(exc).splitlines()[0], EXIT_INVALID)

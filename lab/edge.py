@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import time
 import zlib
 from pathlib import Path
@@ -15,6 +14,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
+
+from lab.serving import serve_app, stop_on_signals
 
 __all__ = ["SCHEDULING_KEY", "EdgeService", "main"]
 
@@ -177,17 +178,9 @@ async def serve(args: argparse.Namespace) -> None:
     maint = web.Application()
     maint["svc"] = svc
     maint.router.add_route("GET", "/{tail:.*}", _maintenance)
-    runners = []
-    for app, listen in ((game, args.game), (maint, args.maintenance)):
-        host, _, port = listen.rpartition(":")
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, host, int(port), backlog=1024).start()
-        runners.append(runner)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    runners = [await serve_app(app, listen, backlog=1024)
+               for app, listen in ((game, args.game), (maint, args.maintenance))]
+    stop = stop_on_signals()
     print(f"game edge on {args.game}, maintenance page on {args.maintenance}", flush=True)
     await stop.wait()
     for runner in runners:

@@ -7,13 +7,13 @@ import asyncio
 import base64
 import json
 import random
-import signal
 import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from lab.serving import metrics_app, serve_app, stop_on_signals
 
 __all__ = ["InternalLoad", "main"]
 
@@ -182,20 +182,8 @@ class InternalLoad:
 async def serve(args: argparse.Namespace) -> None:
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     load = InternalLoad(args, token)
-    app = web.Application()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(load.registry), content_type="text/plain", charset="utf-8")
-
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    host, _, port = args.metrics.rpartition(":")
-    await web.TCPSite(runner, host, int(port)).start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    runner = await serve_app(metrics_app(load.registry), args.metrics)
+    stop = stop_on_signals()
     print(f"internal load: {args.rps} rps on {len(args.consul)} servers for {args.duration}s", flush=True)
     await load.run(stop)
     await stop.wait()  # stay scrapeable after the run time

@@ -12,22 +12,25 @@ from typing import Any
 
 import httpx
 
+from activities._clients import ConsulTarget, NomadTarget
+from activities.executors import HostTarget, ShellAccess
+from activities.inventory import DnsSteering, Endpoints, Host, Inventory, Telemetry, VaultLogin
+from activities.secrets import VaultSecretRef
 from lab.hosts import create, destroy, leftovers, netns_usable, setup_ssh, ssh_target
 from lab.hosts.processes import pid_alive, start_daemon, wait_for_port
 from lab.hosts.shell import LabError, sh
 from lab.hosts.state import load_state
-from lab.inventory import (
-    Cluster, DnsSteering, Endpoints, Executor, Host, HostTarget, Inventory, SecretRef, Telemetry, VaultLogin,
-    write_inventory,
-)
+from lab.inventory import write_inventory
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.users import register_users, user_services, write_users_file
-from lab.agents import NOMAD_CLIENTS, start_consul, start_nomad, start_vault, wait_ready
+from lab.agents import NOMAD_CLIENTS, poll_until, start_consul, start_nomad, start_vault, wait_ready
 from lab.hashistack import Backends, backends
 from lab.identity import identity_facts
 from lab.services import (
     STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
 )
+from workflows.loader import read_inventory
+from workflows.yaml_safety import load_file
 
 __all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "recorded_backends", "saved_config", "status", "up"]
 
@@ -47,21 +50,6 @@ def _env() -> None:
     # Daemons run `python -m lab.*`; make that work whatever the caller's cwd is.
     parts = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
-
-
-def _wait_http(url: str, timeout: float = 15.0, headers: dict | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.get(url, timeout=1.0, headers=headers)
-            if r.status_code < 500:
-                return
-            last = r.status_code
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise LabError(f"{url} not answering after {timeout}s: {last!r}")
 
 
 def _write_manifest(cfg: LabConfig) -> None:
@@ -285,7 +273,7 @@ def up(cfg: LabConfig) -> dict[str, Any]:
         wait_for_port(cfg.ip(host), cfg.ports.node_agent, timeout=15, pid=agent.pid)
     wait_for_port(cfg.ip("players"), cfg.ports.players_metrics, timeout=15, pid=players.pid)
     wait_for_port(cfg.ip("internal"), cfg.ports.internal_metrics, timeout=15, pid=internal.pid)
-    _wait_http(f"{cfg.prometheus_url}/-/ready", timeout=20)
+    poll_until("Prometheus", lambda: httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1.0).status_code < 500, 20)
     if not pid_alive(pdns.pid):
         raise LabError(f"pdns exited; see {pdns.log}")
 
@@ -321,12 +309,12 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
     for name in spec.hosts:
         if name in spec.ssh_hosts:
             t = ssh_target(spec, name)
-            ex = Executor(kind="ssh", address=t.address, port=t.port, user=t.user, key_path=t.key_path,
-                          known_hosts=t.known_hosts)
+            ex = ShellAccess(kind="ssh", address=t.address, port=t.port, user=t.user, key_path=t.key_path,
+                             known_hosts=t.known_hosts)
         else:
-            ex = Executor(kind="netns", netns=spec.netns(name))
+            ex = ShellAccess(kind="netns", netns=spec.netns(name))
         hosts[name] = Host(address=cfg.ip(name), roles=roles[name], executor=ex)
-    secret_refs = {k: SecretRef(address=cfg.vault_url, path=p, field=f) for k, (p, f) in KV_SECRETS.items()}
+    secret_refs = {k: VaultSecretRef(address=cfg.vault_url, path=p, field=f) for k, (p, f) in KV_SECRETS.items()}
     p = cfg.ports
     return Inventory(
         name="lab", drill=True,
@@ -347,13 +335,11 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
                          approle_secret_id_file=str(sec.file("worker-secret-id"))),
         dns=DnsSteering(zone=STEER_ZONE, name=STEER_NAME, servers=[cfg.dns_server], game_ip=cfg.ip("edge"),
                         maint_ip=cfg.maint_ip, tsig_key_name="coldstart-steer.", tsig_secret=secret_refs["dns_tsig"]),
-        consul=Cluster(address=cfg.url(CONSUL_HOSTS[0], p.consul_http),
-                       servers=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], token=secret_refs["consul_token"]),
-        nomad=Cluster(address=cfg.nomad_url, servers=[cfg.nomad_url], token=secret_refs["nomad_token"]),
-        groups={"consul_servers": [
-            HostTarget(name=h, **hosts[h].executor.model_dump(include={"kind", "address", "port", "user", "key_path",
-                                                                      "known_hosts", "netns"}))
-            for h in CONSUL_HOSTS]},
+        consul=ConsulTarget(address=cfg.url(CONSUL_HOSTS[0], p.consul_http),
+                            servers=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], token=secret_refs["consul_token"]),
+        nomad=NomadTarget(address=cfg.nomad_url, token=secret_refs["nomad_token"]),
+        groups={"consul_servers": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))
+                                   for h in CONSUL_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
                "snapshot_store": str(cfg.path("snapshots")),
                "identity": identity_facts(cfg, sec),
@@ -426,12 +412,10 @@ def saved_config(state_dir: Path) -> LabConfig | None:
 def _is_our_inventory(path: Path, cfg: LabConfig) -> bool:
     # Never delete a hand-written or production inventory that happens to share the path.
     try:
-        import yaml
-
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_file(path) or {}
     except (OSError, ValueError):
         return False
-    return data.get("drill") is True and (data.get("facts") or {}).get("state_dir") == str(cfg.path())
+    return isinstance(data, dict) and data.get("drill") is True and (data.get("facts") or {}).get("state_dir") == str(cfg.path())
 
 
 def status(cfg: LabConfig) -> dict[str, Any]:
@@ -451,10 +435,7 @@ def status(cfg: LabConfig) -> dict[str, Any]:
 def recorded_backends(cfg: LabConfig) -> dict[str, str] | None:
     """What the running lab was built on (its inventory's facts), not what PATH holds now."""
     try:
-        import yaml
-
-        facts = (yaml.safe_load(Path(cfg.inventory_path).read_text()) or {}).get("facts") or {}
+        return read_inventory(cfg.inventory_path).facts.get("backends")
     except (OSError, ValueError):
         return None
-    return facts.get("backends")
 

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
+from lab.serving import serve_app, stop_on_signals
+
 __all__ = ["Container", "NodeAgent", "main"]
 
 # Each container is a little process tree: an init (sh) with two workers. sh as PID 1 of a
@@ -176,14 +178,8 @@ async def serve(args: argparse.Namespace) -> None:
     app.router.add_post("/containers/start", start)
     app.router.add_post("/containers/stop", stop)
     app.router.add_post("/_lab/preempt", preempt)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    host, _, port = args.listen.rpartition(":")
-    await web.TCPSite(runner, host, int(port)).start()
-    stop_ev = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop_ev.set)
+    runner = await serve_app(app, args.listen)
+    stop_ev = stop_on_signals()
     print(f"node agent {args.node} on {args.listen} with {args.containers} containers", flush=True)
     await stop_ev.wait()
     for task in list(tasks):

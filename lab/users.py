@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from lab.inventory import UserService
+from activities.consul.services import UserService
 from lab.settings import LabConfig
 
 __all__ = ["CHECK_INTERVAL", "LAB_USERS", "USAGE_PREFIX", "LabUser", "check_name", "register_users",

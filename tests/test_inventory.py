@@ -1,35 +1,97 @@
-"""The inventory schema (lab/inventory.py) and the actions' input models must agree field by field."""
+"""The inventory contract (activities/inventory.py): the actions' own models, validated with located errors before a run."""
 
 from __future__ import annotations
 
+import re
+import textwrap
+from pathlib import Path
+
 import pytest
 
-from activities.consul import UserService as ActionUserService
-from activities.executors import HostTarget as ActionHostTarget
-from lab.inventory import HostTarget, UserService
+from activities.catalog import load_registry
+from activities.inventory import Inventory
+from workflows.loader import InventoryInvalid, load_inventory, read_inventory
+from workflows.yaml_safety import YamlRefused
+
+LOCATED = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): \S")
+
+TARGET = """\
+name: prod-eu
+telemetry: {prometheus: "http://prom.example:9090"}
+consul:
+  address: http://consul.example:8500
+  servers: [http://consul1.example:8500]
+  token: {address: "http://vault.example:8200", path: consul/acl, field: token}
+nomad:
+  address: http://nomad.example:4646
+groups:
+  consul_servers:
+    - {name: consul1, address: 10.0.0.11, key_path: /etc/coldstart/id_ed25519, known_hosts: /etc/coldstart/known_hosts}
+services:
+  - {name: billing, tier: internal, usage_flag_key: flags/billing}
+"""
 
 
-@pytest.mark.parametrize("inventory_model, action_model", [(UserService, ActionUserService),
-                                                           (HostTarget, ActionHostTarget)])
-def test_inventory_entries_are_valid_action_inputs(inventory_model, action_model):
-    # The inventory's fields exist on the action with the same defaults: an entry passes as it is.
-    assert set(inventory_model.model_fields) <= set(action_model.model_fields)
-    for name, field in inventory_model.model_fields.items():
-        assert field.default == action_model.model_fields[name].default, name
+def _write(tmp_path: Path, text: str, name: str = "prod-eu") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
 
 
-def test_user_service_fields_are_the_same_on_both_sides():
-    # Every field the action knows can be written in an inventory (check_owner and its fields included).
-    assert list(UserService.model_fields) == list(ActionUserService.model_fields)
+def test_a_target_file_reads_as_the_contract(tmp_path: Path) -> None:
+    inventory = load_inventory("prod-eu", _write(tmp_path, TARGET).parent)
+    assert isinstance(inventory, Inventory) and inventory.consul.token.path == "consul/acl"
+    # What runbooks see as `target` is what the file says, nothing added.
+    assert inventory.as_target()["nomad"] == {"address": "http://nomad.example:4646"}
 
 
-def test_lab_services_validate_as_action_inputs():
+def test_inventory_entries_are_valid_action_arguments(tmp_path: Path) -> None:
+    """An entry that validates in the inventory passes as the action's argument as it is."""
+    target = load_inventory("prod-eu", _write(tmp_path, TARGET).parent).as_target()
+    registry = load_registry()
+
+    def model(action: str, field: str):
+        return registry.get(action).input_model.model_fields[field].annotation
+
+    from pydantic import TypeAdapter
+
+    TypeAdapter(model("firewall.block", "hosts")).validate_python(target["groups"]["consul_servers"])
+    TypeAdapter(model("consul.kv.set", "consul")).validate_python(target["consul"])
+    TypeAdapter(model("consul.users.disable", "services")).validate_python(target["services"])
+
+
+@pytest.mark.parametrize("body, line, needle", [
+    (TARGET.replace("    - {name: consul1,", "    - {nmae: consul1,"), 11, "unknown field 'nmae'"),
+    (TARGET.replace("path: consul/acl, ", ""), 6, "missing required field 'path'"),
+    (TARGET.replace("  address: http://nomad.example:4646", "  address: nomad.example"), 8, "address"),
+    (TARGET.replace("tier: internal", "tier: internal, essentail: true"), 13, "unknown field 'essentail'"),
+    (TARGET.replace('telemetry: {prometheus: "http://prom.example:9090"}\n', ""), 1, "missing required field 'telemetry'"),
+])
+def test_contract_breaches_are_located_in_the_target_file(tmp_path: Path, body: str, line: int, needle: str) -> None:
+    path = _write(tmp_path, body)
+    with pytest.raises(InventoryInvalid) as caught:
+        read_inventory(path)
+    errors = caught.value.errors
+    assert all((m := LOCATED.match(e)) and m["file"] == str(path) for e in errors), errors
+    assert any(int(LOCATED.match(e)["line"]) == line and needle in e for e in errors), errors
+
+
+def test_hostile_files_are_refused_by_the_guarded_reader(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a: &a [*a]\n")
+    with pytest.raises(YamlRefused):
+        read_inventory(path)
+    with pytest.raises(YamlRefused, match="an inventory must be a mapping"):
+        read_inventory(_write(tmp_path, "- just\n- a list\n"))
+
+
+def test_lab_services_validate_as_action_inputs() -> None:
+    from activities.consul.services import UserService
     from lab.settings import LabConfig
     from lab.users import user_services
 
     services = user_services(LabConfig())
     assert [s.name for s in services if not s.essential]
     for service in services:
-        action = ActionUserService.model_validate(service.model_dump())
+        action = UserService.model_validate(service.model_dump())
         # The lab's checks belong to the services' Nomad jobs: stretched there, not on an agent.
         assert action.check_owner == "nomad" and action.nomad_job == service.name and action.check_name

@@ -15,11 +15,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
-from lab.inventory import load_inventory_file
 from tests import support
-from workflows.loader import RunbookInvalid, load_inventory, plan_run
+from workflows.loader import InventoryInvalid, RunbookInvalid, load_inventory, plan_run, read_inventory
 from workflows.yaml_safety import (
     MAX_ALIASES,
     MAX_DEPTH,
@@ -328,7 +326,7 @@ def test_hostile_runbook_is_refused_by_the_loader(tmp_path, name):
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_inventory_is_refused(tmp_path, name):
     file = _write_hostile(tmp_path, name)
-    for read in (lambda: load_inventory(name, tmp_path), lambda: load_inventory_file(file)):
+    for read in (lambda: load_inventory(name, tmp_path), lambda: read_inventory(file)):
         raised, seconds, peak = _timed(read)
         assert isinstance(raised, YamlRefused), repr(raised)
         _assert_refused(str(raised), file, name)
@@ -399,7 +397,8 @@ def test_real_runbooks_and_inventories_are_within_the_limits():
     assert len(files) >= 4
     for file in files:
         assert isinstance(load_file(file), dict), file
-    assert load_inventory_file(REPO / "targets" / "local.yaml").name == "local"
+    for target in (REPO / "targets").glob("*.yaml"):
+        assert read_inventory(target, default_name=target.stem).name == target.stem
 
 
 def test_merge_keys_may_be_overridden_but_not_repeated(tmp_path):
@@ -486,12 +485,12 @@ def test_fuzz_hostile_documents_are_refused_fast_with_a_location(tmp_path, conte
     for line in raised.errors if raised else []:
         assert LOCATED.match(line) and line.startswith(f"{file}:"), line
     assert seconds < BOUND_SECONDS, seconds
-    # The same file as an inventory: guarded the same way, or a schema error for one that reads.
-    for read in (lambda: load_inventory("hostile", tmp_path), lambda: load_inventory_file(file)):
+    # The same file as an inventory: guarded the same way, or located contract errors for one that reads.
+    for read in (lambda: load_inventory("hostile", tmp_path), lambda: read_inventory(file)):
         raised, seconds, _ = _timed(read)
-        assert raised is None or isinstance(raised, (YamlRefused, ValidationError)), repr(raised)
-        if isinstance(raised, YamlRefused):
-            assert LOCATED.match(str(raised)) and str(raised).startswith(f"{file}:"), str(raised)
+        assert raised is None or isinstance(raised, (YamlRefused, InventoryInvalid)), repr(raised)
+        for line in raised.errors if isinstance(raised, InventoryInvalid) else [str(raised)] if raised else []:
+            assert LOCATED.match(line) and line.startswith(f"{file}:"), line
         assert seconds < BOUND_SECONDS, seconds
 
 

@@ -178,31 +178,20 @@ class OperatorControls:
         self._record("abort", req.step, req.actor, req.reason, subject)
         return f"abort requested by {req.actor}"
 
-    def _check_pause(self, req: ControlRequest) -> str | None:
+    def _check_pausing(self, req: ControlRequest, verb: str) -> str | None:
+        """pause or resume: who may, and only from the other state."""
         if not req.actor.strip():
-            raise ValueError("pause needs the operator's name (actor)")
-        if self._paused:
-            raise ValueError("the run is already paused")
-        return self._check_operator("pause", req)
+            raise ValueError(f"{verb} needs the operator's name (actor)")
+        if self._paused == (verb == "pause"):
+            raise ValueError("the run is already paused" if self._paused else "the run is not paused")
+        return self._check_operator(verb, req)
 
-    def _pause(self, req: ControlRequest) -> str:
-        subject = self._check_pause(req)
+    def _set_paused(self, req: ControlRequest, verb: str) -> str:
+        subject = self._check_pausing(req, verb)
         self._spend(req.identity_token)
-        self._paused = True
-        self._record("pause", None, req.actor, req.reason, subject)
+        self._paused = verb == "pause"
+        self._record(verb, None, req.actor, req.reason, subject)
+        if not self._paused:
+            return f"resumed by {req.actor}"
         workflow.set_current_details(self._details(None))
         return f"paused by {req.actor}; the current step finishes first"
-
-    def _check_resume(self, req: ControlRequest) -> str | None:
-        if not req.actor.strip():
-            raise ValueError("resume needs the operator's name (actor)")
-        if not self._paused:
-            raise ValueError("the run is not paused")
-        return self._check_operator("resume", req)
-
-    def _resume(self, req: ControlRequest) -> str:
-        subject = self._check_resume(req)
-        self._spend(req.identity_token)
-        self._paused = False
-        self._record("resume", None, req.actor, req.reason, subject)
-        return f"resumed by {req.actor}"

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Iterable
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from activities.inventory import Inventory
 from activities.retry import parse_duration
 from workflows.contract import RunInput
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
@@ -27,7 +28,7 @@ from workflows.spec import (
 )
 from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
 
-__all__ = ["RunbookInvalid", "load_inventory", "load_runbook", "plan_run"]
+__all__ = ["InventoryInvalid", "RunbookInvalid", "load_inventory", "load_runbook", "plan_run", "read_inventory"]
 
 _PARAM_TYPES: dict[str, Any] = {
     "string": str,
@@ -185,18 +186,43 @@ def _loc_to_path(loc: Iterable[Any], data: Any) -> Path_:
     return tuple(path)
 
 
-def load_inventory(name: str, targets_dir: Path) -> dict[str, Any]:
+class InventoryInvalid(ValueError):
+    """A target file that reads as YAML but breaks the inventory contract; every problem `file:line:col: message`."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+def read_inventory(path: str | Path, *, default_name: str | None = None) -> Inventory:
+    """Read and validate a target file against the inventory contract (activities/inventory.py).
+
+    A hostile file is refused by the guarded reader (YamlRefused); a well-formed one that breaks the
+    contract raises InventoryInvalid with each problem located where the file says it.
+    """
+    data = load_file(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise YamlRefused(1, 1, "an inventory must be a mapping", str(path))
+    if default_name is not None:
+        data.setdefault("name", default_name)
+    try:
+        return Inventory.model_validate(data)
+    except ValidationError as exc:
+        # Positions are only needed to report, so the file is walked for them only now.
+        source = _Source(file=str(path))
+        _parse_yaml(read_text(str(path)), source)
+        _pydantic_errors(exc, source, (), data)
+        raise InventoryInvalid(source.formatted()) from None
+
+
+def load_inventory(name: str, targets_dir: Path) -> Inventory:
+    """targets_dir/NAME.yaml, validated (read_inventory); its `name:` defaults to NAME."""
     path = targets_dir / f"{name}.yaml"
     if not path.exists():
         raise FileNotFoundError(f"no inventory for target {name!r} (looked for {path})")
-    data = load_file(path) or {}
-    if not isinstance(data, dict):
-        raise YamlRefused(1, 1, "an inventory must be a mapping", str(path))
-    data.setdefault("name", name)
-    if not isinstance(data["name"], str) or not data["name"].strip():
-        raise YamlRefused(1, 1, f"an inventory's name must be a non-empty string, not {type(data['name']).__name__}",
-                          str(path))
-    return data
+    return read_inventory(path, default_name=name)
 
 
 def _read_source(file: str, text: str | None) -> _Source:
@@ -282,7 +308,7 @@ def plan_run(
     target_name = source.data.get("target") if isinstance(source.data.get("target"), str) else None
     if inventory is None and targets_dir is not None:
         try:
-            inventory = load_inventory(target_name or "", targets_dir)
+            inventory = load_inventory(target_name or "", targets_dir).as_target()
         except (OSError, ValueError, yaml.YAMLError) as exc:
             source.error(("target",), str(exc).splitlines()[0])
     context = {"params": param_values, "target": inventory or {}}

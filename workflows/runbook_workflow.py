@@ -605,19 +605,19 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def pause(self, req: Any) -> str:
-        return self._pause(parse_request(ControlRequest, req))
+        return self._set_paused(parse_request(ControlRequest, req), "pause")
 
     @pause.validator
     def _validate_pause(self, req: Any) -> None:
-        self._check_pause(parse_request(ControlRequest, req))
+        self._check_pausing(parse_request(ControlRequest, req), "pause")
 
     @workflow.update
     def resume(self, req: Any) -> str:
-        return self._resume(parse_request(ControlRequest, req))
+        return self._set_paused(parse_request(ControlRequest, req), "resume")
 
     @resume.validator
     def _validate_resume(self, req: Any) -> None:
-        self._check_resume(parse_request(ControlRequest, req))
+        self._check_pausing(parse_request(ControlRequest, req), "resume")
 
     # Fire-and-forget twins of the Updates: same checks, a rejection is logged and kept in status.
     @workflow.signal(name="approve_signal")
@@ -638,11 +638,11 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.signal(name="pause_signal")
     def pause_signal(self, req: Any) -> None:
-        self._signal("pause", lambda: self._pause(parse_request(ControlRequest, req)))
+        self._signal("pause", lambda: self._set_paused(parse_request(ControlRequest, req), "pause"))
 
     @workflow.signal(name="resume_signal")
     def resume_signal(self, req: Any) -> None:
-        self._signal("resume", lambda: self._resume(parse_request(ControlRequest, req)))
+        self._signal("resume", lambda: self._set_paused(parse_request(ControlRequest, req), "resume"))
 
     def _signal(self, name: str, apply: Any) -> None:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .nomad_model import NS_PER_S, NomadError, alloc_index, public, task_state
+from .nomad_model import NS_PER_S, alloc_index, by_id, public, task_state
 
 __all__ = ["AllocsMixin"]
 
@@ -129,13 +129,7 @@ class AllocsMixin:
         return {"EvalID": ev["ID"], "Index": self.index}
 
     def alloc(self, alloc_id: str) -> dict[str, Any]:
-        alloc = self.allocs.get(alloc_id)
-        if alloc is None:
-            matches = [a for a in self.allocs.values() if a["ID"].startswith(alloc_id)] if len(alloc_id) >= 2 else []
-            if len(matches) != 1:
-                raise NomadError(404, "alloc not found")
-            alloc = matches[0]
-        return alloc
+        return by_id(self.allocs, alloc_id, "alloc")
 
     def alloc_stub(self, alloc: dict[str, Any]) -> dict[str, Any]:
         """A list entry as Nomad's AllocListStub: no AllocatedResources, Job or DeploymentID (read the allocation)."""

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from .nomad_model import ACTIVE_DEPLOYMENT, DEFAULT_UPDATE, DEPLOYMENT_TYPES, NS_PER_S, NomadError, rfc3339
+from .nomad_model import ACTIVE_DEPLOYMENT, DEFAULT_UPDATE, DEPLOYMENT_TYPES, NS_PER_S, NomadError, by_id, rfc3339
 
 __all__ = ["DeploymentsMixin"]
 
@@ -31,13 +31,7 @@ class DeploymentsMixin:
         return deps[0] if deps else None
 
     def deployment(self, dep_id: str) -> dict[str, Any]:
-        dep = self.deployments.get(dep_id)
-        if dep is None:
-            matches = [d for d in self.deployments.values() if d["ID"].startswith(dep_id)] if len(dep_id) >= 2 else []
-            if len(matches) != 1:
-                raise NomadError(404, "deployment not found")
-            dep = matches[0]
-        return dep
+        return by_id(self.deployments, dep_id, "deployment")
 
     def fail_deployment(self, dep_id: str) -> dict[str, Any]:
         """POST /v1/deployment/fail/:id, as an operator would."""

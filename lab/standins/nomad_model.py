@@ -9,7 +9,7 @@ from typing import Any
 
 __all__ = [
     "NS_PER_S", "NOMAD_VERSION", "DEFAULT_UPDATE", "DEPLOYMENT_TYPES", "ACTIVE_DEPLOYMENT", "NomadError", "public",
-    "rfc3339", "json_hash", "alloc_index", "task_state",
+    "by_id", "rfc3339", "json_hash", "alloc_index", "task_state",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -34,6 +34,17 @@ class NomadError(Exception):
 def public(obj: dict[str, Any]) -> dict[str, Any]:
     """Drop the stand-in's bookkeeping keys (prefixed _) from an API object."""
     return {k: v for k, v in obj.items() if not k.startswith("_")}
+
+
+def by_id(table: dict[str, dict[str, Any]], key: str, what: str) -> dict[str, Any]:
+    """An entry by its full ID or, as Nomad's API allows, a unique prefix of two characters or more."""
+    entry = table.get(key)
+    if entry is None:
+        matches = [e for e in table.values() if e["ID"].startswith(key)] if len(key) >= 2 else []
+        if len(matches) != 1:
+            raise NomadError(404, f"{what} not found")
+        entry = matches[0]
+    return entry
 
 
 def rfc3339(ts: float) -> str:

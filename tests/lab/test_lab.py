@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from lab.inventory import load_inventory_file
 from lab.services import Secrets
+from workflows.loader import read_inventory
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -41,7 +40,7 @@ def eventually(check, timeout: float = 20.0, every: float = 0.5):
 
 def test_inventory_written_and_valid(lab):
     cfg, info = lab
-    inv = load_inventory_file(cfg.inventory_path)
+    inv = read_inventory(cfg.inventory_path)
     assert inv.drill is True and inv.name == "lab"
     assert inv.telemetry.prometheus == cfg.prometheus_url
     for host in ("consul1", "consul2", "consul3"):
@@ -64,7 +63,7 @@ def test_ssh_executor_reaches_consul_host(lab):
     from activities.executors import HostTarget, executor_for
 
     cfg, _ = lab
-    inv = load_inventory_file(cfg.inventory_path)
+    inv = read_inventory(cfg.inventory_path)
     target = HostTarget(name="consul1", **inv.hosts["consul1"].executor.model_dump(exclude_none=True))
 
     async def run():
@@ -240,7 +239,7 @@ def test_fault_preempted_host(lab):
 
 def test_firewall_block_stops_internal_consul_traffic(lab):
     from activities.executors import HostTarget
-    from activities.firewall import BlockInput, UnblockInput, block, unblock
+    from activities.firewall.actions import BlockInput, UnblockInput, block, unblock
 
     cfg, _ = lab
     url = f"http://{cfg.ip('internal')}:{cfg.ports.internal_metrics}/metrics"
@@ -262,10 +261,10 @@ def test_firewall_block_stops_internal_consul_traffic(lab):
 
 def test_steering_admits_players(lab):
     """dns.steer.set to 50 % through the lab's Vault-held TSIG key: about half the clients play."""
-    from activities.dns import SteerSetInput, steer_set
+    from activities.dns.actions import SteerSetInput, steer_set
 
     cfg, _ = lab
-    inv = load_inventory_file(cfg.inventory_path)
+    inv = read_inventory(cfg.inventory_path)
     ref = inv.dns.tsig_secret.model_dump() | {"token_file": str(Secrets(cfg).file("vault-root-token"))}
     inp = SteerSetInput(zone=inv.dns.zone, name=inv.dns.name, servers=inv.dns.servers, game_ip=inv.dns.game_ip,
                         maint_ip=inv.dns.maint_ip, percent=50, tsig_key_name=inv.dns.tsig_key_name, tsig_secret=ref)

@@ -1,0 +1,100 @@
+"""The target inventory (targets/NAME.yaml): what an operator writes once and the actions read, built from their models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from activities._clients import ConsulTarget, NomadTarget
+from activities.consul.services import UserService
+from activities.executors import HostTarget, ShellAccess
+from activities.secrets import VaultSecretRef
+
+__all__ = ["DnsSteering", "Endpoints", "Host", "Inventory", "Telemetry", "VaultLogin"]
+
+# The parts an action takes as they are (a cluster, a secret, a host, a service) are the actions'
+# own models, so an entry that validates here is a valid action argument. The rest only says where
+# things are, for runbooks to reference (`${{ target.dns.zone }}`).
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Host(_Strict):
+    """One machine: its address, what runs there, and how to reach a shell on it."""
+
+    address: str
+    roles: list[str] = Field(default_factory=list)
+    executor: ShellAccess | None = None
+
+
+class VaultLogin(_Strict):
+    """Where the worker finds its AppRole credentials (files, so they stay out of workflow history)."""
+
+    address: str
+    approle_role_id_file: str
+    approle_secret_id_file: str
+
+
+class Endpoints(_Strict):
+    """Service APIs as URLs / ip:port; lists hold every member so runbooks can address each one."""
+
+    consul: list[str] = Field(default_factory=list)
+    nomad: list[str] = Field(default_factory=list)
+    vault: list[str] = Field(default_factory=list)
+    dns: list[str] = Field(default_factory=list)
+    game: list[str] = Field(default_factory=list)
+    maintenance: list[str] = Field(default_factory=list)
+    cache: list[str] = Field(default_factory=list)
+    database: list[str] = Field(default_factory=list)
+    extra: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class DnsSteering(_Strict):
+    """The steered name and what dns.steer.* needs, the TSIG secret as a Vault reference."""
+
+    zone: str
+    name: str
+    servers: list[str] = Field(min_length=1)
+    game_ip: str
+    maint_ip: str
+    tsig_key_name: str
+    tsig_secret: VaultSecretRef
+
+
+class Telemetry(_Strict):
+    prometheus: str
+    metrics: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class Inventory(_Strict):
+    """A target: `drill: true` marks a lab (drills are refused on anything else)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    drill: bool = False
+    description: str = ""
+    telemetry: Telemetry
+    endpoints: Endpoints = Field(default_factory=Endpoints)
+    hosts: dict[str, Host] = Field(default_factory=dict)
+    # Ports a "block clients" step closes (Consul HTTP/DNS/RPC ...), per service.
+    ports: dict[str, list[int]] = Field(default_factory=dict)
+    secrets: dict[str, VaultSecretRef] = Field(default_factory=dict)
+    vault: VaultLogin | None = None
+    dns: DnsSteering | None = None
+    consul: ConsulTarget | None = None
+    nomad: NomadTarget | None = None
+    # Named lists of hosts, ready to pass to host actions (e.g. groups.consul_servers to firewall.block).
+    groups: dict[str, list[HostTarget]] = Field(default_factory=dict)
+    # Services that use Consul, in tiers: the non-essential ones are disabled during a cold start.
+    services: list[UserService] = Field(default_factory=list)
+    # Free-form facts for humans and runbook params (state dir, controller address, ...).
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+    def hosts_with_role(self, role: str) -> dict[str, Host]:
+        return {name: h for name, h in self.hosts.items() if role in h.roles}
+
+    def as_target(self) -> dict[str, Any]:
+        """What runbooks see as `target`: the fields the file gave, as JSON."""
+        return self.model_dump(mode="json", exclude_unset=True)
