@@ -23,11 +23,11 @@ from pathlib import Path
 import consul
 import hvac
 import httpx
-from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 from cli.drill import start_process
 from cli.runs import start_run
+from runtime.connection import DATA_CONVERTER
 from runtime.worker import build_worker
 from workflows import search
 from workflows.contract import RunStatus

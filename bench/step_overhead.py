@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
-from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 
 from bare_workflow import BareActivities
 from cli.runs import start_run
+from runtime.connection import DATA_CONVERTER
 from runtime.worker import build_worker
 from workflows import search
 from workflows.loader import plan_run

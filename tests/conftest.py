@@ -8,9 +8,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
+from runtime.connection import DATA_CONVERTER
 from workflows import search
 
 BIN = Path(sys.prefix) / "bin"

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
 from cli.runs import TargetBusy
+from runtime.connection import DATA_CONVERTER
 from tests import support
 from tests.conftest import TEMPORAL_CLI
 from workflows import search

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from runtime.connection import DATA_CONVERTER
 from temporalio.worker import Replayer
 
+from runtime.connection import DATA_CONVERTER
 from workflows.fanout import FanOutWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 

@@ -10,9 +10,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from runtime.connection import DATA_CONVERTER
 from temporalio.testing import WorkflowEnvironment
 
+from runtime.connection import DATA_CONVERTER
 from tests import support
 from tests.conftest import TEMPORAL_CLI
 from workflows import search
