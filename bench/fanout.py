@@ -27,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from cli.drill import start_process
 from cli.runs import start_run
+from lab.hashistack.local import VaultDev
 from runtime.connection import DATA_CONVERTER
 from runtime.worker import build_worker
 from workflows import search
@@ -113,7 +114,7 @@ steps:
 
 async def main(count: int, concurrency: int, failing: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="fanout-"))
-    ports = {n: _port() for n in ("consul1", "consul2", "consul3", "nomad", "vault")}
+    ports = {n: _port() for n in ("consul1", "consul2", "consul3", "nomad")}
     python = sys.executable
     consul_argv = [python, "-m", "lab.standins", "consul", "--acl-token", TOKEN]
     for name in ("consul1", "consul2", "consul3"):
@@ -121,11 +122,10 @@ async def main(count: int, concurrency: int, failing: int) -> None:
     with start_process(consul_argv, log=work / "consul.log", port=ports["consul1"]), \
          start_process([python, "-m", "lab.standins", "nomad", "--listen", f"127.0.0.1:{ports['nomad']}",
                         "--node", "node1", "--node", "node2", "--node", "node3"], log=work / "nomad.log", port=ports["nomad"]), \
-         start_process([python, "-m", "lab.standins", "vault", "--listen", f"127.0.0.1:{ports['vault']}",
-                        "--root-token", "root"], log=work / "vault.log", port=ports["vault"]):
+         VaultDev(work / "vault", "root").start() as vault:  # Vault has no stand-in: the real dev server
         consul_url = f"http://127.0.0.1:{ports['consul1']}"
         nomad_url = f"http://127.0.0.1:{ports['nomad']}"
-        vault_url = f"http://127.0.0.1:{ports['vault']}"
+        vault_url = vault.url
         hvac.Client(url=vault_url, token="root").secrets.kv.v2.create_or_update_secret(path="coldstart/consul", secret={"token": TOKEN})
         (work / "vault-token").write_text("root\n")
         started = time.monotonic()

@@ -147,7 +147,8 @@ async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool
         console.print(f"Temporal 127.0.0.1:{temporal_port}, Web UI http://127.0.0.1:{ui_port}, "
                       f"Prometheus http://127.0.0.1:{prom_port}", highlight=False)
         runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{metrics_port}")))
-        client = await connect(runtime=runtime, target_host=f"127.0.0.1:{temporal_port}", namespace="default")
+        client = await connect(runtime=runtime, target_host=f"127.0.0.1:{temporal_port}", namespace="default",
+                               ready_within=60)
         run = plan_run(
             Path("runbooks/demo.yaml"), registry=load_registry(), targets_dir=targets,
             initiator=os.environ.get("COLDSTART_USER", "drill"), drill=True,

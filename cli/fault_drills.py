@@ -259,16 +259,7 @@ class FaultDrills:
         self.inventory = read_inventory(self.lab_info["inventory"]).as_target()
         token = await asyncio.to_thread(_vault_token, self.inventory)
         await asyncio.to_thread(self.server.start)
-        # The port opens before the frontend is healthy: try for a while.
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.client = await connect(target_host=self.server.address, namespace="default")
-                break
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+        self.client = await connect(target_host=self.server.address, namespace="default", ready_within=60)
         self.worker = WorkerProcess(self.server.address, self.queue, self.journal, self.root / "worker.log",
                                     {"VAULT_TOKEN": token})
         await asyncio.to_thread(self.worker.start)

@@ -206,7 +206,8 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
             log=state_dir / "temporal.log", port=temporal_port,
         ):
             runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=cfg.worker_metrics)))
-            client = await connect(runtime=runtime, target_host=f"127.0.0.1:{temporal_port}", namespace="default")
+            client = await connect(runtime=runtime, target_host=f"127.0.0.1:{temporal_port}", namespace="default",
+                                   ready_within=60)
             run = plan_run(spec.runbook, registry=load_registry(), targets_dir=targets, params=params,
                            initiator=os.environ.get("COLDSTART_USER", "drill"), drill=True)
             if not run.target.get("drill"):

@@ -9,6 +9,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 __all__ = ["DATA_CONVERTER", "DEFAULT_TASK_QUEUE", "TASK_QUEUE_ENV", "connect", "task_queue"]
 
@@ -22,11 +23,18 @@ def task_queue() -> str:
     return os.environ.get(TASK_QUEUE_ENV, DEFAULT_TASK_QUEUE)
 
 
-async def connect(profile: str | None = None, *, runtime: Runtime | None = None, **overrides: Any) -> Client:
-    """Connect using the envconfig profile (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_PROFILE, config file)."""
+async def connect(profile: str | None = None, *, runtime: Runtime | None = None, ready_within: float = 0.0,
+                  **overrides: Any) -> Client:
+    """Connect using the envconfig profile (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_PROFILE, config file).
+
+    ready_within: keep trying this many seconds (a server just started opens its port before its
+    frontend is healthy, and the first connect fails with "Frontend is not healthy yet").
+    """
     config = ClientConfig.load_client_connect_config(profile=profile or os.environ.get("TEMPORAL_PROFILE"))
     config.setdefault("target_host", "localhost:7233")
     config.update(overrides)
     if runtime is not None:
         config["runtime"] = runtime
-    return await Client.connect(data_converter=DATA_CONVERTER, **config)
+    attempts = AsyncRetrying(retry=retry_if_exception_type(RuntimeError), stop=stop_after_delay(ready_within),
+                             wait=wait_fixed(0.2), reraise=True)
+    return await attempts(Client.connect, data_converter=DATA_CONVERTER, **config)

@@ -253,6 +253,12 @@ class VaultDev:
               self.proc, self.log)
         return self
 
+    def __enter__(self) -> "VaultDev":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
