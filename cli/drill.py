@@ -28,7 +28,7 @@ from workflows.contract import ApproveRequest, RunStatus
 from workflows.loader import plan_run
 from workflows.search import dev_server_flags
 
-__all__ = ["DRILL_APPROVER", "DrillReport", "free_port", "run_demo_drill", "start_process", "wait_port"]
+__all__ = ["DRILL_APPROVER", "DrillReport", "free_port", "run_demo_drill", "start_process", "stop_process", "wait_port"]
 
 DRILL_APPROVER = "drill-bot"
 
@@ -63,13 +63,18 @@ def start_process(argv: list[str], *, log: Path, port: int | None = None, timeou
             wait_port(port, timeout=timeout, process=process)
         yield process
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process(process, grace=10)
+
+
+def stop_process(process: subprocess.Popen | None, *, grace: float) -> None:
+    """SIGTERM the process group, SIGKILL after `grace` seconds."""
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @dataclass

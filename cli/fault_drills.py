@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
-from cli.drill import DRILL_APPROVER, free_port, wait_port
+from cli.drill import DRILL_APPROVER, free_port, stop_process, wait_port
 from workflows.loader import read_inventory
 
 __all__ = ["ACTOR", "CASES", "FAULT_LAB", "CaseReport", "FaultDrills", "HistoryFact", "history_facts"]
@@ -149,19 +149,8 @@ class TemporalServer:
         wait_port(self.port, timeout=60, process=self.process)
 
     def stop(self) -> None:
-        _terminate(self.process)
+        stop_process(self.process, grace=15)
         self.process = None
-
-
-def _terminate(process: subprocess.Popen | None) -> None:
-    """SIGTERM the process group, SIGKILL after 15 s."""
-    if process is not None and process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 class WorkerProcess:
@@ -209,7 +198,7 @@ class WorkerProcess:
         return pid
 
     def stop(self) -> None:
-        _terminate(self.process)
+        stop_process(self.process, grace=15)
         self.process = None
 
 
@@ -327,6 +316,21 @@ class FaultDrills:
         self._log(f"{label}: run {handle.id} started")
         return handle
 
+    async def reached_20(self, handle: Any) -> None:
+        """Until the ramp has set 20 % (the journal shows the set): where every case strikes."""
+        await self.wait_for("players@20 set", lambda: self.journal_has(handle, "players@20#"))
+
+    async def pause_at_20(self, handle: Any, reason: str) -> None:
+        """Pause, and wait until the ramp stops at its boundary after 20 %, so a fault lands before 40 %."""
+        await self.control(handle, "pause", reason=reason)
+
+        async def paused() -> bool:
+            current = await self.status(handle)
+            players = next(s for s in current.steps if s.id == "players")
+            return current.state == "paused" and players.last_good == 20
+
+        await self.wait_for("paused", paused, timeout=90)
+
     async def status(self, handle: Any) -> Any:
         from workflows.contract import RunStatus
 
@@ -434,7 +438,7 @@ async def worker_killed_mid_ramp(d: FaultDrills) -> CaseReport:
                         "new worker started")
     started = time.monotonic()
     handle = await d.start(report.name)
-    await d.wait_for("players@20 set", lambda: d.journal_has(handle, "players@20#"))
+    await d.reached_20(handle)
     return await _kill_and_replace_worker(d, handle, report, started, "SIGKILLed")
 
 
@@ -483,7 +487,7 @@ async def temporal_restarted(d: FaultDrills) -> CaseReport:
                         "server back")
     started = time.monotonic()
     handle = await d.start(report.name)
-    await d.wait_for("players@20 set", lambda: d.journal_has(handle, "players@20#"))
+    await d.reached_20(handle)
     stopping = time.monotonic()
     await asyncio.to_thread(d.server.stop)
     report.notes["down_at"] = _now()  # the process is gone: nothing can be recorded from here
@@ -502,7 +506,7 @@ async def prometheus_down(d: FaultDrills) -> CaseReport:
                         "Prometheus back")
     started = time.monotonic()
     handle = await d.start(report.name)
-    await d.wait_for("players@20 set", lambda: d.journal_has(handle, "players@20#"))
+    await d.reached_20(handle)
     down_at = _now()
     await d.inject("service-down", target="prometheus")
 
@@ -531,7 +535,7 @@ async def vault_down(d: FaultDrills) -> CaseReport:
     started = time.monotonic()
     handle = await d.start(report.name)
     # The 20 % set read its key; the gates read Prometheus only. The 40 % set needs Vault again.
-    await d.wait_for("players@20 set", lambda: d.journal_has(handle, "players@20#"))
+    await d.reached_20(handle)
     await d.inject("service-down", target="vault")
     await _held(d, handle, report)
     report.dns_percent_during = await d.dns_percent()
@@ -548,9 +552,8 @@ async def powerdns_down(d: FaultDrills) -> CaseReport:
     started = time.monotonic()
     handle = await d.start(report.name)
     # Pause at 20 %: the ramp stops at its next percentage boundary, so the fault lands exactly there.
-    await d.wait_for("players@20 set", lambda: d.journal_has(handle, "players@20#"))
-    await d.control(handle, "pause", reason="inject PowerDNS down before the next ramp step")
-    await d.wait_for("paused", lambda: _paused_at(d, handle, 20), timeout=90)
+    await d.reached_20(handle)
+    await d.pause_at_20(handle, "inject PowerDNS down before the next ramp step")
     await d.inject("service-down", target="dns")
     await d.control(handle, "resume", reason="PowerDNS is down")
     await _held(d, handle, report)
@@ -561,13 +564,6 @@ async def powerdns_down(d: FaultDrills) -> CaseReport:
     return await d.finish(handle, report, since, started)
 
 
-async def _paused_at(d: FaultDrills, handle: Any, percent: int) -> bool:
-    current = await d.status(handle)
-    players = next(s for s in current.steps if s.id == "players")
-    # Paused and the ramp past its gates at `percent` (it waits at the boundary before the next set).
-    return current.state == "paused" and players.last_good == percent
-
-
 async def gate_fails_mid_ramp(d: FaultDrills) -> CaseReport:
     report = CaseReport("gate-fails-mid-ramp", "players lose DNS at the 40 % step (admitted-on-target fails)",
                         "fault cleared")
@@ -575,9 +571,8 @@ async def gate_fails_mid_ramp(d: FaultDrills) -> CaseReport:
     # 30 s: long enough for a healthy step (a players' sweep, a scrape, a rule evaluation, the 6 s
     # offset), short enough that the failing gate gives up quickly.
     handle = await d.start(report.name, gate_timeout="30s")
-    await d.wait_for("players@20 set", lambda: d.journal_has(handle, "players@20#"))
-    await d.control(handle, "pause", reason="inject players-dns-lost before the 40 % step")
-    await d.wait_for("paused", lambda: _paused_at(d, handle, 20), timeout=90)
+    await d.reached_20(handle)
+    await d.pause_at_20(handle, "inject players-dns-lost before the 40 % step")
     await d.inject("players-dns-lost")
     await d.control(handle, "resume", reason="players have lost DNS")
     await _held(d, handle, report)

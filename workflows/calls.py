@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.refs import iter_refs, split_path
     from workflows.spec import ActionDefaults
 
-__all__ = ["RunAborted", "StepFailed", "compare", "execute_action", "failure_message", "referenced"]
+__all__ = ["RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced"]
 
 
 class StepFailed(Exception):
@@ -49,7 +49,7 @@ def failure_message(exc: BaseException) -> str:
     return message
 
 
-async def execute_action(
+async def call_action(
     action: ActionDefaults,
     args: dict[str, Any],
     *,
@@ -58,18 +58,24 @@ async def execute_action(
     tag: ActivityTag,
     timeout: timedelta | None = None,
     retry: Retry | None = None,
-) -> dict[str, Any]:
+) -> Any:
+    """One activity for `action` with its pinned timeout and retry, tagged; ActivityError if it failed."""
+    with tagged(tag):
+        return await workflow.execute_activity(
+            action.name,
+            args,
+            activity_id=activity_id,
+            start_to_close_timeout=timeout or action.timeout,
+            heartbeat_timeout=action.heartbeat,
+            retry_policy=(retry or action.retry).policy(),
+            summary=summary[:400],
+        )
+
+
+async def execute_action(action: ActionDefaults, args: dict[str, Any], **call: Any) -> dict[str, Any]:
+    """call_action for a step: its outputs as a mapping, a failure as StepFailed naming the action."""
     try:
-        with tagged(tag):
-            result = await workflow.execute_activity(
-                action.name,
-                args,
-                activity_id=activity_id,
-                start_to_close_timeout=timeout or action.timeout,
-                heartbeat_timeout=action.heartbeat,
-                retry_policy=(retry or action.retry).policy(),
-                summary=summary[:400],
-            )
+        result = await call_action(action, args, **call)
     except ActivityError as exc:
         raise StepFailed(f"{action.name}: {failure_message(exc)}") from None
     if result is None:

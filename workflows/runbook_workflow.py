@@ -13,7 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IdentityKeys
     from activities.retry import Retry
-    from workflows.calls import RunAborted, StepFailed, compare, execute_action, failure_message, referenced
+    from workflows.calls import RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
         ApproveRequest,
@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.controls import OperatorControls
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
-    from workflows.history_tags import ActivityTag, tagged, timer_summary
+    from workflows.history_tags import ActivityTag, timer_summary
     from workflows.refs import RefError, resolve
     from workflows.spec import (
         ActionDefaults,
@@ -381,16 +381,13 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # single attempt means a failed read is a failed reading: the gate keeps polling and fails closed.
         action = self._inp.actions.get(READ_ACTIVITY, _READ_UNPINNED)
         try:
-            with tagged(ActivityTag("gate", step_id, gate=name, percent=percent)):
-                raw = await workflow.execute_activity(
-                    READ_ACTIVITY,
-                    {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query},
-                    activity_id=self._next_id(f"{step_id}/gate/{name}"),
-                    start_to_close_timeout=action.timeout,
-                    heartbeat_timeout=action.heartbeat,
-                    retry_policy=action.retry.policy(),
-                    summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}"[:400],
-                )
+            raw = await call_action(
+                action,
+                {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query},
+                activity_id=self._next_id(f"{step_id}/gate/{name}"),
+                summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}",
+                tag=ActivityTag("gate", step_id, gate=name, percent=percent),
+            )
             value, error = raw.get("value"), raw.get("error")
         except ActivityError as exc:
             value, error = None, failure_message(exc)
