@@ -14,13 +14,17 @@ with workflow.unsafe.imports_passed_through():
     from workflows.refs import iter_refs, split_path
     from workflows.spec import ActionDefaults
 
-__all__ = ["RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced"]
+__all__ = ["DeadlineMissed", "RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced"]
 
 
 class StepFailed(Exception):
     def __init__(self, message: str, *, rollback: bool = False):
         super().__init__(message)
         self.rollback = rollback
+
+
+class DeadlineMissed(StepFailed):
+    """A step could not finish before its deadline: it is neither held nor retried."""
 
 
 class RunAborted(Exception):

@@ -323,7 +323,10 @@ def plan_run(
         _check_semantics(*_valid_parts(resolved_data), source, registry, check_target=inventory is not None)
         raise RunbookInvalid(source.formatted()) from None
 
-    actions = _check_semantics(runbook.steps, runbook.approvers, source, registry, check_target=inventory is not None)
+    on_miss = runbook.deadline.on_miss if runbook.deadline else []
+    actions = _check_semantics(runbook.steps, runbook.approvers, source, registry, check_target=inventory is not None,
+                               on_miss=on_miss)
+    _check_deadlines(runbook, source)
     _check_access(runbook, source, registry, actions)
     _pin_gate_reads(runbook, source, registry, actions)
     if source.errors:
@@ -378,7 +381,8 @@ class _Scope:
 
 
 def _check_semantics(
-    steps_in: list[Any], approvers: list[str], source: _Source, registry: Any, *, check_target: bool = True
+    steps_in: list[Any], approvers: list[str], source: _Source, registry: Any, *, check_target: bool = True,
+    on_miss: list[Any] = (),  # type: ignore[assignment]
 ) -> dict[str, ActionDefaults]:
     """Checks across steps. `steps_in` may hold None for steps that failed type checks, so that
     the remaining ones are still checked and every error is reported in one pass."""
@@ -401,6 +405,7 @@ def _check_semantics(
                 collect(step.parallel, path + ("parallel",))
 
     collect(steps_in, ("steps",))
+    collect(on_miss, ("deadline", "on_miss"))
     all_ids = set(ids)
 
     def use_action(name: str, args: dict[str, Any], path: Path_, scope: _Scope) -> None:
@@ -513,11 +518,35 @@ def _check_semantics(
             done.add(step.id)
 
     walk(steps_in, ("steps",), set(), set(), set())
+    # on_miss steps may run after any step, finished or not: they can refer to none of them.
+    walk(on_miss, ("deadline", "on_miss"), set(), _ids_in([s for s in steps_in if s is not None]), set())
 
     for name in approvers:
         if not name.strip():
             source.error(("approvers",), "an approver name cannot be empty")
     return actions
+
+
+def _check_deadlines(runbook: Runbook, source: _Source) -> None:
+    """A step's `needs` only means something under a deadline, and must fit inside its own."""
+    bound = runbook.deadline is not None
+
+    def walk(steps: list[Any], base: Path_, bound: bool) -> None:
+        for i, step in enumerate(steps):
+            path = base + (i,)
+            if step.needs is not None and not (bound or step.deadline is not None):
+                source.error(path + ("needs",), f"step {step.id}: `needs` without a deadline (set the step's "
+                                                "`deadline` or the runbook's)")
+            if step.needs is not None and step.deadline is not None and step.needs >= step.deadline:
+                source.error(path + ("needs",), f"step {step.id}: needs {step.needs} but its deadline is {step.deadline}")
+            if isinstance(step, ParallelStep):
+                walk(step.parallel, path + ("parallel",), bound or step.deadline is not None)
+
+    walk(runbook.steps, ("steps",), bound)
+    for i, step in enumerate(runbook.deadline.on_miss if runbook.deadline else []):
+        if step.deadline is not None or step.needs is not None:
+            source.error(("deadline", "on_miss", i), f"step {step.id}: on_miss steps run after the deadline; "
+                                                      "they take no `deadline` or `needs`")
 
 
 IDENTITY_KEYS_ACTION = "vault.identity_keys"

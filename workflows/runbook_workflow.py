@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -13,7 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IdentityKeys
     from activities.retry import Retry
-    from workflows.calls import RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
+    from workflows.calls import DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
         ApproveRequest,
@@ -84,6 +84,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
         self._used_tokens: list[str] = []
         self._index(inp.runbook.steps)
+        self._index(inp.runbook.deadline.on_miss if inp.runbook.deadline else [])
+        # Deadlines bind the main steps; the runbook's on_miss steps run after one was missed, unbound.
+        self._deadlines_bind = True
         if inp.resume is not None:
             self._steps.update(inp.resume.steps)
             self._undo = list(inp.resume.undo_stack)
@@ -117,6 +120,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                     await self._continue_as_new(index)
                 await self._run_step(steps[index])
             self._state = "succeeded"
+        except DeadlineMissed as exc:
+            self._error = str(exc)
+            self._state = "failed"
+            await self._deadline_missed()
         except RunAborted:
             self._state = "aborted"
             who = self._abort.actor if self._abort else "operator"
@@ -140,6 +147,64 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 non_retryable=True,
             )
         return result
+
+    def _deadline(self, step: Any) -> datetime | None:
+        """When `step` must have ended: the earlier of its own limit and the runbook's; None if unbound."""
+        if not self._deadlines_bind:
+            return None
+        ends = []
+        if self._inp.runbook.deadline is not None:
+            if isinstance(self._inp.runbook.deadline.at, str):
+                raise DeadlineMissed(f"the deadline {self._inp.runbook.deadline.at!r} was never resolved to a time")
+            ends.append(self._inp.runbook.deadline.end(self._started_at))
+        if step.deadline is not None:
+            ends.append(self._started_at + step.deadline)
+        return min(ends) if ends else None
+
+    def _check_deadline(self, step: Any) -> datetime | None:
+        """Fail fast when `step` cannot finish in time: past its deadline, or with less left than it needs."""
+        end = self._deadline(step)
+        if end is None:
+            return None
+        left = end - workflow.now()
+        need = step.needs or timedelta(0)
+        if left <= need:
+            ahead = f"{_seconds(left)} left" if left > timedelta(0) else f"{_seconds(-left)} past it"
+            needs = f", the step needs {_seconds(need)}" if step.needs else ""
+            raise DeadlineMissed(f"step {step.id} not started: deadline {_clock(end)}, {ahead}{needs}")
+        return end
+
+    async def _within(self, step: Any, end: datetime | None, work: Any) -> Any:
+        """Await `work` (a coroutine), cancelling it at `end`: a step never runs past its deadline."""
+        if end is None:
+            return await work
+        task = asyncio.ensure_future(work)
+        left = end - workflow.now()
+        try:
+            await workflow.wait_condition(task.done, timeout=left, timeout_summary=f"{step.id}: deadline")
+        except asyncio.TimeoutError:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, ActivityError, StepFailed):
+                pass
+            raise DeadlineMissed(f"step {step.id} stopped at its deadline {_clock(end)} after {_seconds(left)}") from None
+        return task.result()
+
+    async def _deadline_missed(self) -> None:
+        """Run the runbook's on_miss steps: what it says to do when the deadline cannot be met."""
+        spec = self._inp.runbook.deadline
+        if spec is None or not spec.on_miss:
+            return
+        self._deadlines_bind = False
+        done: list[str] = []
+        try:
+            for step in spec.on_miss:
+                await self._run_step(step)
+                done.append(step.id)
+        except (StepFailed, RunAborted) as exc:
+            self._error = f"{self._error}; on_miss stopped: {exc}"
+        self._error = f"{self._error}; on_miss ran: {', '.join(done) or 'nothing'}"
 
     async def _continue_as_new(self, next_index: int) -> None:
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -229,6 +294,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         retry = step.retry or Retry()
         while True:
             await self._checkpoint()
+            try:
+                end = self._check_deadline(step)
+            except DeadlineMissed as exc:
+                state.status, state.error, state.ended_at = "failed", str(exc), workflow.now()
+                metrics_step(self._inp.runbook.metadata.name, step.id, "failed")
+                raise
             state.attempts += 1
             state.status = "running"
             state.error = None
@@ -238,17 +309,25 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             workflow.logger.info("step started", extra={"step": step.id, "attempt": state.attempts})
             metrics_step(self._inp.runbook.metadata.name, step.id, None)
             try:
-                outputs = await self._execute(step, state)
+                outputs = await self._within(step, end, self._execute(step, state))
             except StepFailed as exc:
                 state.error = str(exc)
                 workflow.logger.warning("step failed", extra={"step": step.id, "error": str(exc)})
+                if isinstance(exc, DeadlineMissed):
+                    state.status, state.ended_at = "failed", workflow.now()
+                    metrics_step(self._inp.runbook.metadata.name, step.id, "failed")
+                    raise
                 if step.on_failure == OnFailure.retry and not isinstance(step, ActionStep) and state.attempts < retry.max_attempts:
                     delay = retry.delay(state.attempts)
                     state.status = "failed"
                     await self._sleep(delay, timer_summary(step.id, f"retry in {delay}"))
                     continue
                 if step.on_failure == OnFailure.hold:
-                    decision = await self._hold(step, state)
+                    try:
+                        decision = await self._within(step, end, self._hold(step, state))
+                    except DeadlineMissed:
+                        state.status, state.awaiting, state.ended_at = "failed", None, workflow.now()
+                        raise
                     if decision == "retry":
                         continue
                     state.status = "skipped"
@@ -558,7 +637,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     async def _parallel(self, step: ParallelStep, state: StepState | None = None) -> dict[str, Any]:
         outcomes = await asyncio.gather(*(self._run_step(child) for child in step.parallel), return_exceptions=True)
         for outcome in outcomes:
-            if isinstance(outcome, RunAborted):
+            if isinstance(outcome, (RunAborted, DeadlineMissed)):
                 raise outcome
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         if failed:
@@ -677,3 +756,11 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     @workflow.query
     def rejected_signals(self) -> list[str]:
         return list(self._rejected_signals)
+
+
+def _seconds(delta: timedelta) -> str:
+    return f"{delta.total_seconds():.1f}s"
+
+
+def _clock(at: datetime) -> str:
+    return at.strftime("%H:%M:%S.%f")[:-3] + "Z"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -24,6 +25,7 @@ __all__ = [
     "ApprovalSpec",
     "ApprovalStep",
     "Comparator",
+    "DeadlineSpec",
     "ForEachSpec",
     "ForEachStep",
     "GateSpec",
@@ -81,6 +83,10 @@ class _StepBase(_Strict):
     description: str = ""
     on_failure: OnFailure = OnFailure.abort
     retry: Retry | None = None
+    # Time limits: the step must end within `deadline` of the run's start (and before the runbook's
+    # deadline), and is not started when less than `needs` is left: it fails fast instead.
+    deadline: Duration | None = None
+    needs: Duration | None = None
 
     @property
     def kind(self) -> str:
@@ -258,6 +264,32 @@ class IdentityPolicy(_Strict):
     )
 
 
+class DeadlineSpec(_Strict):
+    """A hard end for the whole run (a preemption notice, a maintenance window): no step runs past it."""
+
+    at: AwareDatetime | Annotated[str, Field(pattern=r"\$\{\{")] | None = Field(
+        default=None, description="absolute end, RFC 3339 with a zone or unix seconds; usually ${{ params.deadline }}")
+    within: Duration | None = Field(default=None, description="end relative to the run's start")
+    margin: Duration = Field(default=timedelta(0), description="finish this much before the end")
+    on_miss: list["Step"] = Field(
+        default_factory=list,
+        description="steps run when a step cannot finish in time (not bound by the deadline); the run then fails",
+    )
+
+    @model_validator(mode="after")
+    def _has_end(self) -> "DeadlineSpec":
+        if self.at is None and self.within is None:
+            raise ValueError("a deadline needs `at`, `within` or both")
+        return self
+
+    def end(self, started_at: datetime) -> datetime:
+        """The instant steps must finish by; `at` must be resolved (a datetime) by now."""
+        ends = [started_at + self.within] if self.within is not None else []
+        if isinstance(self.at, datetime):
+            ends.append(self.at)
+        return min(ends) - self.margin
+
+
 class Runbook(_Strict):
     """A runbook file."""
 
@@ -275,6 +307,7 @@ class Runbook(_Strict):
         description="the initiator may not approve their own run, and a skip needs two different approvers",
     )
     identity: IdentityPolicy | None = None
+    deadline: DeadlineSpec | None = None
     steps: list[Step]
 
     @field_validator("steps")
