@@ -19,6 +19,8 @@ ACTION_MODULES = [
     "activities.consul.users",
     "activities.nomad",
     "activities.vault",
+    "activities.containers",
+    "activities.sessions",
 ]
 
 

@@ -156,7 +156,7 @@ class SshExecutor:
 
 
 class NetnsExecutor:
-    """Runs argv inside a local network namespace with `ip netns exec`; for the lab's own setup."""
+    """Runs argv inside a local network namespace (nsenter --net); for the lab's own hosts."""
 
     def __init__(self, netns: str, *, name: str | None = None) -> None:
         self.netns = netns
@@ -167,14 +167,16 @@ class NetnsExecutor:
     ) -> CommandResult:
         _check_argv(cmd)
         try:
+            # nsenter joins only the network namespace; `ip netns exec` would also mount a fresh /sys,
+            # hiding the machine's cgroups, which a real host's shell sees.
             proc = await asyncio.create_subprocess_exec(
-                "ip", "netns", "exec", self.netns, *cmd,
+                "nsenter", f"--net=/run/netns/{self.netns}", "--", *cmd,
                 stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
         except OSError as exc:
-            raise ExecutorError(self.host, f"cannot start ip netns exec: {exc!r}") from exc
+            raise ExecutorError(self.host, f"cannot start nsenter: {exc!r}") from exc
         try:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if input is not None else None), timeout

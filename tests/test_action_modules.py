@@ -27,6 +27,8 @@ PURE_MODULES = [
 ]
 
 EXPECTED_ACTIONS = [
+    "containers.kill_inits",
+    "containers.list",
     "consul.health",
     "consul.kv.delete_prefix",
     "consul.kv.restore",
@@ -57,6 +59,8 @@ EXPECTED_ACTIONS = [
     "nomad.jobs.scale",
     "nomad.nodes.quarantine_unhealthy",
     "nomad.nodes.restore_eligibility",
+    "sessions.cordon",
+    "sessions.release",
     "telemetry.read",
     "vault.health",
     "vault.identity_keys",

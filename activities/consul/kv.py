@@ -27,6 +27,7 @@ __all__ = [
     "StreamingSetInput",
     "StreamingSetOutput",
     "kv_delete_prefix",
+    "kv_undo",
     "kv_restore",
     "kv_set",
     "streaming_set",
@@ -86,12 +87,13 @@ class KvSetOutput(BaseModel):
 def _kv_set(inp: KvSetInput, client: consul.Consul | None = None) -> KvSetOutput:
     client = client or consul_client(inp.consul)
     previous, changed, index = kv_ensure(client, inp.key, inp.desired(), inp.flags, inp.expect_index)
-    undo = _undo_for(inp.consul, inp.key, previous, index if changed else None)
+    undo = kv_undo(inp.consul, inp.key, previous, index if changed else None)
     return KvSetOutput(key=inp.key, changed=changed, previous=previous, previous_value=_text(previous),
                        modify_index=index, undo=undo)
 
 
-def _undo_for(target: ConsulTarget, key: str, previous: KvEntry | None, index: int | None) -> KvSetInput:
+def kv_undo(target: ConsulTarget, key: str, previous: KvEntry | None, index: int | None) -> KvSetInput:
+    """The kv.set that puts `key` back as `previous`, only if it still has the ModifyIndex `index` we left."""
     if previous is None:
         return KvSetInput(consul=target, key=key, delete=True, expect_index=index)
     return KvSetInput(consul=target, key=key, value_base64=previous.value_base64 or "", flags=previous.flags,
