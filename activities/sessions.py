@@ -88,6 +88,7 @@ class ReleaseOutput(BaseModel):
     kept_live: list[str] = Field(description="repls whose container on this host still runs")
     moved: list[str] = Field(description="repls re-pointed elsewhere meanwhile: left alone")
     seconds: float
+    finished_at: float = Field(description="unix time when the store was left as reported: gates read fresher samples")
 
 
 def _entries(client: consul.Consul, prefix: str, host: str) -> dict[str, tuple[int, dict[str, Any]]]:
@@ -178,4 +179,4 @@ async def _release(inp: ReleaseInput, read_entries: Callable[..., dict[str, tupl
             f"{inp.host}: released {len(names)} entries; {len(kept)} still point at live containers: "
             f"{', '.join(kept[:20])}", {"released": names, "kept_live": kept}, type="ContainersLeft")
     return ReleaseOutput(host=inp.host, released=names, kept_live=kept, moved=moved,
-                         seconds=round(time.monotonic() - started, 4))
+                         seconds=round(time.monotonic() - started, 4), finished_at=round(time.time(), 3))
