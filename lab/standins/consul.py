@@ -293,6 +293,37 @@ async def kv_delete(request: web.Request) -> web.Response:
     return _json(ok)
 
 
+# ---- transactions -------------------------------------------------------------------------------
+_TXN_READS = {"get", "get-tree", "check-index", "check-not-exists", "check-session"}
+
+
+async def txn(request: web.Request) -> web.Response:
+    """PUT /v1/txn with KV operations: all applied or none, 409 with every failing op.
+    https://developer.hashicorp.com/consul/api-docs/txn#create-transaction"""
+    cluster = _cluster(request)
+    try:
+        ops = json.loads(await request.read())
+        if not isinstance(ops, list) or not all(isinstance(op, dict) for op in ops):
+            raise ValueError("json: cannot unmarshal into Go value of type []api.TxnOp")
+    except ValueError as exc:
+        return web.Response(status=400, text=f"Failed to parse body: {exc}")
+    if len(ops) > 128:
+        return web.Response(status=413, text=f"Transaction contains too many operations ({len(ops)} > 128)")
+    read_only = all((op.get("KV") or {}).get("Verb") in _TXN_READS for op in ops)
+    if not read_only:
+        latency = cluster.begin_apply()
+        await cluster.clock.sleep(latency / 1000.0)
+    results, errors = cluster.kv_txn(ops)
+    if not read_only:
+        cluster.finish_apply(latency)
+    body: dict[str, Any] = {"Results": None if errors else results, "Errors": errors or None}
+    if read_only:
+        # Read-only transactions go through the read path, which adds its query metadata.
+        body |= {"Index": cluster.kv_get_index(), "LastContact": 0, "KnownLeader": True, "ConsistencyLevel": "",
+                 "NotModified": False, "Backend": 0, "ResultsFilteredByACLs": False}
+    return _json(body, status=409 if errors else 200)
+
+
 # ---- snapshot -----------------------------------------------------------------------------------
 async def snapshot_save(request: web.Request) -> web.Response:
     """GET /v1/snapshot -> gzip tar archive, X-Consul-Index.
@@ -748,6 +779,7 @@ def make_app(cluster: ConsulCluster, server: str, run_housekeeping: bool = False
     r.add_get("/v1/kv/{key:.*}", kv_get)
     r.add_put("/v1/kv/{key:.*}", kv_put)
     r.add_delete("/v1/kv/{key:.*}", kv_delete)
+    r.add_put("/v1/txn", txn)
     r.add_get("/v1/snapshot", snapshot_save)
     r.add_put("/v1/snapshot", snapshot_restore)
     r.add_get("/v1/catalog/datacenters", catalog_datacenters)

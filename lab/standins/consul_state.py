@@ -420,6 +420,82 @@ class ConsulCluster:
         self._changed()
         return True
 
+    def kv_txn(self, ops: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Consul's txnKVS: every op runs against the state so far; any error rolls all of it back.
+
+        Returns (results, errors). Results hold an entry for set, cas, get, get-tree and check-index
+        (the value only for reads), as real Consul 1.22 answers /v1/txn."""
+        work = {k: dict(v) for k, v in self.kv.items()}
+        deleted: set[str] = set()
+        idx = self.index + 1
+        results: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
+
+        def fail(i: int, what: str) -> None:
+            errors.append({"OpIndex": i, "What": what})
+
+        def put(key: str, value: str | None, flags: int) -> dict[str, Any]:
+            old = work.get(key)
+            work[key] = {"Key": key, "Flags": flags, "Value": value, "LockIndex": old["LockIndex"] if old else 0,
+                         "CreateIndex": old["CreateIndex"] if old else idx, "ModifyIndex": idx}
+            deleted.discard(key)
+            return {**work[key], "Value": None}
+
+        for i, op in enumerate(ops):
+            kv = op.get("KV") or {}
+            verb, key = kv.get("Verb", ""), kv.get("Key", "")
+            cas = int(kv.get("Index") or 0)
+            old = work.get(key)
+            if verb == "set":
+                results.append({"KV": put(key, kv.get("Value"), int(kv.get("Flags") or 0))})
+            elif verb == "cas":
+                if (old is None and cas != 0) or (old is not None and old["ModifyIndex"] != cas):
+                    fail(i, f'failed to set key "{key}", index is stale')
+                else:
+                    results.append({"KV": put(key, kv.get("Value"), int(kv.get("Flags") or 0))})
+            elif verb in ("delete", "delete-cas", "delete-tree"):
+                if verb == "delete-cas" and ((old is None and cas != 0) or (old is not None and old["ModifyIndex"] != cas)):
+                    fail(i, f'failed to delete key "{key}", index is stale')
+                    continue
+                victims = [k for k in work if k.startswith(key)] if verb == "delete-tree" else [key]
+                for k in victims:
+                    if work.pop(k, None) is not None:
+                        deleted.add(k)
+            elif verb == "get":
+                if old is None:
+                    fail(i, f'key "{key}" doesn\'t exist')
+                else:
+                    results.append({"KV": dict(old)})
+            elif verb == "get-tree":
+                results.extend({"KV": dict(work[k])} for k in sorted(work) if k.startswith(key))
+            elif verb == "check-index":
+                if old is None:
+                    fail(i, f'key "{key}" doesn\'t exist')
+                elif old["ModifyIndex"] != cas:
+                    fail(i, f'failed index check for key "{key}", current modify index {old["ModifyIndex"]} != {cas}')
+                else:
+                    results.append({"KV": {**old, "Value": None}})
+            elif verb == "check-not-exists":
+                if old is not None:
+                    fail(i, f'key "{key}" exists')
+            else:
+                # Sessions are not modelled, so lock, unlock and check-session are refused like an unknown verb.
+                fail(i, f"unknown KV operation: {verb}")
+        if errors:
+            return [], errors
+        if work != self.kv or deleted:
+            self.index = idx
+            for k in deleted:
+                self.tombstones[k] = idx
+            for k, entry in work.items():
+                if entry["ModifyIndex"] == idx:
+                    self.tombstones.pop(k, None)
+            self.kv.clear()
+            self.kv.update(work)
+            self.kv_index = idx
+            self._changed()
+        return results, []
+
     def kv_get_index(self) -> int:
         return max(1, self.kv_index)
 

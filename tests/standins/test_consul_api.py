@@ -77,6 +77,44 @@ def test_kv_cas_conflicts(consul_lab):
     assert c.kv.delete("cfg", cas=entry2["ModifyIndex"]) is True
 
 
+def test_txn_is_all_or_nothing_with_consuls_own_errors(consul_lab):
+    """The answers below were read from a real Consul 1.22.7 dev agent."""
+    url = f"http://127.0.0.1:{consul_lab.ports['consul1']}/v1/txn"
+    c = consul_lab.client()
+    c.kv.put("s/a", "x")
+    c.kv.put("s/b", "y")
+    _, a = c.kv.get("s/a")
+
+    def txn(*ops):
+        return requests.put(url, data=json.dumps([{"KV": op} for op in ops]))
+
+    stale = txn({"Verb": "delete-cas", "Key": "s/b", "Index": a["ModifyIndex"] + 100},
+                {"Verb": "delete-cas", "Key": "s/a", "Index": a["ModifyIndex"]})
+    assert stale.status_code == 409
+    assert stale.json() == {"Results": None, "Errors": [
+        {"OpIndex": 0, "What": 'failed to delete key "s/b", index is stale'}]}
+    assert c.kv.get("s/a")[1] is not None  # the good op was rolled back with the bad one
+    gone = txn({"Verb": "delete-cas", "Key": "s/zz", "Index": 0})
+    assert (gone.status_code, gone.json()) == (200, {"Results": [], "Errors": None})
+    mixed = txn({"Verb": "set", "Key": "s/c", "Value": "eg=="}, {"Verb": "get", "Key": "s/b"},
+                {"Verb": "delete", "Key": "s/b"})
+    assert mixed.status_code == 200
+    results = [r["KV"] for r in mixed.json()["Results"]]
+    assert [(r["Key"], r["Value"]) for r in results] == [("s/c", None), ("s/b", "eQ==")]
+    assert c.kv.get("s/b")[1] is None and c.kv.get("s/c")[1]["Value"] == b"z"
+    both = txn({"Verb": "check-index", "Key": "s/c", "Index": 1}, {"Verb": "delete-cas", "Key": "s/c", "Index": 1})
+    index = results[0]["ModifyIndex"]
+    assert both.json()["Errors"] == [
+        {"OpIndex": 0, "What": f'failed index check for key "s/c", current modify index {index} != 1'},
+        {"OpIndex": 1, "What": 'failed to delete key "s/c", index is stale'}]
+    read = txn({"Verb": "check-not-exists", "Key": "s/c"})
+    assert read.status_code == 409 and read.json()["Errors"] == [{"OpIndex": 0, "What": 'key "s/c" exists'}]
+    assert read.json()["KnownLeader"] is True  # read-only transactions answer through the read path
+    assert txn({"Verb": "bogus", "Key": "s/c"}).json()["Errors"] == [
+        {"OpIndex": 0, "What": "unknown KV operation: bogus"}]
+    assert requests.put(url, data="notjson").status_code == 400
+
+
 def test_blocking_query_returns_on_change(consul_lab):
     c = consul_lab.client("consul2")
     c.kv.put("watch/me", "before")
