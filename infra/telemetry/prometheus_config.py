@@ -40,9 +40,10 @@ _ALLOWED_OVERRIDE_KEYS = {
 
 
 def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: str = DEFAULT_RUNBOOK_BASE,
-                 recording_interval: str = "15s") -> dict:
+                 recording_interval: str = "15s",
+                 group_intervals: Mapping[str, str] | None = None) -> dict:
     """The rules file (recording + alert groups) as a dict; see infra.telemetry.rules."""
-    return _render_rules(thresholds, runbook_base_url, recording_interval)
+    return _render_rules(thresholds, runbook_base_url, recording_interval, dict(group_intervals or {}))
 
 
 def render_scrape_config(
@@ -131,6 +132,7 @@ def write_prometheus_files(
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE,
     job_overrides: Mapping[str, Mapping[str, Any]] | None = None,
     recording_interval: str = "15s",
+    group_intervals: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Write prometheus.yml and rules/coldstart.rules.yml under dest_dir; returns {role: path}."""
     dest = Path(dest_dir)
@@ -148,5 +150,6 @@ def write_prometheus_files(
             )
         )
     )
-    rules_path.write_text(dump_yaml(render_rules(thresholds, runbook_base_url, recording_interval)))
+    rules_path.write_text(dump_yaml(render_rules(thresholds, runbook_base_url, recording_interval,
+                                                 dict(group_intervals or {}))))
     return {"config": config_path, "rules": rules_path}

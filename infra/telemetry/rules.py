@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from infra.telemetry.thresholds import AlertThresholds
 
 __all__ = [
+    "HOSTS_GROUP",
     "RULES_FILENAME",
     "Alert",
     "RecordingRule",
@@ -18,6 +19,7 @@ __all__ = [
 
 RULES_FILENAME = "coldstart.rules.yml"
 DEFAULT_RUNBOOK_BASE = "infra/README.md"
+HOSTS_GROUP = "coldstart-hosts"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Alert:
     summary: str
     description: str
     extra_labels: dict[str, str] = field(default_factory=dict)
+    extra_annotations: dict[str, str] = field(default_factory=dict)
 
 
 def recording_rules() -> list[RecordingRule]:
@@ -210,6 +213,15 @@ def alert_rules(t: AlertThresholds | None = None) -> list[Alert]:
             "coldstart step {{ $labels.step }} in {{ $labels.runbook }} failed",
             "A runbook step failed after its retries; the workflow is compensating or waiting.",
         ),
+        # --- Container hosts: a preemption notice starts the drain runbook (coldstart triggers serve).
+        Alert(
+            "HostPreemptionNotice", "coldstart-hosts",
+            "max by (host) (coldstart_host_preemption_deadline_timestamp_seconds) > 0", "0s", "critical",
+            "{{ $labels.host }} is preempted: terminated at {{ $value | humanizeTimestamp }}",
+            "The provider terminates the host at the deadline (30 s of notice). coldstart's trigger starts "
+            "runbooks/preempted-host-drain.yaml for it; if it did not, run it by hand at once.",
+            extra_annotations={"deadline": '{{ printf "%.3f" $value }}'},
+        ),
         # --- The telemetry stack: it must say when it is blind.
         Alert(
             "Watchdog", "coldstart-telemetry",
@@ -244,8 +256,11 @@ def runbook_anchor(alert_name: str) -> str:
 
 
 def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: str = DEFAULT_RUNBOOK_BASE,
-                 recording_interval: str = "15s") -> dict:
-    """The Prometheus rules file as a dict: one recording group, one group per alert area."""
+                 recording_interval: str = "15s", group_intervals: dict[str, str] | None = None) -> dict:
+    """The Prometheus rules file as a dict: one recording group, one group per alert area.
+
+    group_intervals: evaluation interval per alert group (default: the global one); a notice that
+    leaves 30 s wants `coldstart-hosts` evaluated every second or so."""
     groups: list[dict] = [
         {
             "name": "coldstart-recording",
@@ -265,8 +280,11 @@ def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: st
                 "summary": a.summary,
                 "description": a.description,
                 "runbook_url": f"{runbook_base_url}#{runbook_anchor(a.name)}",
+                **a.extra_annotations,
             },
         }
         by_group.setdefault(a.group, []).append(rule)
-    groups.extend({"name": name, "rules": rules} for name, rules in by_group.items())
+    intervals = group_intervals or {}
+    groups.extend({"name": name, **({"interval": intervals[name]} if name in intervals else {}), "rules": rules}
+                  for name, rules in by_group.items())
     return {"groups": groups}

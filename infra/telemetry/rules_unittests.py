@@ -27,6 +27,8 @@ class Case:
     interval: str = "1m"
     # Recording-rule checks at eval_time: (expr, expected value); pins the METRICS.md contract.
     records: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+    # Annotations besides summary, description and runbook_url, as promtool renders them.
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 MIB = 1024 * 1024
@@ -156,6 +158,17 @@ CASES: tuple[Case, ...] = (
     Case("ColdstartStepFailed", "steps succeeding",
          {'coldstart_step_runs_total{runbook="consul-recovery",step="restore_snapshot",outcome="ok"}':
               "0 1 2 3 4 5"}, "4m"),
+    # --- Container hosts
+    Case("HostPreemptionNotice", "cache3 gets its 30 s notice",
+         {'coldstart_host_preemption_deadline_timestamp_seconds{host="cache3",instance="10.0.2.3:9103",job="cache"}':
+              "0 0 1800000030.25 1800000030.25",
+          'coldstart_host_preemption_deadline_timestamp_seconds{host="cache2",instance="10.0.2.2:9103",job="cache"}':
+              "0 0 0 0"}, "3m",
+         fires=(({"host": "cache3"}, "cache3 is preempted: terminated at 2027-01-15 08:00:30.249 +0000 UTC"),),
+         annotations={"deadline": "1800000030.250"}),
+    Case("HostPreemptionNotice", "no notice", {
+        'coldstart_host_preemption_deadline_timestamp_seconds{host="cache3",instance="10.0.2.3:9103",job="cache"}':
+            "0x5"}, "3m"),
     # --- Telemetry stack
     Case("Watchdog", "always firing, with no input at all", {}, "1m",
          fires=(({}, "Always firing: proves Prometheus -> Alertmanager -> pager works"),)),
@@ -187,6 +200,7 @@ def render_rules_tests(runbook_base_url: str = DEFAULT_RUNBOOK_BASE) -> dict:
                     "summary": summary,
                     "description": alert.description,
                     "runbook_url": f"{runbook_base_url}#{runbook_anchor(alert.name)}",
+                    **case.annotations,
                 },
             })
         group: dict = {

@@ -118,7 +118,7 @@ def test_postmortem_alerts_exist_with_severity_for_and_runbook():
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in {"critical", "warning", "none"}
         assert rule["annotations"]["runbook_url"].endswith("#" + name.lower())
-        if name not in ("Watchdog", "ColdstartStepFailed"):
+        if name not in ("Watchdog", "ColdstartStepFailed", "HostPreemptionNotice"):
             assert "for" in rule, f"{name} would page on a single bad scrape"
 
 
