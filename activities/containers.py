@@ -40,7 +40,7 @@ def procs(name):
     try:
         with open(os.path.join(base, name, "cgroup.procs")) as f:
             return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
+    except OSError:  # gone, or being removed by the runtime (ENODEV): no process left in it
         return []
 
 def is_init(pid):

@@ -544,6 +544,52 @@ def _mount_lab() -> None:
 _mount_lab()
 
 
+def _mount_triggers() -> None:
+    triggers_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+
+    @triggers_app.command("serve")
+    def triggers_serve(
+        config: Path = typer.Option(Path("triggers/lab.yaml"), "--config", help="the triggers file"),
+        host: str = typer.Option("127.0.0.1", help="listen address"),
+        port: int = typer.Option(9095, help="listen port"),
+        token_file: Path = typer.Option(..., "--token-file", help="the bearer token Alertmanager sends"),
+        targets_dir: Optional[Path] = typer.Option(None, "--targets-dir",
+                                                   help="inventories (default: $COLDSTART_TARGETS or targets)"),
+    ) -> None:
+        """Answer Alertmanager's webhook: allow-listed alerts start their runbook (POST /alerts)."""
+        from cli.triggers import TriggersInvalid, serve
+
+        try:
+            serve(config, host, port, token_file, targets_dir or _targets_dir())
+        except TriggersInvalid as exc:
+            for line in exc.errors:
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            raise CliError("", EXIT_INVALID) from None
+        except ValueError as exc:
+            _fail(str(exc).splitlines()[0], EXIT_INVALID)
+        except OSError as exc:  # e.g. the port is taken
+            _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_FAILED)
+
+    @triggers_app.command("check")
+    def triggers_check(config: Path = typer.Argument(..., help="the triggers file")) -> None:
+        """Check a triggers file and the runbooks it names; problems as file:line:col: message (exit 2)."""
+        from cli.triggers import TriggersInvalid, check
+
+        try:
+            checked = check(config)
+        except TriggersInvalid as exc:
+            for line in exc.errors:
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INVALID) from None
+        out.print(f"{config}: ok ({len(checked.triggers)} trigger{'s' if len(checked.triggers) != 1 else ''})",
+                  highlight=False)
+
+    app.add_typer(triggers_app, name="triggers", help="Alert-triggered runs: an Alertmanager webhook receiver.")
+
+
+_mount_triggers()
+
+
 def main() -> None:
     code = _run()
     # The command is finished and its output written. Temporal's native core keeps threads that

@@ -20,6 +20,7 @@ from lab.hosts import create, destroy, leftovers, netns_usable, setup_ssh, ssh_t
 from lab.hosts.processes import pid_alive, start_daemon, wait_for_port
 from lab.hosts.shell import LabError, sh
 from lab.hosts.state import load_state
+from lab.containers import remove_sessions_cgroup, sessions_cgroup
 from lab.inventory import write_inventory
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.users import register_users, user_services, write_users_file
@@ -28,6 +29,7 @@ from lab.hashistack import Backends, backends
 from lab.identity import identity_facts
 from lab.services import (
     STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
+    session_router_argv,
 )
 from workflows.loader import read_inventory
 from workflows.yaml_safety import load_file
@@ -38,7 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "lab-files.json"
 CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down see the same ports
 # What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
-STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots", "users")
+STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots", "users",
+                 "sessions", "alertmanager")
 KV_SECRETS = {
     "dns_tsig": ("coldstart/dns-tsig", "secret"),
     "consul_token": ("coldstart/consul", "token"),
@@ -87,6 +90,7 @@ def _dns(cfg: LabConfig):
 
 def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
     from infra.telemetry import ScrapeTargets, write_prometheus_files
+    from infra.telemetry.rules import HOSTS_GROUP
 
     p = cfg.ports
     targets = ScrapeTargets(
@@ -102,6 +106,7 @@ def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
         internal_load=[f"{cfg.ip('internal')}:{p.internal_metrics}"],
         coldstart_worker=[cfg.worker_metrics] if cfg.worker_metrics else [],
         containers=[f"{cfg.ip('prom')}:{p.cgroup_exporter}"] if found.consul else [],
+        sessions=[f"{cfg.ip('edge')}:{p.session_router}"],
         telemetry=[f"{cfg.ip('prom')}:{p.prometheus}"],
     )
     prom_dir = cfg.path("prometheus")
@@ -113,7 +118,9 @@ def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
     overrides["vault"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("vault-root-token"))}
     files = write_prometheus_files(
         prom_dir, targets, scrape_interval="10s", external_labels={"lab": cfg.prefix}, job_overrides=overrides,
-        recording_interval="5s",
+        recording_interval="5s", alertmanagers=[f"{cfg.ip('prom')}:{p.alertmanager}"],
+        # A preemption leaves 30 s: its alert is evaluated every second, not every 10.
+        group_intervals={HOSTS_GROUP: "1s"},
     )
     return files["config"]
 
@@ -199,6 +206,20 @@ def _consul_telemetry(cfg: LabConfig, consul: list) -> None:
     start_daemon(cfg.spec, "prom", "consul-canary", canary)
 
 
+def _alertmanager(cfg: LabConfig, sec: Secrets):
+    """Debian's Alertmanager on the telemetry host, sending the preemption alert to coldstart's trigger."""
+    from lab.alerting import alertmanager_argv, alertmanager_config
+
+    am_dir = cfg.path("alertmanager")
+    am_dir.mkdir(parents=True, exist_ok=True)
+    conf = am_dir / "alertmanager.yml"
+    conf.write_text(alertmanager_config(f"http://{cfg.spec.gateway}:{cfg.ports.trigger}/alerts",
+                                        sec.file("trigger-token")))
+    argv = alertmanager_argv("/usr/bin/prometheus-alertmanager", conf, am_dir / "data",
+                             f"{cfg.ip('prom')}:{cfg.ports.alertmanager}")
+    return start_daemon(cfg.spec, "prom", "alertmanager", argv)
+
+
 def up(cfg: LabConfig) -> dict[str, Any]:
     """Create or complete the lab; safe to run again (running pieces are kept)."""
     if reason := netns_usable():
@@ -259,7 +280,10 @@ def up(cfg: LabConfig) -> dict[str, Any]:
         wait_for_port(cfg.ip(host), cfg.ports.redis, timeout=15)
 
     edge = start_daemon(spec, "edge", "edge", edge_argv(cfg, sec))
-    agents = [start_daemon(spec, h, "node-agent", node_agent_argv(cfg, h)) for h in CACHE_HOSTS]
+    # Node agents keep the machine's sysfs: their session containers get cgroups of their own.
+    agents = [start_daemon(spec, h, "node-agent", node_agent_argv(cfg, h), host_sysfs=True) for h in CACHE_HOSTS]
+    router = start_daemon(spec, "edge", "session-router", session_router_argv(cfg))
+    alertmanager = _alertmanager(cfg, sec)
     players = start_daemon(spec, "players", "players",
                            players_argv(cfg, cfg.players_rps, cfg.load_duration_s, cfg.players_clients))
     internal = start_daemon(spec, "internal", "internal-load",
@@ -272,6 +296,8 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     for host, agent in zip(CACHE_HOSTS, agents):
         wait_for_port(cfg.ip(host), cfg.ports.node_agent, timeout=15, pid=agent.pid)
     wait_for_port(cfg.ip("players"), cfg.ports.players_metrics, timeout=15, pid=players.pid)
+    wait_for_port(cfg.ip("edge"), cfg.ports.session_router, timeout=15, pid=router.pid)
+    wait_for_port(cfg.ip("prom"), cfg.ports.alertmanager, timeout=15, pid=alertmanager.pid)
     wait_for_port(cfg.ip("internal"), cfg.ports.internal_metrics, timeout=15, pid=internal.pid)
     poll_until("Prometheus", lambda: httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1.0).status_code < 500, 20)
     if not pid_alive(pdns.pid):
@@ -339,7 +365,9 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
                             servers=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], token=secret_refs["consul_token"]),
         nomad=NomadTarget(address=cfg.nomad_url, token=secret_refs["nomad_token"]),
         groups={"consul_servers": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))
-                                   for h in CONSUL_HOSTS]},
+                                   for h in CONSUL_HOSTS],
+                "container_hosts": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))
+                                    for h in CACHE_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
                "snapshot_store": str(cfg.path("snapshots")),
                "identity": identity_facts(cfg, sec),
@@ -349,7 +377,12 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
                                       {"name": "telemetry", "cidrs": [f"{cfg.ip('prom')}/32"]}],
                "consul_client_tiers": [{"name": "game-edge", "cidrs": [f"{cfg.ip('edge')}/32"]},
                                        {"name": "internal-services", "cidrs": [f"{cfg.ip('internal')}/32"]}],
-               "nomad_job": "cache", "backends": found.describe()},
+               "nomad_job": "cache", "backends": found.describe(),
+               # The session platform: containers in child cgroups of cgroup_parent, one store entry per repl.
+               "sessions": {"store_prefix": cfg.session_store_prefix, "cgroup_parent": sessions_cgroup(cfg.prefix),
+                            "container_host": cfg.container_host,
+                            "router": f"http://{cfg.ip('edge')}:{p.session_router}",
+                            "trigger": f"http://{spec.gateway}:{p.trigger}/alerts"}},
         services=user_services(cfg),
     )
 
@@ -385,6 +418,8 @@ def down(cfg: LabConfig) -> list[str]:
         cgroups.release(group)
         removed.append(f"cgroup {group}")
     _signal_daemons(cfg)
+    # Containers outlive a killed node agent (their own process trees): their cgroups say what is left.
+    removed += [f"container {name}" for name in remove_sessions_cgroup(cfg.prefix)]
     removed += destroy(cfg.spec)
     for sub in manifest.get("subdirs", STATE_SUBDIRS):
         path = cfg.path(sub)

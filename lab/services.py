@@ -19,6 +19,7 @@ __all__ = [
     "node_agent_argv",
     "nomad_argv",
     "players_argv",
+    "session_router_argv",
     "restart_load",
 ]
 
@@ -30,7 +31,7 @@ STEER_NAME = "play"
 class Secrets:
     """Lab credentials, generated once into <state>/secrets (0700/0600) so re-runs of `up` reuse them."""
 
-    NAMES = ("vault-root-token", "consul-token", "nomad-token", "worker-role-id", "worker-secret-id")
+    NAMES = ("vault-root-token", "consul-token", "nomad-token", "worker-role-id", "worker-secret-id", "trigger-token")
 
     def __init__(self, cfg: LabConfig) -> None:
         self.dir = cfg.path("secrets")
@@ -92,7 +93,15 @@ def node_agent_argv(cfg: LabConfig, host: str) -> list[str]:
     containers = cfg.containers if host == cfg.container_host else 0
     return [PY, "-m", "lab.node_agent", "--node", host, "--listen", f"{cfg.ip(host)}:{cfg.ports.node_agent}",
             "--redis-port", str(cfg.ports.redis), "--containers", str(containers),
-            "--notice-s", str(cfg.preempt_notice_s)]
+            "--notice-s", str(cfg.preempt_notice_s), "--prefix", cfg.prefix, "--state-dir", str(cfg.path()),
+            "--consul", cfg.consul_url, "--token-file", str(Secrets(cfg).file("consul-token")),
+            "--store-prefix", cfg.session_store_prefix, "--drain-s", str(cfg.container_drain_s)]
+
+
+def session_router_argv(cfg: LabConfig) -> list[str]:
+    return [PY, "-m", "lab.session_router", "--listen", f"{cfg.ip('edge')}:{cfg.ports.session_router}",
+            "--consul", cfg.consul_url, "--token-file", str(Secrets(cfg).file("consul-token")),
+            "--store-prefix", cfg.session_store_prefix]
 
 
 def players_argv(cfg: LabConfig, rps: float, duration: float, clients: int) -> list[str]:

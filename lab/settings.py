@@ -31,6 +31,10 @@ class LabPorts(BaseModel):
     internal_metrics: int = 9102
     node_agent: int = 9103
     cgroup_exporter: int = 9104
+    session_router: int = 9105
+    alertmanager: int = 9093
+    # coldstart's alert trigger (`coldstart triggers serve`) on the controller, where Alertmanager sends.
+    trigger: int = 9095
     redis: int = 6379
     postgres: int = 5432
 
@@ -59,6 +63,9 @@ class LabConfig(BaseModel):
     container_host: str = "cache3"
     containers: int = 4
     preempt_notice_s: float = 30.0
+    # What a container's graceful stop (SIGTERM) takes before it exits; the session store's key prefix.
+    container_drain_s: float = 0.5
+    session_store_prefix: str = "sessions/"
     seed_players: int = 2000
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import logging.handlers
 import queue
@@ -48,7 +49,8 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
     root.handlers[:] = [handler]
     root.setLevel(level)
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # Tracebacks are rendered here, on the logging thread: the writer thread has no exc_info to read.
+        processors=[*shared, structlog.processors.format_exc_info, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
@@ -57,6 +59,11 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
 
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
     dropped = 0
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # QueueHandler.prepare would format here and flatten structlog's event dict to a string, which
+        # ProcessorFormatter then cannot read: hand the record over as it is, formatting stays on the writer.
+        return copy.copy(record)
 
     def enqueue(self, record: logging.LogRecord) -> None:
         try:

@@ -52,6 +52,8 @@ class ScrapeTargets:
     coldstart_worker: list[str] = field(default_factory=list)
     # cAdvisor (or the lab's compatible exporter): per-process CFS throttling of the Consul servers.
     containers: list[str] = field(default_factory=list)
+    # Session routers: stuck-session time buckets (coldstart_session_stuck_seconds).
+    sessions: list[str] = field(default_factory=list)
     # The telemetry stack watches itself (and its HA peer): Prometheus, Alertmanager, blackbox.
     telemetry: list[str] = field(default_factory=list)
     blackbox_http: list[str] = field(default_factory=list)

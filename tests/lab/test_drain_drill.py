@@ -1,0 +1,85 @@
+"""The preempted-host drill on the lab (issue 12): a notice, nothing typed, the host drained inside it.
+
+A lab of its own (csp/10.217, scraped every second) with 12 session containers on the container
+host, the real Temporal dev server, worker, Alertmanager and `coldstart triggers serve`. The
+preemption notice fires HostPreemptionNotice; Alertmanager posts it; the trigger starts
+runbooks/preempted-host-drain.yaml; the test asserts what the lab holds afterwards (no container,
+no store entry of the host, the router's stuck episodes ended), that nothing ran twice, and that a
+second round on a fresh host works the same. The driver is cli/drain_drill.py (bench/drain.py
+runs it with 200 containers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lab.hashistack.local import missing_binaries
+from tests.lab.conftest import _skip_reason
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.lab]
+
+CONTAINERS = 12
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory, loop):
+    if reason := _skip_reason():
+        pytest.skip(reason)
+    if missing := missing_binaries():
+        pytest.skip(f"no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
+    from cli.drain_drill import DrainDrill
+
+    drill = DrainDrill(tmp_path_factory.mktemp("drain"), containers=CONTAINERS, log=print)
+    try:
+        loop.run_until_complete(drill.open())
+        yield drill
+    finally:
+        loop.run_until_complete(drill.close())
+
+
+def test_notice_drains_the_host_through_alert_trigger_and_runbook(drill, loop):
+    report = loop.run_until_complete(drill.round())
+    assert report.state == "succeeded", report.error
+    # Started by the alert, not by a person.
+    assert report.run_initiator == "alertmanager:preempted-host"
+    assert report.killed == CONTAINERS and report.released == CONTAINERS
+    # The lab agrees: no container process left, no store entry of the host, nothing stuck any more.
+    assert report.containers_left == 0 and report.entries_left == 0
+    stuck = report.histogram_after.minus(report.histogram_before)
+    assert stuck.count == CONTAINERS, stuck  # every session was stuck once, and that episode ended
+    assert not loop.run_until_complete(drill.router_sessions())["stuck"]
+    # Inside the notice, with room to spare (the runbook's margin is 2 s).
+    assert report.notice_to_drained_s is not None and report.notice_to_drained_s < report.notice_s - 2
+    assert report.repeats == [] and report.journal.unfinished == []
+
+
+def test_a_second_notice_on_the_replaced_host_drains_it_again_and_a_cordoned_host_takes_no_container(drill, loop):
+    import httpx
+
+    report = loop.run_until_complete(drill.round())
+    assert report.state == "succeeded", report.error
+    assert report.killed == CONTAINERS and report.released == CONTAINERS
+    assert report.containers_left == 0 and report.entries_left == 0 and report.repeats == []
+    # One run per notice: Alertmanager's repeats of a firing are answered from the trigger's memory.
+    assert loop.run_until_complete(_runs(drill)) == 2
+    # The runbook cordoned the host: the platform refuses to place a container there.
+    r = httpx.post(f"{drill.agent}/containers/start", json={"repls": ["r9999"]}, timeout=30)
+    assert r.status_code == 409 and "cordoned" in r.json()["error"]
+
+
+async def _runs(drill) -> int:
+    from cli.runs import workflow_id_for
+
+    count = 0
+    async for _ in drill.client.list_workflows(f"WorkflowId = '{workflow_id_for('lab')}'"):
+        count += 1
+    return count
