@@ -137,6 +137,7 @@ class KillInitsOutput(BaseModel):
     host: str
     cgroup: str = Field(description="where the containers were looked for (none there: nothing to kill)")
     killed: list[str] = Field(description="containers whose init got SIGKILL in this attempt")
+    killed_count: int = 0
     already_gone: list[str] = Field(description="containers with no process left before this attempt")
     seconds: float = Field(description="from the first signal until every container was empty")
 
@@ -193,5 +194,6 @@ async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
             f"{inp.host}: killed the inits of {len(killed)} containers, but {len(left)} still have processes "
             f"after {inp.verify_within_seconds:g}s: {detail}{hint}",
             {"killed": killed, "left": left}, type="ContainersLeft")
-    return KillInitsOutput(host=inp.host, cgroup=report["cgroup"], killed=killed, already_gone=gone_before,
+    return KillInitsOutput(host=inp.host, cgroup=report["cgroup"], killed=killed, killed_count=len(killed),
+                           already_gone=gone_before,
                            seconds=round(report["seconds"], 4))

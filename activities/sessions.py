@@ -85,6 +85,7 @@ class ReleaseInput(_Store):
 class ReleaseOutput(BaseModel):
     host: str
     released: list[str] = Field(description="repls whose entry pointed at a dead container and was deleted")
+    released_count: int = 0
     kept_live: list[str] = Field(description="repls whose container on this host still runs")
     moved: list[str] = Field(description="repls re-pointed elsewhere meanwhile: left alone")
     seconds: float
@@ -178,5 +179,5 @@ async def _release(inp: ReleaseInput, read_entries: Callable[..., dict[str, tupl
         raise ApplicationError(
             f"{inp.host}: released {len(names)} entries; {len(kept)} still point at live containers: "
             f"{', '.join(kept[:20])}", {"released": names, "kept_live": kept}, type="ContainersLeft")
-    return ReleaseOutput(host=inp.host, released=names, kept_live=kept, moved=moved,
+    return ReleaseOutput(host=inp.host, released=names, released_count=len(names), kept_live=kept, moved=moved,
                          seconds=round(time.monotonic() - started, 4), finished_at=round(time.time(), 3))

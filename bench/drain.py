@@ -71,8 +71,9 @@ async def main(args: argparse.Namespace, root: Path) -> int:
                   f"{report.containers_left} containers and {report.entries_left} entries left, "
                   f"{len(report.repeats)} steps repeated")
     console.print(table)
-    console.print(_histogram_table("stuck sessions (router histogram, episodes ended in each phase)", {
-        "before (cumulative)": before_graceful,
+    console.print(_histogram_table("stuck sessions: the session router's histogram, episodes ended in each phase", {
+        # A repl's entry is claimed before its container answers: every start is a short stuck episode.
+        "container starts": before_graceful,
         "graceful stop": after_graceful.minus(before_graceful),
         "kill via runbook": report.histogram_after.minus(report.histogram_before),
         "after (cumulative)": report.histogram_after,

@@ -233,6 +233,11 @@ class DrainDrill:
 
     async def fresh_host(self, count: int) -> None:
         """The host replaced by a fresh VM: no notice, not cordoned, `count` containers serving."""
+        async def booted() -> bool:
+            async with httpx.AsyncClient(timeout=10) as http:
+                return not (await http.get(f"{self.agent}/containers")).json()["booting"]
+
+        await self.wait_for("the host's first containers", booted, timeout=300, every=0.25)
         await self._post(f"{self.agent}/_lab/reset")
         await self._alert_resolved()
         live = {c["repl"] for c in (await self._get_containers()) if c["running"]}

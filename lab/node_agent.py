@@ -27,6 +27,7 @@ class NodeAgent:
         self.store = store
         self.host = ContainerHost(args.node, args.prefix, Path(args.state_dir), store, drain_s=args.drain_s)
         self.notice_deadline: float | None = None  # unix time the provider terminates the host
+        self.booting = False  # still starting the containers it was started with
         self._plug: asyncio.Task | None = None
         self.registry = CollectorRegistry()
         r = self.registry
@@ -135,7 +136,6 @@ async def serve(args: argparse.Namespace) -> None:
         token = Path(args.token_file).read_text().strip() if args.token_file else None
         store = SessionStore(args.consul, token, args.store_prefix)
     agent = NodeAgent(args, store)
-    await agent.start_containers([_repl(i) for i in range(1, args.containers + 1)])
 
     async def body(request: web.Request) -> dict:
         if not request.can_read_body:
@@ -149,7 +149,7 @@ async def serve(args: argparse.Namespace) -> None:
         return web.Response(body=await agent.collect(), content_type="text/plain", charset="utf-8")
 
     async def containers(_: web.Request) -> web.Response:
-        return web.json_response({"node": args.node, "containers": agent.describe()})
+        return web.json_response({"node": args.node, "booting": agent.booting, "containers": agent.describe()})
 
     async def start(request: web.Request) -> web.Response:
         data = await body(request)
@@ -202,7 +202,15 @@ async def serve(args: argparse.Namespace) -> None:
     app.router.add_get("/latest/meta-data/spot/instance-action", aws_instance_action)
     runner = await serve_app(app, args.listen)
     stop_ev = stop_on_signals()
-    print(f"node agent {args.node} on {args.listen} with {args.containers} containers", flush=True)
+    # Listening first: a host with hundreds of containers answers (and is scraped) while they start.
+    began = time.monotonic()
+    agent.booting = True
+    try:
+        await agent.start_containers([_repl(i) for i in range(1, args.containers + 1)])
+    finally:
+        agent.booting = False
+    print(f"node agent {args.node} on {args.listen}: {args.containers} containers serving after "
+          f"{time.monotonic() - began:.1f} s", flush=True)
     await stop_ev.wait()
     if agent._plug is not None:
         agent._plug.cancel()

@@ -14,7 +14,7 @@ from workflows.loader import read_inventory
 
 pytestmark = pytest.mark.timeout(150)
 
-JOBS = {"consul", "nomad", "dns", "cache", "game_edge", "players", "internal_load", "telemetry"}
+JOBS = {"consul", "nomad", "dns", "cache", "game_edge", "players", "internal_load", "sessions", "telemetry"}
 
 
 def scrape(url: str, headers: dict | None = None, timeout: float = 5.0) -> dict[str, float]:
@@ -79,9 +79,9 @@ def test_prometheus_scrapes_all_targets(lab):
 
     cfg, _ = lab
     real = {name for name, how in recorded_backends(cfg).items() if how.startswith("real")}
-    # 3 consul, nomad, dns, 3 cache agents, edge, players, internal, prometheus; on real agents also
+    # 3 consul, nomad, dns, 3 cache agents, edge, players, internal, session router, prometheus; on real agents also
     # the 4 Nomad clients (they publish their own allocation metrics), Vault and the cgroup exporter.
-    want = 12 + 4 * ("nomad" in real) + ("vault" in real) + ("consul" in real)
+    want = 13 + 4 * ("nomad" in real) + ("vault" in real) + ("consul" in real)
     jobs_wanted = JOBS | ({"vault"} if "vault" in real else set()) | ({"containers"} if "consul" in real else set())
 
     def all_up():
@@ -235,6 +235,19 @@ def test_fault_preempted_host(lab):
     assert after['coldstart_lab_containers_stopped_total{how="forced"}'] == cfg.containers
     # Killing each PID namespace's init took everything inside with it, at once.
     assert after['coldstart_lab_container_stop_seconds{how="forced"}'] < 2.0
+
+
+def test_container_host_metadata_and_sessions(lab):
+    """The container host answers the cloud metadata paths as GCE and AWS do, and its sessions are in the store."""
+    cfg, _ = lab
+    base = f"http://{cfg.ip(cfg.container_host)}:{cfg.ports.node_agent}"
+    assert httpx.get(f"{base}/computeMetadata/v1/instance/preempted", timeout=5).status_code == 403  # no header
+    gce = httpx.get(f"{base}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}, timeout=5)
+    assert gce.text in ("TRUE", "FALSE")
+    aws = httpx.get(f"{base}/latest/meta-data/spot/instance-action", timeout=5)
+    assert (aws.status_code == 404) == (gce.text == "FALSE")
+    router = httpx.get(f"http://{cfg.ip('edge')}:{cfg.ports.session_router}/sessions", timeout=5).json()
+    assert router["sessions"] >= 0 and isinstance(router["stuck"], dict)
 
 
 def test_firewall_block_stops_internal_consul_traffic(lab):

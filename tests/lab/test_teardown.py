@@ -30,10 +30,11 @@ def test_up_down_leaves_nothing(tmp_path):
         info = up(cfg)
         daemons = list(load_state(cfg.state_dir).daemons.values())
         real = {name for name, how in info["backends"].items() if how.startswith("real")}
-        # 3 sshd, pdns, postgres, prometheus, edge, 3 node agents, 2 loads; Consul: the stand-in, or
+        # 3 sshd, pdns, postgres, prometheus, alertmanager, edge, session router, 3 node agents, 2 loads;
+        # Consul: the stand-in, or
         # 3 servers + a client agent + the cgroup exporter + the KV canary; Nomad: the stand-in, or a
         # server + 4 clients; Vault: 1.
-        want = 12 + (6 if "consul" in real else 1) + (5 if "nomad" in real else 1) + 1
+        want = 14 + (6 if "consul" in real else 1) + (5 if "nomad" in real else 1) + 1
         assert len(daemons) == want, sorted(f"{d.host}/{d.name}" for d in daemons)
         up(cfg)  # idempotent: a second up keeps the same daemons
         assert {d.pid for d in load_state(cfg.state_dir).daemons.values()} == {d.pid for d in daemons}
@@ -41,6 +42,10 @@ def test_up_down_leaves_nothing(tmp_path):
         removed = down(cfg)
     assert removed
     assert not _pids_in("csd")
+    from lab.containers import cgroup_root, sessions_cgroup
+
+    # The session containers (their own process trees, outliving a killed agent) and their cgroups are gone.
+    assert not (cgroup_root() / sessions_cgroup("csd")).exists()
     assert not any(pid_alive(d.pid, d.starttime) for d in daemons)
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     assert "csdbr0" not in rules and "CSLAB-csdbr0" not in rules
