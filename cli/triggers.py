@@ -359,7 +359,8 @@ class _Receiver:
         results = await asyncio.gather(*(self._one(alert) for alert in payload.alerts))
         flat = [r for group in results for r in group]
         outcomes = Counter(r["outcome"] for r in flat)
-        status = 503 if outcomes["unavailable"] or outcomes["error"] else 422 if outcomes["invalid"] else 200
+        retry = outcomes["unavailable"] or outcomes["error"] or outcomes["busy"]
+        status = 503 if retry else 422 if outcomes["invalid"] else 200
         _log.info("trigger_notification", group=payload.groupKey, alerts=len(payload.alerts), status=status,
                   **{f"n_{k}": v for k, v in outcomes.items()})
         return web.json_response({"results": flat, "counts": dict(outcomes)}, status=status)
@@ -394,24 +395,24 @@ class _Receiver:
         except (OSError, ValueError) as exc:  # the inventory: missing, refused (YamlRefused) or invalid
             errors = getattr(exc, "errors", None) or [_first_line(exc)]
             return self._count(trigger, {**result, "outcome": "invalid", "errors": errors})
-        outcome = await self._start(trigger, run, params)
-        if outcome["outcome"] == "started":
-            self.handled[firing] = outcome["workflow_id"]
-            while len(self.handled) > _HANDLED_MAX:
-                self.handled.popitem(last=False)
-        return self._count(trigger, {**result, **outcome})
+        return self._count(trigger, {**result, **await self._start(trigger, run, params, firing)})
 
-    async def _start(self, trigger: Trigger, run: Any, params: dict[str, Any]) -> dict[str, Any]:
+    async def _start(self, trigger: Trigger, run: Any, params: dict[str, Any],
+                     firing: tuple[str, str, str]) -> dict[str, Any]:
         from cli.runs import TargetBusy
 
         # Single flight per target in this process too: two deliveries at once start one run.
         lock = self.locks.setdefault(trigger.target, asyncio.Lock())
         async with lock:
+            if firing in self.handled:  # the other delivery of this firing got here first
+                return {"outcome": "duplicate", "reason": f"already started {self.handled[firing]}"}
             started = time.monotonic()
             try:
                 workflow_id = await asyncio.wait_for(self.starter(run), START_TIMEOUT_SECONDS)
             except TargetBusy as exc:
-                return {"outcome": "duplicate", "reason": f"already running: {_first_line(exc)}"}
+                # Another firing (say a second preempted host) while a run holds the target: answered 503,
+                # so Alertmanager retries it and it starts once the target is free.
+                return {"outcome": "busy", "reason": f"already running: {_first_line(exc)}"}
             except (TemporalUnavailable, ConnectionError, OSError, TimeoutError) as exc:
                 _log.warning("trigger_start_unavailable", trigger=trigger.name, error=_first_line(exc))
                 return {"outcome": "unavailable", "reason": _first_line(exc)}
@@ -420,13 +421,16 @@ class _Receiver:
                 return {"outcome": "error", "reason": _first_line(exc)}
             finally:
                 self.metrics.start_seconds.observe(time.monotonic() - started)
+        self.handled[firing] = workflow_id
+        while len(self.handled) > _HANDLED_MAX:
+            self.handled.popitem(last=False)
         _log.info("trigger_started", trigger=trigger.name, target=trigger.target, workflow_id=workflow_id,
                   params=params)
         return {"outcome": "started", "workflow_id": workflow_id}
 
     def _count(self, trigger: Trigger | None, result: dict[str, Any]) -> dict[str, Any]:
         self.metrics.alerts.labels(trigger=trigger.name if trigger else "", outcome=result["outcome"]).inc()
-        if result["outcome"] in ("ignored", "invalid", "duplicate"):
+        if result["outcome"] in ("ignored", "invalid", "duplicate", "busy"):
             _log.info("trigger_" + result["outcome"], trigger=trigger.name if trigger else None,
                       reason=result.get("reason"), errors=result.get("errors"))
         return result

@@ -135,13 +135,20 @@ async def test_two_deliveries_at_once_start_one_run():
         outcomes = sorted([(await first.json())["results"][0]["outcome"], (await second.json())["results"][0]["outcome"]])
         assert outcomes == ["duplicate", "started"]
         assert len(starter.running) == 1
-        # Without the in-process lock both would have seen the target free and both started.
-        assert len(starter.calls) == 2
-        # A second alert for the target (another firing) while the run goes: refused by the target's single flight.
-        later = {**_alert(), "startsAt": "2024-04-05T19:40:00Z", "fingerprint": "def"}
-        again = await (await client.post("/alerts", json=_payload(later), headers=AUTH)).json()
-        assert again["results"][0]["outcome"] == "duplicate"
-        assert "already running" in again["results"][0]["reason"]
+        # The second delivery waited for the first under the target's lock, then found its firing handled.
+        assert len(starter.calls) == 1
+        # Another firing for the target (a second host) while the run goes: 503, so Alertmanager retries it
+        # until the target is free, then it starts.
+        later = _alert(host="c2")
+        later["fingerprint"] = "def"
+        busy = await client.post("/alerts", json=_payload(later), headers=AUTH)
+        assert busy.status == 503
+        assert (await busy.json())["results"][0]["outcome"] == "busy"
+        assert "already running" in (await busy.json())["results"][0]["reason"]
+        starter.running.clear()
+        retried = await client.post("/alerts", json=_payload(later), headers=AUTH)
+        assert retried.status == 200 and (await retried.json())["results"][0]["outcome"] == "started"
+        assert starter.calls[-1].params["host"] == "c2"
     finally:
         await client.close()
 
