@@ -26,8 +26,7 @@ import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
 from cli.drill import stop_process, wait_port
-from cli.fault_drills import TemporalServer, WorkerProcess
-from workflows.loader import read_inventory
+from cli.lab_harness import LabHarness
 
 __all__ = ["DRAIN_LAB", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
 
@@ -106,57 +105,23 @@ class DrainReport:
         return self.journal.repeated if self.journal else []
 
 
-class DrainDrill:
+class DrainDrill(LabHarness):
     """`async with DrainDrill(root, containers=8) as drill: report = await drill.round()`."""
 
     def __init__(self, root: Path, *, containers: int = 8, drain_s: float = 0.5,
                  log: Callable[[str], None] | None = None):
         from lab.settings import LabConfig
 
-        self.root = Path(root)
-        self.targets = self.root / "targets"
+        root = Path(root)
         # Little player and internal load: this drill is about the container host.
-        self.cfg = LabConfig(state_dir=self.root / "lab", inventory_path=self.targets / "lab.yaml",
-                             players_rps=5, internal_rps=2, seed_players=50, scrape_interval="1s",
-                             containers=containers, container_drain_s=drain_s, **DRAIN_LAB)
-        self.journal = self.root / "actions.jsonl"
-        self.queue = f"coldstart-drain-{os.getpid()}"
-        self.server = TemporalServer(self.root / "temporal.db", self.root / "temporal.log")
-        self.worker: WorkerProcess | None = None
+        cfg = LabConfig(state_dir=root / "lab", inventory_path=root / "targets" / "lab.yaml",
+                        players_rps=5, internal_rps=2, seed_players=50, scrape_interval="1s",
+                        containers=containers, container_drain_s=drain_s, **DRAIN_LAB)
+        super().__init__(root, cfg, f"coldstart-drain-{os.getpid()}", log=log)
         self.trigger: subprocess.Popen | None = None
-        self.client: Any = None
-        self.inventory: dict[str, Any] = {}
-        self._log = log or (lambda message: None)
 
-    async def __aenter__(self) -> "DrainDrill":
-        try:
-            await self.open()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
-
-    # ---- lifecycle -----------------------------------------------------------------------------
     async def open(self) -> None:
-        from cli.lab_drill import _vault_token
-        from lab import lifecycle
-        from runtime.connection import connect
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        info = await asyncio.to_thread(lifecycle.up, self.cfg)
-        self._log(f"lab up in {time.monotonic() - t0:.1f} s with {self.cfg.containers} containers on "
-                  f"{self.cfg.container_host}")
-        self.inventory = read_inventory(info["inventory"]).as_target()
-        token = await asyncio.to_thread(_vault_token, self.inventory)
-        await asyncio.to_thread(self.server.start)
-        self.client = await connect(target_host=self.server.address, namespace="default", ready_within=60)
-        self.worker = WorkerProcess(self.server.address, self.queue, self.journal, self.root / "worker.log",
-                                    {"VAULT_TOKEN": token})
-        await asyncio.to_thread(self.worker.start)
+        await super().open()
         await asyncio.to_thread(self._start_trigger)
 
     def _start_trigger(self) -> None:
@@ -175,13 +140,8 @@ class DrainDrill:
         wait_port(self.cfg.ports.trigger, host=gateway, timeout=60, process=self.trigger)
 
     async def close(self) -> None:
-        from lab import lifecycle
-
         stop_process(self.trigger, grace=5)
-        if self.worker is not None:
-            await asyncio.to_thread(self.worker.stop)
-        await asyncio.to_thread(self.server.stop)
-        await asyncio.to_thread(lifecycle.down, self.cfg)
+        await super().close()
 
     # ---- the lab -------------------------------------------------------------------------------
     @property
@@ -276,21 +236,6 @@ class DrainDrill:
         drop their store entries (what a runtime's stop then the manager's cleanup do)."""
         return await self._post(f"{self.agent}/containers/stop",
                                 {"method": "graceful", "timeout_s": timeout_s, "release": True}, timeout=600)
-
-    async def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.05) -> Any:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                value = check()
-                if asyncio.iscoroutine(value):
-                    value = await value
-                if value:
-                    return value
-            except Exception as exc:  # noqa: BLE001 - a daemon busy or restarting: ask again
-                last = exc
-            await asyncio.sleep(every)
-        raise TimeoutError(f"waited {timeout:.0f} s for {what}" + (f" (last error: {last})" if last else ""))
 
     # ---- a round -------------------------------------------------------------------------------
     async def round(self, *, notice_s: float = 30.0, timeout: float = 90.0) -> DrainReport:

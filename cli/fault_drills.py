@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,8 +25,8 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
-from cli.drill import DRILL_APPROVER, free_port, stop_process, wait_port
-from workflows.loader import read_inventory
+from cli.drill import DRILL_APPROVER
+from cli.lab_harness import LabHarness
 
 __all__ = ["ACTOR", "CASES", "FAULT_LAB", "CaseReport", "FaultDrills", "HistoryFact", "history_facts"]
 
@@ -124,142 +122,18 @@ async def history_facts(client: Any, workflow_id: str, run_id: str | None = None
     return facts
 
 
-class TemporalServer:
-    """`temporal server start-dev` on a persistent SQLite file; stop() and start() keep the database."""
-
-    def __init__(self, db: Path, log: Path):
-        self.db, self.log = db, log
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        from workflows.search import dev_server_flags
-
-        temporal = str(Path(sys.prefix) / "bin" / "temporal")
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [temporal, "server", "start-dev", "--db-filename", str(self.db), "--port", str(self.port),
-                 "--ip", "127.0.0.1", "--headless", *dev_server_flags(), "--log-level", "error"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_port(self.port, timeout=60, process=self.process)
-
-    def stop(self) -> None:
-        stop_process(self.process, grace=15)
-        self.process = None
-
-
-class WorkerProcess:
-    """The real worker (`worker.py --journal`) in its own process group, so a drill can SIGKILL it."""
-
-    def __init__(self, address: str, queue: str, journal: Path, log: Path, env: dict[str, str]):
-        self.address, self.queue, self.journal, self.log, self.env = address, queue, journal, log, env
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def start(self, timeout: float = 60.0) -> None:
-        env = {**os.environ, **self.env, "TEMPORAL_ADDRESS": self.address, "TEMPORAL_NAMESPACE": "default"}
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        offset = self.log.stat().st_size if self.log.exists() else 0
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, str(REPO / "worker.py"), "--task-queue", self.queue, "--metrics", "",
-                 "--journal", str(self.journal)],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.log.open("rb") as f:
-                f.seek(offset)
-                if b"worker started" in f.read():
-                    return
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.process.returncode}; see {self.log}")
-            time.sleep(0.05)
-        raise TimeoutError(f"worker not started within {timeout:.0f} s; see {self.log}")
-
-    def signal(self, sig: int) -> None:
-        assert self.process is not None
-        os.killpg(self.process.pid, sig)
-
-    def kill(self) -> int:
-        """SIGKILL: no graceful shutdown, in-flight activities are simply lost."""
-        assert self.process is not None
-        pid = self.process.pid
-        os.killpg(pid, signal.SIGKILL)
-        self.process.wait()
-        self.process = None
-        return pid
-
-    def stop(self) -> None:
-        stop_process(self.process, grace=15)
-        self.process = None
-
-
-class FaultDrills:
+class FaultDrills(LabHarness):
     """The driver: `async with FaultDrills(root) as drills: report = await drills.run_case("...")`."""
 
     def __init__(self, root: Path, *, log: Callable[[str], None] | None = None):
         from lab.settings import LabConfig
 
-        self.root = Path(root)
-        self.targets = self.root / "targets"
+        root = Path(root)
         # 100 player requests/s from 2,000 client subnets over 200 players: admitted cohorts warm the
         # cache quickly; 20 internal requests/s keep Consul busy without starving a 2-core machine.
-        self.cfg = LabConfig(state_dir=self.root / "lab", inventory_path=self.targets / "lab.yaml",
-                             players_rps=100, internal_rps=20, seed_players=200, **FAULT_LAB)
-        self.journal = self.root / "actions.jsonl"
-        self.queue = f"coldstart-faults-{os.getpid()}"
-        self.server = TemporalServer(self.root / "temporal.db", self.root / "temporal.log")
-        self.worker: WorkerProcess | None = None
-        self.client: Any = None
-        self.inventory: dict[str, Any] = {}
-        self.lab_info: dict[str, Any] = {}
-        self._log = log or (lambda message: None)
-
-    # ---- lifecycle -----------------------------------------------------------------------------
-
-    async def __aenter__(self) -> "FaultDrills":
-        try:
-            await self.open()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        from runtime.connection import connect
-        from cli.lab_drill import _vault_token
-        from lab import lifecycle
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        self.lab_info = await asyncio.to_thread(lifecycle.up, self.cfg)
-        self._log(f"lab up in {time.monotonic() - t0:.1f} s ({', '.join(f'{k} {v}' for k, v in self.lab_info['backends'].items())})")
-        self.inventory = read_inventory(self.lab_info["inventory"]).as_target()
-        token = await asyncio.to_thread(_vault_token, self.inventory)
-        await asyncio.to_thread(self.server.start)
-        self.client = await connect(target_host=self.server.address, namespace="default", ready_within=60)
-        self.worker = WorkerProcess(self.server.address, self.queue, self.journal, self.root / "worker.log",
-                                    {"VAULT_TOKEN": token})
-        await asyncio.to_thread(self.worker.start)
-
-    async def close(self) -> None:
-        from lab import lifecycle
-
-        if self.worker is not None:
-            await asyncio.to_thread(self.worker.stop)
-        await asyncio.to_thread(self.server.stop)
-        await asyncio.to_thread(lifecycle.down, self.cfg)
+        cfg = LabConfig(state_dir=root / "lab", inventory_path=root / "targets" / "lab.yaml",
+                        players_rps=100, internal_rps=20, seed_players=200, **FAULT_LAB)
+        super().__init__(root, cfg, f"coldstart-faults-{os.getpid()}", log=log)
 
     # ---- lab ----------------------------------------------------------------------------------
 
@@ -335,22 +209,6 @@ class FaultDrills:
         from workflows.contract import RunStatus
 
         return await handle.query("status", result_type=RunStatus)
-
-    async def wait_for(self, what: str, check: Callable[[], Awaitable[Any] | Any], timeout: float = 120.0,
-                       every: float = 0.05) -> Any:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                value = check()
-                if asyncio.iscoroutine(value):
-                    value = await value
-                if value:
-                    return value
-            except Exception as exc:  # noqa: BLE001 - the server restarting, the worker gone: ask again
-                last = exc
-            await asyncio.sleep(every)
-        raise TimeoutError(f"waited {timeout:.0f} s for {what}" + (f" (last error: {last})" if last else ""))
 
     def entries(self, handle: Any) -> list[dict[str, Any]]:
         """This run's journal lines (the journal is shared by every run of the suite)."""

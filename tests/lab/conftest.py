@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from lab.hosts import netns_usable
 from lab.settings import LabConfig
 
-__all__ = ["lab"]
+__all__ = ["lab", "loop", "opened"]
 
 # Not the default names: a developer's running lab (cs/csbr0/10.213.0.0/24) is left alone.
 TEST_LAB = dict(prefix="cst", bridge="cstbr0", veth_prefix="cstv", subnet="10.214.0.0/24")
@@ -20,7 +22,7 @@ TEST_LAB = dict(prefix="cst", bridge="cstbr0", veth_prefix="cstv", subnet="10.21
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "the drill lab needs root"
-    for tool in ("redis-server", "prometheus", "pdns_server", "setpriv", "unshare"):
+    for tool in ("redis-server", "prometheus", "prometheus-alertmanager", "pdns_server", "setpriv", "unshare"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             return f"{tool} not installed"
     if not Path("/usr/lib/postgresql/15/bin/initdb").exists():
@@ -30,6 +32,30 @@ def _skip_reason() -> str | None:
     except ImportError:
         return "asyncpg not installed"
     return netns_usable()
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop for a module's drill harness (its Temporal client lives on it)."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def opened(loop: asyncio.AbstractEventLoop, make: Callable[[], Any]) -> Iterator[Any]:
+    """A drill harness (cli/lab_harness.py) opened on `loop` for a module's tests, closed after them."""
+    if reason := _skip_reason():
+        pytest.skip(reason)
+    from lab.hashistack.local import missing_binaries
+
+    if missing := missing_binaries():
+        pytest.skip(f"no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
+    harness = make()
+    try:
+        loop.run_until_complete(harness.open())
+        yield harness
+    finally:
+        loop.run_until_complete(harness.close())
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,10 @@ runs it with 200 containers).
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
-from lab.hashistack.local import missing_binaries
-from tests.lab.conftest import _skip_reason
+from tests.lab.conftest import opened
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.lab]
 
@@ -24,26 +22,10 @@ CONTAINERS = 12
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def drill(tmp_path_factory, loop):
-    if reason := _skip_reason():
-        pytest.skip(reason)
-    if missing := missing_binaries():
-        pytest.skip(f"no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
     from cli.drain_drill import DrainDrill
 
-    drill = DrainDrill(tmp_path_factory.mktemp("drain"), containers=CONTAINERS, log=print)
-    try:
-        loop.run_until_complete(drill.open())
-        yield drill
-    finally:
-        loop.run_until_complete(drill.close())
+    yield from opened(loop, lambda: DrainDrill(tmp_path_factory.mktemp("drain"), containers=CONTAINERS, log=print))
 
 
 def test_notice_drains_the_host_through_alert_trigger_and_runbook(drill, loop):

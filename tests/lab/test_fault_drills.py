@@ -10,42 +10,24 @@ cli/fault_drills.py (shared with bench/faults.py).
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 from datetime import timezone
 
 import pytest
 
-from lab.hashistack.local import missing_binaries
-from tests.lab.conftest import _skip_reason
+from tests.lab.conftest import opened
 
 # Per test, the module's lab, server and worker start included (about 20 s); a case takes 25-100 s.
 pytestmark = [pytest.mark.timeout(300), pytest.mark.lab]
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def drills(tmp_path_factory, loop):
-    if reason := _skip_reason():
-        pytest.skip(reason)
-    if missing := missing_binaries():
-        pytest.skip(f"no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
     from cli.fault_drills import FAULT_LAB, FaultDrills
 
-    drills = FaultDrills(tmp_path_factory.mktemp("faults"))
-    try:
-        loop.run_until_complete(drills.open())
-        yield drills
-    finally:
-        loop.run_until_complete(drills.close())
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [n for n in names.splitlines() if n.startswith(FAULT_LAB["prefix"] + "-")], names
+    yield from opened(loop, lambda: FaultDrills(tmp_path_factory.mktemp("faults")))
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [n for n in names.splitlines() if n.startswith(FAULT_LAB["prefix"] + "-")], names
 
 
 def _run(drills, loop, name):
