@@ -284,7 +284,8 @@ def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: st
             },
         }
         by_group.setdefault(a.group, []).append(rule)
-    intervals = group_intervals or {}
+    # The preemption notice is evaluated every 5 s unless told otherwise: a notice leaves 30 s.
+    intervals = {HOSTS_GROUP: "5s", **(group_intervals or {})}
     groups.extend({"name": name, **({"interval": intervals[name]} if name in intervals else {}), "rules": rules}
                   for name, rules in by_group.items())
     return {"groups": groups}

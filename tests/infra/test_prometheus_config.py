@@ -147,6 +147,23 @@ def test_alertmanager_pages_via_webhook_and_keeps_watchdog_off_the_pager():
     assert next(r for r in with_heartbeat["route"]["routes"] if "Watchdog" in r["matchers"][0])["receiver"] == "heartbeat"
 
 
+def test_alertmanager_sends_the_preemption_notice_to_the_trigger_and_still_pages():
+    import pytest
+
+    assert "coldstart-trigger" not in {r["name"] for r in render_alertmanager_config("https://p/h")["receivers"]}
+    cfg = render_alertmanager_config("https://p/h", trigger_webhook_url="http://10.0.0.5:9095/alerts",
+                                     trigger_token_file="/etc/prometheus/secrets/coldstart-trigger.token")
+    first = cfg["route"]["routes"][0]
+    assert first["matchers"] == ['alertname="HostPreemptionNotice"'] and first["continue"] is True
+    assert first["group_wait"] == "0s"
+    hook = next(r for r in cfg["receivers"] if r["name"] == first["receiver"])["webhook_configs"][0]
+    assert hook["http_config"]["authorization"]["credentials_file"].endswith("coldstart-trigger.token")
+    with pytest.raises(ValueError, match="token"):
+        render_alertmanager_config("https://p/h", trigger_webhook_url="http://10.0.0.5:9095/alerts")
+    hosts = next(g for g in render_rules()["groups"] if g["name"] == "coldstart-hosts")
+    assert hosts["interval"] == "5s"
+
+
 def test_dashboard_covers_the_recovery_signals():
     dash = recovery_dashboard("coldstart-telemetry-a")
     titles = {p["title"] for p in dash["panels"]}
