@@ -217,8 +217,9 @@ def cold_cache(cfg: LabConfig, **_: Any) -> Any:
 
 
 def preempted_host(cfg: LabConfig, *, target: str | None = None, notice_s: float | None = None, **_: Any) -> Any:
-    """The container host gets a preemption notice; its containers are killed when it runs out
-    (coldstart_lab_preemption_notice_seconds counts down, coldstart_lab_containers_running drops)."""
+    """The container host gets a preemption notice, as the cloud's metadata endpoint serves it
+    (coldstart_host_preemption_deadline_timestamp_seconds is set, HostPreemptionNotice fires and the
+    trigger starts the drain); whatever still runs at the deadline is killed."""
     host = target or cfg.container_host
     body = {"notice_s": notice_s if notice_s is not None else cfg.preempt_notice_s}
     return _post(f"http://{cfg.ip(host)}:{cfg.ports.node_agent}/_lab/preempt", body)
