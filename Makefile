@@ -1,7 +1,7 @@
 # coldstart: `make drill` runs a recovery drill end to end; `make test` runs the test suite.
 # Both install what is missing first (Debian packages, a .venv): run them as root.
 
-.PHONY: bootstrap test drill bench schema clean lock
+.PHONY: bootstrap temporal-server test drill cluster bench schema clean lock
 
 # Real Consul/Nomad/Vault unpacked by .ci/run (or by hand, see README) take part when present.
 ifneq ($(wildcard .cache/hashistack/consul),)
@@ -11,14 +11,26 @@ endif
 bootstrap:
 	@scripts/bootstrap.sh
 
-test: bootstrap
+# Temporal's real server and SQL tool, built from source with Go once per machine into
+# /var/cache/coldstart/temporal-server (COLDSTART_TEMPORAL_CACHE); minutes the first time, then a check.
+# Without Go, tests/cluster skips and says so.
+temporal-server:
+	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then scripts/temporal-cluster-install.sh >/dev/null; \
+	else echo "no Go toolchain: the PostgreSQL cluster tests (tests/cluster) will be skipped"; fi
+
+test: bootstrap temporal-server
 	.venv/bin/pytest -q -p no:cacheprovider
 
 drill: bootstrap
 	.venv/bin/coldstart drill consul-cold-start
 
-bench: bootstrap
+# The production topology: the real Temporal server on a private PostgreSQL, until Ctrl-C.
+cluster: bootstrap temporal-server
+	.venv/bin/coldstart server --postgres --state-dir .state/cluster
+
+bench: bootstrap temporal-server
 	.venv/bin/python bench/step_overhead.py
+	.venv/bin/python bench/cluster.py
 	.venv/bin/python bench/drill.py
 
 schema: bootstrap

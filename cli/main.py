@@ -442,11 +442,26 @@ def timeline(
 @app.command()
 def server(
     db_file: Path = typer.Option(Path(".state/temporal.db"), help="persistent database file"),
-    port: int = typer.Option(7233),
+    port: int = typer.Option(7233, help="the frontend's port"),
     ui_port: int = typer.Option(8233),
     ip: str = typer.Option("127.0.0.1"),
+    postgres: bool = typer.Option(False, "--postgres", help="the real Temporal server on a private PostgreSQL "
+                                  "(built once per machine), on loopback, no Web UI; runs until Ctrl-C"),
+    state_dir: Path = typer.Option(Path(".state/cluster"), help="with --postgres: the database, config and logs"),
+    inventory: Optional[Path] = typer.Option(None, help="with --postgres: refuse a config depending on this "
+                                             "inventory's Consul, Nomad or Vault"),
 ) -> None:
     """Run a local Temporal dev server with the Web UI, our search attributes and a persistent database."""
+    if postgres:
+        from cli.cluster import ClusterError, serve
+        from workflows.loader import read_inventory
+
+        try:
+            serve(state_dir, frontend_port=port, inventory=read_inventory(inventory) if inventory else None,
+                  say=lambda line: err.print(line, highlight=False))
+        except ClusterError as exc:
+            _fail(str(exc), EXIT_FAILED)
+        return
     from workflows.search import dev_server_flags
 
     temporal = Path(sys.prefix) / "bin" / "temporal"

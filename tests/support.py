@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -129,6 +131,20 @@ async def start(client: Client, file: Path, task_queue: str, *, target: dict[str
 
 def worker(client: Client, task_queue: str):
     return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16)
+
+
+def spawn_worker(address: str, queue: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """tests/worker_process.py (the real worker plus the test actions) in its own process group, so a
+    test can SIGKILL it; returns once it polls. env: extra variables (an envconfig profile)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.worker_process", address, queue],
+        cwd=Path(__file__).resolve().parents[1], env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert "worker ready" in line, line
+    return process
 
 
 async def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.1):

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -18,19 +15,6 @@ from tests import support
 from tests.conftest import TEMPORAL_CLI
 from workflows import search
 from workflows.contract import ApproveRequest, ControlRequest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _spawn_worker(address: str, queue: str) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.worker_process", address, queue],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert "worker ready" in line, line
-    return process
 
 
 async def test_worker_killed_mid_run_resumes_without_repeating_steps(env, task_queue, tmp_path):
@@ -55,14 +39,14 @@ async def test_worker_killed_mid_run_resumes_without_repeating_steps(env, task_q
             with: {{path: "{out}", label: d}}
     """)
     address = env.client.service_client.config.target_host
-    first = _spawn_worker(address, task_queue)
+    first = support.spawn_worker(address, task_queue)
     try:
         handle = await support.start(env.client, book, task_queue)
         await support.wait_for(lambda: _step_status(handle, "settle", "running"))
         os.killpg(first.pid, signal.SIGKILL)  # no graceful shutdown: the process just dies
         first.wait()
         assert [line.split()[-1] for line in support.lines(out)] == ["a", "b"]
-        second = _spawn_worker(address, task_queue)
+        second = support.spawn_worker(address, task_queue)
         try:
             await handle.result()
         finally:
