@@ -62,9 +62,8 @@ def install() -> Path:
 
 @dataclass(frozen=True)
 class FrontendTLS:
-    """Mutual TLS on the frontend, one CA for both sides. The server cert doubles as the client cert
-    of the server's own calls to its frontend, so it carries clientAuth as well as serverAuth; the
-    cluster's own callers (its system worker, namespace registration) present client_cert."""
+    """Mutual TLS on the frontend, one CA for both sides. The server's own calls to its frontend (its
+    system worker) and this module's (namespace registration) present client_cert."""
 
     ca: Path
     server_cert: Path
@@ -78,12 +77,12 @@ class FrontendTLS:
                          client_private_key=self.client_key.read_bytes(), domain=self.server_name)
 
     def server_config(self) -> dict[str, Any]:
-        client = {"serverName": self.server_name, "rootCaFiles": [str(self.ca)]}
         return {
             "frontend": {"server": {"certFile": str(self.server_cert), "keyFile": str(self.server_key),
-                                    "clientCaFiles": [str(self.ca)], "requireClientAuth": True},
-                         "client": client},
-            "systemWorker": {"certFile": str(self.client_cert), "keyFile": str(self.client_key), "client": client},
+                                    "clientCaFiles": [str(self.ca)], "requireClientAuth": True}},
+            # With systemWorker set, every in-server client of the frontend uses this cert.
+            "systemWorker": {"certFile": str(self.client_cert), "keyFile": str(self.client_key),
+                             "client": {"serverName": self.server_name, "rootCaFiles": [str(self.ca)]}},
         }
 
 

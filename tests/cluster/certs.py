@@ -41,10 +41,10 @@ class Authority:
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(self, name: str, *, dns: Sequence[str] = (), ips: Sequence[str] = (), server: bool = False) -> tuple[Path, Path]:
-        """A leaf cert for clientAuth (and serverAuth with server=True); returns (cert, key) paths."""
+        """A leaf cert for clientAuth, or serverAuth with server=True; returns (cert, key) paths."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
-        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = (
             x509.CertificateBuilder().subject_name(_name(name)).issuer_name(self.cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -13,9 +13,15 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.inventory import Endpoints, Host, Inventory, Telemetry
 from cli.cluster import Cluster, ClusterError
+from lab.hashistack.binaries import Backends
 from lab.hosts.processes import pid_alive
+from lab.inventory import write_inventory
+from lab.lifecycle import build_inventory
+from lab.services import Secrets
+from lab.settings import LabConfig
 from runtime.independence import violations
 from tests import support
+from workflows.loader import read_inventory
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +123,18 @@ def _platform(**changes) -> Inventory:
     return Inventory(**{**fields, **changes})
 
 
-async def test_the_cluster_does_not_depend_on_what_it_restores(cluster):
+def _lab_inventory(tmp_path: Path) -> Inventory:
+    """targets/lab.yaml as `coldstart lab up` writes it (generated here without a lab), read back as a run would."""
+    cfg = LabConfig(state_dir=str(tmp_path / "lab"))
+    written = write_inventory(build_inventory(cfg, Secrets(cfg), Backends(None, None, None)), tmp_path / "lab.yaml")
+    return read_inventory(written)
+
+
+async def test_the_cluster_does_not_depend_on_what_it_restores(cluster, tmp_path):
     config = cluster.config_path.read_text()
+    lab = _lab_inventory(tmp_path)
+    assert lab.consul and lab.vault, "the check needs the inventory's Consul and Vault to compare with"
+    assert violations(cluster.address, config, lab) == []
     assert violations(cluster.address, config, _platform()) == []
     # The password is rendered from the environment by the server; the file holds no secret.
     password = (cluster.state_dir / "db-password").read_text().strip()
