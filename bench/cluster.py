@@ -93,8 +93,9 @@ async def main(steps: int, seconds: float, in_flight: int) -> None:
         on_cluster, cluster_wall = await _per_step(await cluster.client(), overhead_book, "bench-cluster")
         rate = await _throughput(cluster, short_book, work, seconds, in_flight)
     print(f"steps: {steps} sequential do-nothing steps (core.wait 0 s) through the interpreter")
-    for name, gaps, wall in (("dev server (SQLite)", dev, dev_wall), ("cluster (PostgreSQL)", on_cluster, cluster_wall)):
-        print(f"{name:22} median {statistics.median(gaps):6.2f} ms/step, p99 {_p99(gaps):6.2f} ms/step, wall {wall:.2f} s")
+    for name, gaps, wall in (("dev server (in-memory SQLite)", dev, dev_wall),
+                             ("cluster (PostgreSQL)", on_cluster, cluster_wall)):
+        print(f"{name:30} median {statistics.median(gaps):6.2f} ms/step, p99 {_p99(gaps):6.2f} ms/step, wall {wall:.2f} s")
     print(f"cluster / dev (median): {statistics.median(on_cluster) / statistics.median(dev):.2f}x; cluster up in {up:.1f} s")
     print(f"throughput: one worker, {in_flight} runs in flight, 3-step runbook on distinct targets, {seconds:.0f} s: "
           f"{rate['runs']:.0f} runs, {rate['per_minute']:.0f} runs/min, run latency p50 {rate['p50'] * 1000:.0f} ms, "
