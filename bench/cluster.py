@@ -77,7 +77,12 @@ async def _throughput(cluster: Cluster, book: Path, work: Path, seconds: float, 
 
 
 async def main(steps: int, seconds: float, in_flight: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix="coldstart-bench-cluster-"))
+    # The cluster's database is a few hundred MB after a run: removed with the rest.
+    with tempfile.TemporaryDirectory(prefix="coldstart-bench-cluster-") as tmp:
+        await _measure(Path(tmp), steps, seconds, in_flight)
+
+
+async def _measure(work: Path, steps: int, seconds: float, in_flight: int) -> None:
     overhead_book, short_book = _book(work, "overhead", steps), _book(work, "three-steps", 3)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
