@@ -109,19 +109,24 @@ def wait_for_no_active_deployment(api: Any, job: str, namespace: str = "default"
         time.sleep(DEPLOYMENT_POLL_S)
 
 
-def update_job(api: Any, job: str, namespace: str, mutate: Any) -> tuple[dict[str, Any], bool]:
+def update_job(api: Any, job: str, namespace: str, mutate: Any,
+               known: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
     """Re-register a job after `mutate(spec) -> bool` edits a copy of it (False: nothing to change).
 
-    Waits out an active deployment first and enforces the modify index it read; on a conflict it
-    re-reads and asks `mutate` again. Reads the job back: `mutate` must then find nothing to change.
+    `known`: the job as the caller just read it, saving a read (the modify index it carries is enforced,
+    so a stale one only costs a re-read). Waits out an active deployment before registering, then reads
+    the job again, since the deployment's end may have changed it; on an index conflict it re-reads and
+    asks `mutate` again. Reads the job back: `mutate` must then find nothing to change.
     Returns (the spec as it was before, changed).
     """
     for _ in range(ENFORCE_ATTEMPTS):
-        wait_for_no_active_deployment(api, job, namespace)
-        before = _job(api, job, namespace)
+        before = known if known is not None else _job(api, job, namespace)
+        known = None
         spec = copy.deepcopy(before)
         if not mutate(spec):
-            return before, False
+            return before, False  # nothing to do: no need to wait out a deployment to find that out
+        if wait_for_no_active_deployment(api, job, namespace):
+            continue
         for name in SERVER_FIELDS:
             spec.pop(name, None)
         body = {"Job": spec, "EnforceIndex": True, "JobModifyIndex": before["JobModifyIndex"]}
@@ -135,7 +140,7 @@ def update_job(api: Any, job: str, namespace: str, mutate: Any) -> tuple[dict[st
         if mutate(copy.deepcopy(after)):
             raise unavailable(f"registered {job} (version {after.get('Version')}), but it reads back without the change")
         return before, True
-    raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} index conflicts)")
+    raise unavailable(f"{job}: the job kept changing under us ({ENFORCE_ATTEMPTS} index conflicts or deployments)")
 
 
 def scale_group(api: Any, job: str, group: str | None, namespace: str, count: int, message: str) -> tuple[int, bool]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -12,7 +14,7 @@ import hvac.exceptions
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["ClientFactory", "VaultSecretRef", "read_kv_secret", "use_client_factory"]
+__all__ = ["ClientFactory", "VaultSecretRef", "forget_cached_secrets", "read_kv_secret", "use_client_factory"]
 
 # (url, token, verify) -> an hvac.Client or anything with the same `secrets.kv.v2` surface.
 ClientFactory = Callable[[str, str, "bool | str"], Any]
@@ -30,6 +32,10 @@ class VaultSecretRef(BaseModel):
     token_env: str = Field(default="VAULT_TOKEN", description="env var holding the token")
     token_file: str | None = Field(default=None, description="file holding the token; wins over token_env")
     ca_cert: str | None = Field(default=None, description="CA bundle for https; default system trust")
+    cache_seconds: float = Field(
+        default=0, ge=0, le=300,
+        description="how long one worker may reuse the value it read (0: read Vault on every use). For ACL tokens "
+                    "a fan-out uses thousands of times; a secret whose absence must fail a step at once keeps 0")
 
     @model_validator(mode="after")
     def _shape(self) -> "VaultSecretRef":
@@ -46,16 +52,30 @@ def _hvac_client(url: str, token: str, verify: bool | str) -> Any:
 
 _factory: ClientFactory = _hvac_client
 
+# (ref, Vault token) -> (value, read at): per worker process, only for refs with cache_seconds > 0.
+_cache: dict[tuple[str, str], tuple[str, float]] = {}
+_cache_lock = threading.Lock()
+
+
+def forget_cached_secrets() -> int:
+    """Drop every cached value (a cluster refused a cached token: the next use reads Vault again)."""
+    with _cache_lock:
+        count = len(_cache)
+        _cache.clear()
+    return count
+
 
 @contextlib.contextmanager
 def use_client_factory(factory: ClientFactory) -> Iterator[None]:
     """Swap the Vault client factory (tests); restores the previous one on exit."""
     global _factory
     previous, _factory = _factory, factory
+    forget_cached_secrets()
     try:
         yield
     finally:
         _factory = previous
+        forget_cached_secrets()
 
 
 def _token(ref: VaultSecretRef) -> str:
@@ -80,9 +100,26 @@ def read_kv_secret(ref: VaultSecretRef) -> str:
     """Return the field's value. Blocking (hvac is sync): call it via asyncio.to_thread.
 
     Errors never carry the value; permission and missing-path errors are non-retryable,
-    connection trouble is left retryable because Vault may just be coming back up.
+    connection trouble is left retryable because Vault may just be coming back up. A ref with
+    `cache_seconds` is read once per that many seconds per worker (keyed by the login token too,
+    so a rotated Vault token reads again).
     """
-    client = _factory(ref.address, _token(ref), ref.ca_cert or True)
+    token = _token(ref)
+    if ref.cache_seconds <= 0:
+        return _read(ref, token)
+    key = (ref.model_dump_json(), token)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None and time.monotonic() - hit[1] < ref.cache_seconds:
+        return hit[0]
+    value = _read(ref, token)
+    with _cache_lock:
+        _cache[key] = (value, time.monotonic())
+    return value
+
+
+def _read(ref: VaultSecretRef, token: str) -> str:
+    client = _factory(ref.address, token, ref.ca_cert or True)
     where = f"{ref.mount.strip('/')}/{ref.path.strip('/')}"
     try:
         reply = client.secrets.kv.v2.read_secret_version(

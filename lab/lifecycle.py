@@ -340,7 +340,10 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
         else:
             ex = ShellAccess(kind="netns", netns=spec.netns(name))
         hosts[name] = Host(address=cfg.ip(name), roles=roles[name], executor=ex)
-    secret_refs = {k: VaultSecretRef(address=cfg.vault_url, path=p, field=f) for k, (p, f) in KV_SECRETS.items()}
+    # ACL tokens are reused by a worker for 30 s (a fan-out over every service would otherwise read Vault per
+    # service); the TSIG key is read per use, so a DNS step fails closed while Vault is down.
+    secret_refs = {k: VaultSecretRef(address=cfg.vault_url, path=p, field=f, cache_seconds=30 if k.endswith("_token") else 0)
+                   for k, (p, f) in KV_SECRETS.items()}
     p = cfg.ports
     return Inventory(
         name="lab", drill=True,

@@ -53,14 +53,20 @@ ABSENT = _Absent()
 
 
 def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, flags: int = 0,
-              expect_index: int | None = None) -> tuple[KvEntry | None, bool, int]:
+              expect_index: int | None = None, current: tuple[Any, dict[str, Any] | None] | None = None,
+              ) -> tuple[KvEntry | None, bool, int]:
     """Make `key` hold `want` with check-and-set; returns (previous, changed, modify index after).
 
     expect_index guards undo steps: when the key no longer has the ModifyIndex we left it at,
     someone changed it since, and overwriting their value silently would be wrong.
+    current: py-consul's (index, entry) for `key` as the caller just read it, saving the first read;
+    the check-and-set still catches any write made since.
     """
     for _ in range(CAS_ATTEMPTS):
-        index, cur = call(f"read KV {key}", lambda: client.kv.get(key))
+        if current is not None:
+            (index, cur), current = current, None
+        else:
+            index, cur = call(f"read KV {key}", lambda: client.kv.get(key))
         previous = _entry(cur) if cur else None
         if isinstance(want, _Absent):
             if cur is None:

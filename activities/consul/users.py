@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Annotated, Any, Literal
 
@@ -258,14 +259,14 @@ def _check_status(client: consul.Consul, rec: NomadCheckRecord) -> str | None:
     return worst_status([c.get("Status", "") for c in checks or [] if c.get("Name") == rec.place.check])
 
 
-def _apply_to_job(api: Any, scale: ScaleRecord, plan: Any, changed: list[str]) -> None:
+def _apply_to_job(api: Any, scale: ScaleRecord, plan: Any, changed: list[str],
+                  known: dict[str, Any] | None = None) -> None:
     """One update_job with `plan(spec) -> [what it changed]` (editing spec); update_job reads the job back and
     asks `plan` again, which must then find nothing to do. What landed goes into `changed`, also when
-    update_job fails after its register (then told from the job as it reads now)."""
+    update_job fails after its register (then told from the job as it reads now). `known`: the job as
+    this attempt just read it."""
     from activities.nomad import update_job
 
-    if not plan(read_job(api, scale.job, scale.namespace)):
-        return  # already as wanted: no need to wait out a deployment to find that out
     planned: list[list[str]] = []
 
     def mutate(spec: dict[str, Any]) -> bool:
@@ -275,7 +276,7 @@ def _apply_to_job(api: Any, scale: ScaleRecord, plan: Any, changed: list[str]) -
         return bool(found)
 
     try:
-        _, did = update_job(api, scale.job, scale.namespace, mutate)
+        _, did = update_job(api, scale.job, scale.namespace, mutate, known=known)
     except Exception:
         if planned:
             try:
@@ -288,7 +289,7 @@ def _apply_to_job(api: Any, scale: ScaleRecord, plan: Any, changed: list[str]) -
 
 
 def _disable_job(inp: UserDisableInput, client: consul.Consul, api: Any, rec: ServiceRecord,
-                 changed: list[str]) -> None:
+                 changed: list[str], known: dict[str, Any] | None = None) -> None:
     """Stretch the job's check and scale it down in ONE job version (each register starts a deployment).
     Only Interval, InitialStatus and OnUpdate of the check change (STRETCHED_FIELDS)."""
     scale = rec.scale
@@ -316,7 +317,7 @@ def _disable_job(inp: UserDisableInput, client: consul.Consul, api: Any, rec: Se
             changes.append("scale")
         return changes
 
-    _apply_to_job(api, scale, plan, changed)
+    _apply_to_job(api, scale, plan, changed, known)
 
 
 def _enable_job(api: Any, rec: ServiceRecord, changed: list[str]) -> None:
@@ -348,16 +349,25 @@ def _journal_key(prefix: str, name: str) -> str:
     return f"{prefix.rstrip('/')}/{name}"
 
 
-def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
+@dataclass
+class _Reads:
+    """What observing a service read in this attempt, so applying the change need not read it again."""
+
+    flag: tuple[Any, dict[str, Any] | None] | None = None
+    job: dict[str, Any] | None = None
+
+
+def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any, reads: _Reads) -> ServiceRecord:
     svc = inp.service
     record = ServiceRecord(name=svc.name, tier=svc.tier)
     if svc.usage_flag_key:
-        _, cur = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
+        reads.flag = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
+        cur = reads.flag[1]
         record.flag = FlagRecord(key=svc.usage_flag_key, previous=_entry(cur) if cur else None)
     if svc.check_owner == "agent":
         record.check = _observe_agent_check(inp, client)
     if svc.nomad_job:
-        spec = read_job(nomad_api, svc.nomad_job, svc.nomad_namespace)
+        spec = reads.job = read_job(nomad_api, svc.nomad_job, svc.nomad_namespace)
         tg = group_of(spec, svc.nomad_group)
         record.scale = ScaleRecord(job=svc.nomad_job, group=tg["Name"], namespace=svc.nomad_namespace,
                                    count=int(tg.get("Count") or 0))
@@ -373,18 +383,20 @@ def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> Se
     return record
 
 
-def _record(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -> ServiceRecord:
-    """The service's original state: from the journal if an earlier attempt wrote it, else observed now."""
+def _record(inp: UserDisableInput, client: consul.Consul, nomad_api: Any, reads: _Reads) -> ServiceRecord:
+    """The service's original state: from the journal if an earlier attempt wrote it, else observed now
+    (then `reads` holds what observing it read)."""
     if inp.journal_prefix is None:
-        return _observe(inp, client, nomad_api)
+        return _observe(inp, client, nomad_api, reads)
     key = _journal_key(inp.journal_prefix, inp.service.name)
     for _ in range(CAS_ATTEMPTS):
         _, cur = call(f"read journal {key}", lambda: client.kv.get(key))
         if cur is not None and cur.get("Value"):
             return ServiceRecord.model_validate_json(cur["Value"])
-        record = _observe(inp, client, nomad_api)
+        record = _observe(inp, client, nomad_api, reads)
         if call(f"write journal {key}", lambda: client.kv.put(key, record.model_dump_json(), cas=0)):
             return record
+        reads.flag = reads.job = None  # another attempt journaled first: its record wins, our reads are stale
     raise unavailable(f"could not create journal entry {key}")
 
 
@@ -407,18 +419,19 @@ def _disable_one(inp: UserDisableInput, client: consul.Consul, nomad_api: Any) -
         return UserDisableOutput(service=svc.name, skipped="essential", changed=[], record=None, restore=noop)
     if svc.nomad_job and nomad_api is None:
         raise bad(f"service {svc.name} names Nomad job {svc.nomad_job} but no nomad target was given")
-    record = _record(inp, client, nomad_api)
+    reads = _Reads()
+    record = _record(inp, client, nomad_api, reads)
     restore = UserEnableInput(consul=inp.consul, nomad=inp.nomad, journal_prefix=inp.journal_prefix, record=record)
     changed: list[str] = []
     try:
         if record.flag is not None:
             _, did, _ = kv_ensure(client, record.flag.key, inp.disabled_value.encode(),
-                                  record.flag.previous.flags if record.flag.previous else 0)
+                                  record.flag.previous.flags if record.flag.previous else 0, current=reads.flag)
             changed += ["flag"] if did else []
         if isinstance(record.check, AgentCheckRecord):
             _ensure_agent_check(inp, client, record.check, inp.check_interval, changed)
         if record.scale is not None:
-            _disable_job(inp, client, nomad_api, record, changed)
+            _disable_job(inp, client, nomad_api, record, changed, known=reads.job)
     except Exception as exc:  # noqa: BLE001 - whatever failed, say what had changed and how to undo it
         raise _partial("consul.user.disable", svc.name, changed, exc, {
             "record": record.model_dump(mode="json"), "restore": restore.model_dump(mode="json")}) from None

@@ -23,7 +23,7 @@ class DeploymentsMixin:
     """Deployments and their watchers, mixed into NomadState (whose store it reads and writes)."""
 
     def _deployments_of(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
-        deps = [d for d in self.deployments.values() if d["JobID"] == job_id and d["Namespace"] == namespace]
+        deps = self.deployments.of(namespace, job_id)
         return sorted(deps, key=lambda d: d["CreateIndex"], reverse=True)
 
     def latest_deployment(self, namespace: str, job_id: str) -> dict[str, Any] | None:
@@ -229,7 +229,7 @@ class DeploymentsMixin:
         """Arm the progress deadline and the health trackers of allocations whose health is still unknown."""
         self._arm_progress(dep)
         self._spawn(self._watch_progress(dep["ID"]))
-        for alloc in self.allocs.values():
+        for alloc in self.allocs.of(dep["Namespace"], dep["JobID"]):
             if alloc.get("DeploymentID") == dep["ID"] and alloc.get("DeploymentStatus") is None:
                 self._spawn(self._watch_health(alloc["ID"], dep["ID"]))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 __all__ = [
     "NS_PER_S", "NOMAD_VERSION", "DEFAULT_UPDATE", "DEPLOYMENT_TYPES", "ACTIVE_DEPLOYMENT", "NomadError", "public",
-    "by_id", "rfc3339", "json_hash", "alloc_index", "task_state",
+    "by_id", "rfc3339", "json_hash", "alloc_index", "task_state", "ByJob",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -23,6 +23,41 @@ DEFAULT_UPDATE = {
 }
 DEPLOYMENT_TYPES = ("service", "system")
 ACTIVE_DEPLOYMENT = ("initializing", "pending", "running", "paused", "blocked", "unblocking")
+
+
+class ByJob(dict):
+    """A table of allocations or deployments by ID that also finds a job's rows without a scan (a fan-out over
+    1,000 jobs spent most of the stand-in's time scanning every allocation per request)."""
+
+    def __init__(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self._by_job: dict[tuple[str, str], dict[str, None]] = {}
+        for key, row in (rows or {}).items():
+            self[key] = row
+
+    def __setitem__(self, key: str, row: dict[str, Any]) -> None:
+        if key in self:
+            self._drop(key)
+        super().__setitem__(key, row)
+        self._by_job.setdefault((row["Namespace"], row["JobID"]), {})[key] = None
+
+    def __delitem__(self, key: str) -> None:
+        self._drop(key)
+        super().__delitem__(key)
+
+    def _drop(self, key: str) -> None:
+        row = self[key]
+        self._by_job.get((row["Namespace"], row["JobID"]), {}).pop(key, None)
+
+    def of(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
+        """The job's rows, in insertion order."""
+        return [self[key] for key in self._by_job.get((namespace, job_id), ())]
+
+    # Only the mutations above keep the index: refuse the ones that would bypass it.
+    def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("ByJob supports item assignment and deletion only")
+
+    pop = popitem = clear = update = setdefault = _unsupported
 
 
 class NomadError(Exception):

@@ -12,7 +12,7 @@ from .clock import Clock, RealClock
 from .nomad_allocs import AllocsMixin
 from .nomad_deployments import DeploymentsMixin
 from .nomad_driver import ProcessDriver
-from .nomad_model import (ACTIVE_DEPLOYMENT, DEFAULT_UPDATE, DEPLOYMENT_TYPES, NOMAD_VERSION, NS_PER_S, NomadError,
+from .nomad_model import (ACTIVE_DEPLOYMENT, ByJob, DEFAULT_UPDATE, DEPLOYMENT_TYPES, NOMAD_VERSION, NS_PER_S, NomadError,
                           json_hash, rfc3339)
 from .nomad_scheduler import SchedulerMixin
 from .persist import load_json, save_json
@@ -73,9 +73,9 @@ class NomadState(SchedulerMixin, DeploymentsMixin, AllocsMixin):
         self.jobs: dict[str, dict[str, Any]] = {}  # "namespace/id" -> current job
         self.versions: dict[str, list[dict[str, Any]]] = {}  # newest first
         self.queued: dict[str, dict[str, int]] = {}
-        self.allocs: dict[str, dict[str, Any]] = {}
+        self.allocs: ByJob = ByJob()
         self.evals: dict[str, dict[str, Any]] = {}
-        self.deployments: dict[str, dict[str, Any]] = {}
+        self.deployments: ByJob = ByJob()
         self._progress_by: dict[str, float] = {}  # deployment ID -> event-loop time of its progress deadline
         self.unhealthy: set[str] = set()  # node IDs whose allocs fail (lab fault)
         self.dirty = False
@@ -104,7 +104,7 @@ class NomadState(SchedulerMixin, DeploymentsMixin, AllocsMixin):
         task.add_done_callback(self._tasks.discard)
 
     def _job_allocs(self, namespace: str, job_id: str) -> list[dict[str, Any]]:
-        return [a for a in self.allocs.values() if a["JobID"] == job_id and a["Namespace"] == namespace]
+        return self.allocs.of(namespace, job_id)
 
     @staticmethod
     def _live(alloc: dict[str, Any]) -> bool:
@@ -132,9 +132,9 @@ class NomadState(SchedulerMixin, DeploymentsMixin, AllocsMixin):
         self.jobs = data["jobs"]
         self.versions = data["versions"]
         self.queued = data["queued"]
-        self.allocs = data["allocs"]
+        self.allocs = ByJob(data["allocs"])
         self.evals = data["evals"]
-        self.deployments = data.get("deployments", {})
+        self.deployments = ByJob(data.get("deployments", {}))
         for nid, saved in data.get("nodes", {}).items():
             if nid in self.nodes:
                 for f in ("SchedulingEligibility", "Drain", "DrainStrategy", "LastDrain", "ModifyIndex"):
