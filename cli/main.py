@@ -182,11 +182,24 @@ def run(
     follow: bool = typer.Option(False, "--follow", "-f", help="show live progress until the run ends"),
     drill: bool = typer.Option(False, help="mark the run as a drill (refused on a target not marked drill: true)"),
     json_output: bool = typer.Option(False, "--json"),
+    targets: Optional[str] = typer.Option(None, "--targets", help="a fleet run: one run per target (a,b,c), in waves"),
+    waves: Optional[str] = typer.Option(None, "--waves", help="with --targets: sizes of the first waves in target "
+                                                             "order (1,2: a canary, then two); the rest is one last wave"),
+    max_parallel: int = typer.Option(0, "--max-parallel", min=0, help="with --targets: runs at once per wave (0: all)"),
+    continue_on_failure: bool = typer.Option(False, "--continue-on-failure",
+                                             help="with --targets: later waves start even after a failed run"),
+    fleet_name: Optional[str] = typer.Option(None, "--fleet-name", help="with --targets: the fleet's name "
+                                                                         "(default: the runbook's)"),
 ) -> None:
-    """Start a run of a runbook on its target (one run per target at a time)."""
+    """Start a run of a runbook on its target (one run per target at a time), or on many targets in waves."""
     from runtime.connection import task_queue
     from cli.runs import TargetBusy, start_run
 
+    if targets is not None:
+        raise typer.Exit(_run_fleet(file, param, targets, waves, max_parallel, continue_on_failure, fleet_name,
+                                    drill, json_output))
+    if waves is not None or max_parallel or continue_on_failure or fleet_name:
+        _fail("--waves, --max-parallel, --continue-on-failure and --fleet-name go with --targets", EXIT_INVALID)
     plan_input = _plan(file, param, target, drill=drill)
     if drill and not plan_input.target.get("drill"):
         _fail(f"target {plan_input.target_name} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
@@ -208,6 +221,66 @@ def run(
     raise typer.Exit(asyncio.run(go()))
 
 
+def _run_fleet(file: Path, param: list[str], targets: str, waves: Optional[str], max_parallel: int,
+               continue_on_failure: bool, name: Optional[str], drill: bool, json_output: bool) -> int:
+    """Plan every target's run (nothing starts if one is invalid), then start the fleet workflow."""
+    from cli.fleet import FleetInvalid, plan_fleet
+    from cli.fleet import start_fleet
+    from cli.runs import TargetBusy
+    from runtime.connection import task_queue
+
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    if not names:
+        _fail("--targets names no target", EXIT_INVALID)
+    try:
+        sizes = [int(w) for w in waves.split(",")] if waves else None
+    except ValueError:
+        _fail(f"--waves {waves!r}: comma-separated wave sizes, e.g. 1,2", EXIT_INVALID)
+
+    def plan_one(target: str):
+        planned = _plan(file, param, target, drill=drill)
+        if drill and not planned.target.get("drill"):
+            _fail(f"target {target} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
+        return planned
+
+    try:
+        fleet = plan_fleet(plan_one, names, sizes, name=name, initiator=_whoami(), max_parallel=max_parallel,
+                           on_failure="continue" if continue_on_failure else "stop")
+    except FleetInvalid as exc:
+        _fail(str(exc), EXIT_INVALID)
+
+    async def go() -> int:
+        client = await _client()
+        try:
+            handle = await start_fleet(client, fleet, task_queue())
+        except TargetBusy as exc:
+            _fail(str(exc), EXIT_BUSY)
+        if json_output:
+            _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id,
+                         "members": [{"target": m.target, "wave": m.wave} for m in fleet.members]})
+        else:
+            err.print(f"started fleet {handle.id} (run {handle.result_run_id}): {fleet.runbook} on "
+                      f"{len(fleet.members)} targets in {len({m.wave for m in fleet.members})} waves", highlight=False)
+        return 0
+
+    return asyncio.run(go())
+
+
+async def _fleet_status(client, workflow_id: str):
+    """The fleet's status if `workflow_id` is a fleet run, else None."""
+    from temporalio.service import RPCError
+
+    from workflows.contract import FleetStatus
+
+    try:
+        description = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
+    if description.workflow_type != "FleetWorkflow":
+        return None
+    return await client.get_workflow_handle(workflow_id).query("status", result_type=FleetStatus)
+
+
 @app.command()
 def status(
     run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
@@ -217,6 +290,17 @@ def status(
 
     async def go() -> None:
         client = await _client()
+        fleet = await _fleet_status(client, _workflow_id(run_ref))
+        if fleet is not None:
+            from cli.fleet import member_runs, render_status
+
+            runs = await member_runs(client, fleet)
+            if json_output:
+                _print_json({**fleet.model_dump(mode="json"),
+                             "runs": {t: r.model_dump(mode="json") for t, r in runs.items()}})
+            else:
+                render_status(out, fleet, runs)
+            return
         current = await _query_status(client, _workflow_id(run_ref))
         if json_output:
             _print_json(current.model_dump(mode="json"))
@@ -229,10 +313,10 @@ def status(
 async def _query_status(client, workflow_id: str):
     from temporalio.service import RPCError
 
-    from workflows.contract import RunStatus
+    from cli.polling import read_status
 
     try:
-        return await client.get_workflow_handle(workflow_id).query("status", result_type=RunStatus)
+        return await read_status(client.get_workflow_handle(workflow_id))
     except RPCError as exc:
         _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
 
@@ -427,6 +511,17 @@ def timeline(
 
     async def go() -> None:
         client = await _client()
+        fleet = await _fleet_status(client, _workflow_id(run_ref)) if run_id is None else None
+        if fleet is not None:
+            from cli.fleet import combined_timeline
+
+            if json_output or output_format == "json":
+                _print_json({**fleet.model_dump(mode="json"), "timelines": {
+                    m.target: (await build_timeline(client, m.workflow_id, m.run_id)).to_json()
+                    for m in fleet.members if m.run_id is not None}})
+            else:
+                sys.stdout.write(await combined_timeline(client, fleet, build_timeline, render_markdown))
+            return
         try:
             result = await build_timeline(client, _workflow_id(run_ref), run_id)
         except RPCError as exc:

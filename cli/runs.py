@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from workflows import search
-from workflows.contract import RunInput
+from workflows.contract import RunInput, workflow_id_for
 from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["TargetBusy", "start_run", "workflow_id_for"]
@@ -19,22 +17,10 @@ class TargetBusy(Exception):
     """Another run holds the target."""
 
 
-def workflow_id_for(target: str) -> str:
-    return "coldstart-" + re.sub(r"[^A-Za-z0-9_.-]", "-", target)
-
-
 async def start_run(client: Client, run: RunInput, task_queue: str) -> WorkflowHandle:
     """Start a run, refusing when the target already has one running (whatever its runbook)."""
     workflow_id = workflow_id_for(run.target_name)
-    attributes = TypedSearchAttributes(
-        [
-            SearchAttributePair(search.RUNBOOK, run.runbook.metadata.name),
-            SearchAttributePair(search.TARGET, run.target_name),
-            SearchAttributePair(search.CURRENT_STEP, "starting"),
-            SearchAttributePair(search.AWAITING_APPROVAL, False),
-            SearchAttributePair(search.DRILL, run.drill),
-        ]
-    )
+    attributes = search.for_new_run(run.runbook.metadata.name, run.target_name, run.drill)
     try:
         return await client.start_workflow(
             RunbookWorkflow.run,

@@ -19,6 +19,7 @@ from activities.registry import Registry
 from runtime.connection import connect
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.fanout import FanOutWorkflow
+from workflows.fleet import FleetWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["build_worker", "run_worker"]
@@ -50,7 +51,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=queue,
-        workflows=[RunbookWorkflow, FanOutWorkflow],
+        workflows=[RunbookWorkflow, FanOutWorkflow, FleetWorkflow],
         activities=registry.activities(),
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,

@@ -26,7 +26,12 @@ __all__ = [
     "StepState",
     "StepStatus",
     "UndoRecord",
+    "FleetInput",
+    "FleetMember",
+    "FleetMemberState",
+    "FleetStatus",
     "parse_request",
+    "workflow_id_for",
 ]
 
 StepStatus = Literal[
@@ -40,6 +45,11 @@ StepStatus = Literal[
     "rolled_back",
     "aborted",
 ]
+
+
+def workflow_id_for(target: str) -> str:
+    """A run's workflow id: one per target, so a second run on a busy target is refused (single flight)."""
+    return "coldstart-" + re.sub(r"[^A-Za-z0-9_.-]", "-", target)
 
 
 class GateReading(BaseModel):
@@ -260,3 +270,55 @@ class FanOutResult(BaseModel):
 
 
 RunInput.model_rebuild()
+
+
+# ---- fleet-wide runs: one runbook on many targets, in waves --------------------------------------
+
+
+class FleetMember(BaseModel):
+    """One target of a fleet run: its wave and its run's input, planned (and validated) before the start."""
+
+    target: str
+    wave: int = Field(ge=1)
+    run: RunInput
+
+
+class FleetInput(BaseModel):
+    """A fleet run: the members in wave order, how many run at once, and what a failure does."""
+
+    name: str
+    runbook: str
+    initiator: str
+    members: list[FleetMember] = Field(min_length=1)
+    max_parallel: int = Field(default=0, ge=0, description="runs at once within a wave; 0 = the whole wave")
+    on_failure: Literal["stop", "continue"] = Field(
+        default="stop", description="stop: no later wave starts after a wave with a failed run; continue: every wave runs")
+
+
+FleetMemberStatus = Literal["pending", "running", "succeeded", "failed", "busy", "skipped"]
+
+
+class FleetMemberState(BaseModel):
+    target: str
+    wave: int
+    workflow_id: str
+    run_id: str | None = None
+    state: FleetMemberStatus = "pending"
+    error: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class FleetStatus(BaseModel):
+    workflow_id: str
+    name: str
+    runbook: str
+    initiator: str
+    state: Literal["running", "succeeded", "failed"]
+    wave: int | None = Field(default=None, description="the wave running now")
+    max_parallel: int
+    on_failure: str
+    members: list[FleetMemberState]
+    started_at: datetime
+    ended_at: datetime | None = None
+    error: str | None = None

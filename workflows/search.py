@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
-__all__ = ["ALL", "AWAITING_APPROVAL", "CURRENT_STEP", "DRILL", "RUNBOOK", "TARGET", "dev_server_flags"]
+__all__ = ["ALL", "AWAITING_APPROVAL", "CURRENT_STEP", "DRILL", "RUNBOOK", "TARGET", "dev_server_flags", "for_new_run"]
 
 RUNBOOK = SearchAttributeKey.for_keyword("ColdstartRunbook")
 TARGET = SearchAttributeKey.for_keyword("ColdstartTarget")
@@ -22,3 +22,14 @@ def dev_server_flags() -> list[str]:
     for key in ALL:
         flags += ["--search-attribute", f"{key.name}={kinds[key.indexed_value_type.name]}"]
     return flags
+
+
+def for_new_run(runbook: str, target: str, drill: bool) -> TypedSearchAttributes:
+    """What a run carries from its start, however it is started (CLI, trigger, fleet)."""
+    return TypedSearchAttributes([
+        SearchAttributePair(RUNBOOK, runbook),
+        SearchAttributePair(TARGET, target),
+        SearchAttributePair(CURRENT_STEP, "starting"),
+        SearchAttributePair(AWAITING_APPROVAL, False),
+        SearchAttributePair(DRILL, drill),
+    ])
