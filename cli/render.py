@@ -12,6 +12,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from cli.polling import RunWatch, Sleep
 from workflows.contract import RunInput, RunStatus
 from workflows.spec import ActionStep, ApprovalStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep, WaitStep
 
@@ -147,20 +148,20 @@ def _live_view(current: RunStatus) -> Group:
     return Group(*parts)
 
 
-async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 0.5) -> int:
-    """Show the run live until it ends; the exit code is 0 only if it succeeded."""
-    handle = client.get_workflow_handle(workflow_id)
+async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 0.5,
+                 sleep: Sleep = asyncio.sleep) -> int:
+    """Show the run live until it ends; the exit code is 0 only if it succeeded.
+
+    Polls through RunWatch (cli/polling.py): the server every `interval`, the worker's status Query
+    only when the run moved, backing off with jitter while Temporal refuses."""
+    watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, sleep=sleep)
     last_line = ""
     live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal else None
     if live:
         live.start()
     try:
         while True:
-            try:
-                current = await handle.query("status", result_type=RunStatus)
-            except Exception:  # noqa: BLE001 - the worker may be restarting; keep following
-                await asyncio.sleep(interval)
-                continue
+            current = await watch.next()
             if live:
                 live.update(_live_view(current))
             else:
@@ -171,7 +172,6 @@ async def follow(client: Any, workflow_id: str, console: Console, *, interval: f
                     last_line = line
             if current.state not in ("running", "paused"):
                 return 0 if current.state == "succeeded" else 1
-            await asyncio.sleep(interval)
     finally:
         if live:
             live.stop()

@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from temporalio.client import Client
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -17,6 +16,7 @@ from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from runtime.connection import connect
+from runtime.shedding import worker_runtime
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.fanout import FanOutWorkflow
 from workflows.fleet import FleetWorkflow
@@ -62,10 +62,7 @@ def build_worker(
 
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
-    runtime = None
-    if metrics_address:
-        runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_address)))
-    client = await connect(runtime=runtime)
+    client = await connect(runtime=worker_runtime(metrics_address))
     worker = build_worker(client, queue, journal=journal)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

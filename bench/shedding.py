@@ -1,0 +1,215 @@
+"""Shedding, not blocking: a run's per-step time with no load and under each flood, on the local dev server.
+
+Runs the real worker (`worker.py`'s code path, in its own process) and, per scenario, RUNS runs of
+STEPS do-nothing steps; per-step time is the gap between consecutive activity completions in
+each run's history (server timestamps). Scenarios: none; a log flood with the worker's stderr a
+pipe nobody reads (the sink blocked); the same flood to a sink that reads (to tell the flood's
+own CPU from blocking); 50 `--follow` views of the run (cli/render.follow); 50 pollers querying
+status every 0.5 s (what follow did before); a gate-reading flood (another run's 50 parallel
+gates reading as fast as the server's timers allow). Goal: every flood within 10 % of no load
+(median and p95). Prints the figures; never asserts.
+
+    .venv/bin/python bench/shedding.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from temporalio.api.enums.v1 import EventType  # noqa: E402
+from temporalio.testing import WorkflowEnvironment  # noqa: E402
+
+from activities.catalog import load_registry  # noqa: E402
+from cli import render  # noqa: E402
+from cli.runs import start_run  # noqa: E402
+from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
+from tests import support  # noqa: E402
+from workflows import search  # noqa: E402
+from workflows.contract import RunStatus  # noqa: E402
+from workflows.loader import plan_run  # noqa: E402
+
+STEPS, RUNS, ROUNDS, POLLERS, GATES = 30, 3, 2, 50, 50
+LOG_FLOOD_PER_S = 5000
+GOAL = 1.10
+
+
+def _gaps(history) -> list[float]:
+    done = [e.event_time.ToDatetime() for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
+    return [(b - a).total_seconds() * 1000 for a, b in zip(done, done[1:])]
+
+
+def _p95(values: list[float]) -> float:
+    return sorted(values)[max(0, int(len(values) * 0.95) - 1)]
+
+
+def _worker_main(flood_per_s: int) -> None:
+    """The worker as `python worker.py` runs it, plus a thread logging `flood_per_s` records a second."""
+    import structlog
+
+    from runtime.logs import configure_logging
+    from runtime.worker import run_worker
+
+    configure_logging("INFO")
+    if flood_per_s:
+        def flood() -> None:
+            log = structlog.get_logger("bench.flood")
+            while True:
+                for i in range(flood_per_s // 10):
+                    log.info("flood", i=i, padding="x" * 200)
+                time.sleep(0.1)
+
+        threading.Thread(target=flood, daemon=True).start()
+    asyncio.run(run_worker(os.environ[TASK_QUEUE_ENV], os.environ.get("COLDSTART_METRICS") or None))
+
+
+@asynccontextmanager
+async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False):
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--worker", str(flood_per_s)], cwd=ROOT,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE if blocked_sink else subprocess.DEVNULL,  # a pipe this process never reads
+        env={**os.environ, "TEMPORAL_ADDRESS": address, TASK_QUEUE_ENV: queue, "COLDSTART_METRICS": "",
+             "COLDSTART_JOURNAL": str(Path(tempfile.mkdtemp()) / "journal.jsonl")},
+    )
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            print(f"  (worker {queue} did not stop within 30 s of SIGTERM)")
+            process.kill()
+            process.wait()
+
+
+async def _measure(env, queue: str, book: Path, name: str) -> list[float]:
+    registry = load_registry()
+    gaps: list[float] = []
+    for i in range(RUNS):
+        run = plan_run(book, registry=registry, inventory={"name": f"{name}-{i}-{queue}"}, initiator="bench")
+        handle = await start_run(env.client, run, queue)
+        await handle.result()
+        gaps += _gaps(await handle.fetch_history())
+    return gaps
+
+
+async def _storm(env, queue: str, book: Path, name: str, *, naive: bool) -> tuple[list[float], int]:
+    """Measured runs with POLLERS pollers on the current one all along: follow views, or the old loop
+    (a status Query every 0.5 s, what follow did before). Returns the gaps and the Queries sent."""
+    registry = load_registry()
+    current: list = []
+    queries = 0
+
+    async def poller() -> None:
+        nonlocal queries
+        while True:
+            if naive:
+                queries += 1
+                try:
+                    await current[-1].query("status", result_type=RunStatus)
+                except Exception:  # noqa: BLE001 - a storm does not stop on an error
+                    pass
+                await asyncio.sleep(0.5)
+            else:
+                await render.follow(env.client, current[-1].id, Console(file=io.StringIO()))
+
+    gaps: list[float] = []
+    pollers: list[asyncio.Task] = []
+    for i in range(RUNS):
+        run = plan_run(book, registry=registry, inventory={"name": f"{name}-{i}-{queue}"}, initiator="bench")
+        current.append(await start_run(env.client, run, queue))
+        pollers = pollers or [asyncio.create_task(poller()) for _ in range(POLLERS)]
+        await current[-1].result()
+        gaps += _gaps(await current[-1].fetch_history())
+    for task in pollers:
+        task.cancel()
+    await asyncio.gather(*pollers, return_exceptions=True)
+    return gaps, queries
+
+
+async def main() -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
+        data_converter=DATA_CONVERTER, search_attributes=search.ALL, dev_server_log_level="error",
+    )
+    address = env.client.service_client.config.target_host
+    work = Path(tempfile.mkdtemp())
+    book = work / "steps.yaml"
+    book.write_text("metadata: {name: steps}\ntarget: bench\nsteps:\n"
+                    + "".join(f"  - {{id: s{i}, action: core.wait, with: {{seconds: 0}}}}\n" for i in range(STEPS)))
+    prom = await support.ScriptedPrometheus().start()
+    flood = work / "gates.yaml"
+    flood.write_text("metadata: {name: gates}\ntarget: bench\nsteps:\n  - id: all\n    parallel:\n" + "".join(
+        f"      - id: g{i}\n        gate: {{name: up{i}, endpoint: \"{prom.url}\", query: up, comparator: \">=\", "
+        f"threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n" for i in range(GATES)))
+    results: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
+
+    def add(name: str, gaps: list[float], note: str = "") -> None:
+        results.setdefault(name, []).extend(gaps)
+        if note:
+            notes[name] = (notes[name] + "; " if name in notes else "") + note
+
+    try:
+        # Rounds interleave the scenarios, so load from elsewhere on the machine spreads over all of them.
+        for r in range(ROUNDS):
+            async with _worker(address, f"none{r}"):
+                add("none", await _measure(env, f"none{r}", book, "none"))
+            async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True) as worker:
+                await asyncio.sleep(3)  # the pipe and the queue fill
+                gaps = await _measure(env, f"blocked{r}", book, "blocked")
+                stopping = time.monotonic()
+                worker.terminate()
+                worker.wait(timeout=30)
+                add("log flood, sink blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
+            async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S):
+                await asyncio.sleep(3)
+                add("log flood, sink reading", await _measure(env, f"reading{r}", book, "reading"))
+            async with _worker(address, f"follow{r}"):
+                add(f"{POLLERS} follow views", (await _storm(env, f"follow{r}", book, "follow", naive=False))[0])
+            async with _worker(address, f"naive{r}"):
+                gaps, queries = await _storm(env, f"naive{r}", book, "naive", naive=True)
+                add(f"{POLLERS} pollers, Query every 0.5 s", gaps, f"{queries} Queries")
+            async with _worker(address, f"gates{r}"):
+                run = plan_run(flood, registry=load_registry(), inventory={"name": f"gate-flood-{r}"}, initiator="bench")
+                flooding = await start_run(env.client, run, f"gates{r}")
+                await asyncio.sleep(3)
+                gaps = await _measure(env, f"gates{r}", book, "gates")
+                readings = sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+                               for e in (await flooding.fetch_history()).events)
+                await flooding.terminate("bench over")
+                add(f"gate flood ({GATES} gates)", gaps, f"{readings} readings")
+    finally:
+        await prom.stop()
+        await env.shutdown()
+    base_median, base_p95 = statistics.median(results["none"]), _p95(results["none"])
+    print(f"{ROUNDS} rounds x {RUNS} runs x {STEPS} do-nothing steps (core.wait 0 s) per scenario, real worker in its own process, "
+          f"{os.cpu_count()} cores; per-step ms = gap between activity completions")
+    print(f"{'scenario':<38} {'median':>8} {'p95':>8} {'x median':>9} {'x p95':>7}  goal <= {GOAL:.2f}x")
+    for name, gaps in results.items():
+        median, p95 = statistics.median(gaps), _p95(gaps)
+        verdict = "" if name == "none" else ("met" if median <= base_median * GOAL and p95 <= base_p95 * GOAL else "NOT met")
+        print(f"{name:<38} {median:8.2f} {p95:8.2f} {median / base_median:9.2f} {p95 / base_p95:7.2f}  {verdict}"
+              + (f"  ({notes[name]})" if name in notes else ""))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        _worker_main(int(sys.argv[2]))
+    else:
+        asyncio.run(main())

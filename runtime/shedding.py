@@ -1,0 +1,60 @@
+"""Load shedding in the worker: drop counters for its bounded buffers, exported on its metrics endpoint."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from temporalio.common import MetricCounter, MetricMeter
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, PrometheusConfig, Runtime, TelemetryConfig
+
+__all__ = ["LOG_RECORDS_DROPPED", "ShedCounter", "worker_runtime"]
+
+
+class ShedCounter:
+    """Items a bounded buffer dropped instead of blocking its producer, by reason.
+
+    Counted from any thread from process start; once bound to a Temporal metric meter (the worker's
+    Prometheus endpoint) every count is exported there too, earlier ones included."""
+
+    def __init__(self, name: str, description: str) -> None:
+        self.name = name
+        self.description = description
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._metric: MetricCounter | None = None
+
+    def add(self, reason: str, count: int = 1) -> None:
+        with self._lock:
+            self._counts[reason] = self._counts.get(reason, 0) + count
+            if self._metric is not None:
+                self._metric.add(count, {"reason": reason})
+
+    def value(self, reason: str | None = None) -> int:
+        with self._lock:
+            return self._counts.get(reason, 0) if reason else sum(self._counts.values())
+
+    def bind(self, meter: MetricMeter) -> None:
+        with self._lock:
+            self._metric = meter.create_counter(self.name, self.description)
+            for reason, count in self._counts.items():
+                self._metric.add(count, {"reason": reason})
+
+
+LOG_RECORDS_DROPPED = ShedCounter(
+    "coldstart_log_records_dropped_total",
+    "log records dropped instead of blocking: reason queue_full (the writer is behind or its sink stopped reading) or write_failed",
+)
+
+
+def worker_runtime(metrics_address: str | None) -> Runtime:
+    """The worker's Temporal runtime: Core's own log lines join the bounded log queue (by default Core
+    writes them to stderr itself, and a full stderr pipe would block its threads), and the drop
+    counters are exported beside the SDK's metrics."""
+    runtime = Runtime(telemetry=TelemetryConfig(
+        logging=LoggingConfig(filter=LoggingConfig.default.filter,
+                              forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core"))),
+        metrics=PrometheusConfig(bind_address=metrics_address) if metrics_address else None,
+    ))
+    LOG_RECORDS_DROPPED.bind(runtime.metric_meter)
+    return runtime

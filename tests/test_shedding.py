@@ -1,0 +1,185 @@
+"""Under a flood (a log sink that stops reading, a storm of status pollers, gate readings) the run goes on: sources shed and count."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError, RPCStatusCode
+
+from cli import render
+from cli.polling import read_status
+from runtime.connection import TASK_QUEUE_ENV, connect
+from tests import support
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _samples(port: int, name: str) -> list[Any]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
+
+
+async def test_a_blocked_log_sink_costs_counted_records_not_the_run(env, task_queue, tmp_path):
+    """The real worker with its stderr a pipe nobody reads: the run completes, the drops are on
+    /metrics, and the worker still stops on SIGTERM (a write stuck in the pipe does not hold its exit)."""
+    port = free_port()
+    note = "x" * 3000  # 60 notes of 3 kB overflow the 64 kB pipe and the 16-record queue
+    steps = "\n".join(f"  - id: n{i}\n    action: core.note\n    with: {{message: {note}}}" for i in range(60))
+    book = support.write_runbook(tmp_path, f"metadata: {{name: noisy}}\ntarget: t\nsteps:\n{steps}\n")
+    worker = subprocess.Popen(
+        [sys.executable, "worker.py"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "TEMPORAL_ADDRESS": env.client.service_client.config.target_host, TASK_QUEUE_ENV: task_queue,
+             "COLDSTART_METRICS": f"127.0.0.1:{port}", "COLDSTART_LOG_QUEUE": "16",
+             "COLDSTART_JOURNAL": str(tmp_path / "journal.jsonl")},
+    )
+    try:
+        handle = await support.start(env.client, book, task_queue)
+        result = await asyncio.wait_for(handle.result(), timeout=180)
+        assert result.state == "succeeded"
+        dropped = _samples(port, "coldstart_log_records_dropped_total")
+        assert sum(s.value for s in dropped if s.labels.get("reason") == "queue_full") > 0, dropped
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+class _CountingHandle:
+    """A workflow handle that records each describe (with the history length it saw) and each Query."""
+
+    def __init__(self, handle: Any, calls: list[tuple[str, int]]) -> None:
+        self._handle = handle
+        self._calls = calls
+
+    async def describe(self):
+        description = await self._handle.describe()
+        self._calls.append(("describe", description.raw_description.workflow_execution_info.history_length))
+        return description
+
+    async def query(self, *args: Any, **kwargs: Any):
+        self._calls.append(("query", self._calls[-1][1] if self._calls else -1))
+        return await self._handle.query(*args, **kwargs)
+
+
+class _CountingClient:
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: list[tuple[str, int]] = []
+
+    def get_workflow_handle(self, workflow_id: str) -> _CountingHandle:
+        return _CountingHandle(self._client.get_workflow_handle(workflow_id), self.calls)
+
+
+async def test_a_storm_of_followers_reads_the_server_and_queries_only_when_the_run_moved(env, task_queue, tmp_path):
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: watched}
+        target: t
+        steps:
+          - {id: before, action: core.wait, with: {seconds: 0}}
+          - {id: quiet, wait: 3s}
+          - {id: after, action: core.wait, with: {seconds: 0}}
+    """)
+    followers = [_CountingClient(env.client) for _ in range(50)]
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        codes = await asyncio.gather(*(render.follow(f, handle.id, Console(file=io.StringIO()), interval=0.2)
+                                       for f in followers))
+    assert codes == [0] * 50
+    final = (await handle.describe()).raw_description.workflow_execution_info.history_length
+    for follower in followers:
+        queried = [length for kind, length in follower.calls if kind == "query"]
+        # Never two Queries for one history length: a quiet run (the 3 s wait) costs its worker nothing.
+        assert len(queried) == len(set(queried)) <= final, follower.calls
+        assert sum(kind == "describe" for kind, _ in follower.calls) > len(queried), follower.calls
+
+
+class _RefusingHandle:
+    def __init__(self, refusals: int, code: RPCStatusCode = RPCStatusCode.RESOURCE_EXHAUSTED) -> None:
+        self.refusals = refusals
+        self.code = code
+        self.calls = 0
+
+    async def query(self, *args: Any, **kwargs: Any) -> str:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise RPCError("refused", self.code, b"")
+        return "status"
+
+
+async def test_refused_status_reads_back_off_with_jitter_and_give_up():
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    answering = _RefusingHandle(refusals=4)
+    assert await read_status(answering, sleep=sleep) == "status"  # type: ignore[arg-type]
+    assert answering.calls == 5 and len(waits) == 4
+    assert all(0 <= wait <= min(10.0, 0.5 * 2 ** k) for k, wait in enumerate(waits, 1)), waits
+    assert len(set(waits)) > 1  # jittered, so a storm of CLIs does not come back in step
+
+    waits.clear()
+    away = _RefusingHandle(refusals=10**6, code=RPCStatusCode.UNAVAILABLE)
+    with pytest.raises(RPCError):
+        await read_status(away, sleep=sleep)  # type: ignore[arg-type]
+    assert away.calls == 6 and len(waits) == 5
+
+    missing = _RefusingHandle(refusals=1, code=RPCStatusCode.NOT_FOUND)
+    with pytest.raises(RPCError):
+        await read_status(missing, sleep=sleep)  # type: ignore[arg-type]
+    assert missing.calls == 1  # not an overload: no point asking again
+
+
+async def test_a_gate_reading_flood_is_counted_reading_by_reading_while_another_run_completes(env, task_queue, tmp_path):
+    prom = await support.ScriptedPrometheus().start()
+    port = free_port()
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{port}")))
+    client = await connect(runtime=runtime, target_host=env.client.service_client.config.target_host)
+    flood = support.write_runbook(tmp_path, f"""
+        metadata: {{name: flood}}
+        target: t
+        steps:
+          - id: readings
+            parallel:
+    """ + "".join(f"""
+              - id: g{i}
+                gate: {{name: up{i}, endpoint: "{prom.url}", query: up, comparator: ">=", threshold: 1,
+                        interval: 0.01s, consecutive: 8}}
+    """ for i in range(8)), name="flood")
+    quiet = support.write_runbook(tmp_path, """
+        metadata: {name: quiet}
+        target: t
+        steps:
+          - {id: a, action: core.wait, with: {seconds: 0}}
+          - {id: b, action: core.wait, with: {seconds: 0}}
+    """, name="quiet")
+    try:
+        async with support.worker(client, task_queue):
+            flooding = await support.start(client, flood, task_queue)
+            other = await support.start(client, quiet, task_queue, target={"name": f"other-{task_queue}"})
+            assert (await other.result()).state == "succeeded"
+            assert (await flooding.result()).state == "succeeded"
+            status = await support.status(flooding)
+        evaluations = _samples(port, "coldstart_gate_evaluations_total")
+    finally:
+        await prom.stop()
+    kept = {s.id: [r.gate for r in s.readings] for s in status.steps if s.kind == "gate"}
+    assert kept == {f"g{i}": [f"up{i}"] * 8 for i in range(8)}, kept
+    counted = {s.labels["gate"]: s.value for s in evaluations if s.labels.get("runbook") == "flood"}
+    # Metrics are aggregated in the worker (one series per runbook and gate): a flood grows counts, never a buffer.
+    assert counted == {f"up{i}": 8 for i in range(8)}, counted
