@@ -132,6 +132,12 @@ async def test_malformed_requests_are_refused_and_change_nothing(env, task_queue
             await handle.signal("approve_signal", body)
         await support.wait_for(lambda: _rejected(handle, len(HOSTILE)))
         assert all("\n" not in line for line in await handle.query("rejected_signals"))
+        # A flood of bad signals keeps only the latest 50 refusals in the run's state.
+        for n in range(60):
+            await handle.signal("approve_signal", {"step": "go", "approver": f"flood{n}", "role": "x"})
+        await support.wait_for(lambda: _last_rejected_mentions(handle, "unknown field 'role'", count=50))
+        kept = await handle.query("rejected_signals")
+        assert len(kept) == 50
         after = (await support.status(handle)).model_dump()
         assert after == before
         await handle.execute_update("approve", {"step": "go", "approver": "bob", "comment": "multi\nline is fine"})
@@ -140,6 +146,11 @@ async def test_malformed_requests_are_refused_and_change_nothing(env, task_queue
 
 async def _rejected(handle, count: int) -> bool:
     return len(await handle.query("rejected_signals")) >= count
+
+
+async def _last_rejected_mentions(handle, text: str, *, count: int) -> bool:
+    kept = await handle.query("rejected_signals")
+    return len(kept) == count and all(text in line for line in kept)
 
 
 _json = st.recursive(

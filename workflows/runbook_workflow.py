@@ -55,6 +55,7 @@ READ_ACTIVITY = "telemetry.read"
 _READ_UNPINNED = ActionDefaults(name=READ_ACTIVITY, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
 IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
+_MAX_REJECTED_KEPT = 50
 
 
 @workflow.defn
@@ -494,8 +495,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         streak_since = None
         while True:
             reading = await self._read(step_id, gate, name, percent)
-            state.readings.append(reading)
-            del state.readings[:-_MAX_READINGS_KEPT]
+            _keep_reading(state, reading)
             if reading.passed:
                 streak += 1
                 streak_since = streak_since or reading.at
@@ -584,7 +584,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             resolved = self._resolved_gate(gate, context)
             name = gate.name or f"gate{g + 1}"
             reading = await self._read(step.id, resolved, name, percent)
-            self._steps[step.id].readings.append(reading)
+            _keep_reading(self._steps[step.id], reading)
             if not reading.passed:
                 failing.append(name)
         return f" (gates at {percent}%: " + (f"still failing: {', '.join(failing)})" if failing else "passing)")
@@ -724,7 +724,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         try:
             apply()
         except ValueError as exc:
+            # Bounded: anyone who can reach the Web UI can send signals, and a flood must not grow the run's state.
             self._rejected_signals.append(f"{name}: {exc}")
+            del self._rejected_signals[:-_MAX_REJECTED_KEPT]
             workflow.logger.warning("signal rejected", extra={"signal": name, "reason": str(exc)})
 
     @workflow.query
@@ -756,6 +758,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     @workflow.query
     def rejected_signals(self) -> list[str]:
         return list(self._rejected_signals)
+
+
+def _keep_reading(state: StepState, reading: GateReading) -> None:
+    """A step keeps its last readings only: a gate polled for hours must not grow the run's state."""
+    state.readings.append(reading)
+    del state.readings[:-_MAX_READINGS_KEPT]
 
 
 def _seconds(delta: timedelta) -> str:
