@@ -38,7 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from temporalio import activity
 from temporalio.worker import (
@@ -75,12 +75,15 @@ def _now() -> str:
 class ActionJournal:
     """An append-only JSON-lines file; `write` never raises."""
 
-    def __init__(self, path: str | os.PathLike[str], *, mutating: Mapping[str, bool] | None = None):
+    def __init__(self, path: str | os.PathLike[str], *, mutating: Mapping[str, bool] | None = None,
+                 on_drop: Callable[[], None] | None = None):
+        """on_drop: called once per dropped line (the worker counts them on its metrics endpoint)."""
         self.path = Path(path)
         self.mutating = dict(mutating or {})
         self.worker = f"{os.getpid()}@{socket.gethostname()}"
         self.written = 0
         self.dropped = 0
+        self._on_drop = on_drop
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._warned = 0
@@ -102,9 +105,8 @@ class ActionJournal:
                 self.written += 1
             return True
         except Exception as exc:  # noqa: BLE001 - the journal must never fail an action
+            dropped = self.count_drop()
             with self._lock:
-                self.dropped += 1
-                dropped = self.dropped
                 if self._fd is not None:  # a broken descriptor (file removed, disk gone): reopen next time
                     try:
                         os.close(self._fd)
@@ -116,6 +118,18 @@ class ActionJournal:
                 log.warning("action journal %s: line dropped (%s: %s); %d dropped so far",
                             self.path, type(exc).__name__, exc, dropped)
             return False
+
+    def count_drop(self) -> int:
+        """One line lost; returns how many so far."""
+        with self._lock:
+            self.dropped += 1
+            dropped = self.dropped
+        if self._on_drop is not None:
+            try:
+                self._on_drop()
+            except Exception:  # noqa: BLE001 - counting must not fail an action either
+                pass
+        return dropped
 
     def close(self) -> None:
         with self._lock:
@@ -159,7 +173,7 @@ class _JournalInbound(ActivityInboundInterceptor):
             }
             self.journal.write({"event": "started", **base})
         except Exception:  # noqa: BLE001 - never in the action's way
-            self.journal.dropped += 1
+            self.journal.count_drop()
         outcome, error = "ok", None
         try:
             return await super().execute_activity(input)

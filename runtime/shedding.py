@@ -8,7 +8,7 @@ import threading
 from temporalio.common import MetricCounter, MetricMeter
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, PrometheusConfig, Runtime, TelemetryConfig
 
-__all__ = ["LOG_RECORDS_DROPPED", "ShedCounter", "worker_runtime"]
+__all__ = ["JOURNAL_LINES_DROPPED", "LOG_RECORDS_DROPPED", "ShedCounter", "worker_runtime"]
 
 
 class ShedCounter:
@@ -47,6 +47,12 @@ LOG_RECORDS_DROPPED = ShedCounter(
 )
 
 
+JOURNAL_LINES_DROPPED = ShedCounter(
+    "coldstart_journal_lines_dropped_total",
+    "action journal lines that could not be written (the action went on): reason write_failed",
+)
+
+
 def worker_runtime(metrics_address: str | None) -> Runtime:
     """The worker's Temporal runtime: Core's own log lines join the bounded log queue (by default Core
     writes them to stderr itself, and a full stderr pipe would block its threads), and the drop
@@ -56,5 +62,6 @@ def worker_runtime(metrics_address: str | None) -> Runtime:
                               forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core"))),
         metrics=PrometheusConfig(bind_address=metrics_address) if metrics_address else None,
     ))
-    LOG_RECORDS_DROPPED.bind(runtime.metric_meter)
+    for counter in (LOG_RECORDS_DROPPED, JOURNAL_LINES_DROPPED):
+        counter.bind(runtime.metric_meter)
     return runtime

@@ -16,7 +16,7 @@ from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from runtime.connection import connect
-from runtime.shedding import worker_runtime
+from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.fanout import FanOutWorkflow
 from workflows.fleet import FleetWorkflow
@@ -47,7 +47,8 @@ def build_worker(
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
-        interceptors.append(JournalInterceptor(ActionJournal(journal, mutating=mutating)))
+        interceptors.append(JournalInterceptor(ActionJournal(
+            journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
     return Worker(
         client,
         task_queue=queue,

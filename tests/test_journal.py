@@ -57,11 +57,13 @@ def test_journal_write_never_raises_and_counts_drops(tmp_path):
     assert journal.write({"event": "started", "activity_id": "x#1"})
     assert read_journal(path)[0]["activity_id"] == "x#1"
     journal.close()
-    blocked = ActionJournal(tmp_path / "missing" / "dir-is-a-file" / "j.jsonl")
+    counted: list[str] = []
+    blocked = ActionJournal(tmp_path / "missing" / "dir-is-a-file" / "j.jsonl", on_drop=lambda: counted.append("x"))
     (tmp_path / "missing").write_text("a file where a directory should be")
     assert not blocked.write({"event": "started", "activity_id": "x#1"})
     assert not blocked.write({"event": "ended", "activity_id": "x#1"})
     assert blocked.dropped == 2 and blocked.written == 0
+    assert counted == ["x", "x"]  # what the worker exports as coldstart_journal_lines_dropped_total
     if os.geteuid() != 0:  # root ignores file modes
         path.chmod(0o400)
         assert not ActionJournal(path).write({"activity_id": "y#1"})
