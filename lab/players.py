@@ -27,7 +27,10 @@ class PlayerLoad:
         self.registry = CollectorRegistry()
         r = self.registry
         self.admitted = Gauge("coldstart_players_admitted_fraction",
-                              "share of clients DNS sends to the game IP (last sweep)", registry=r)
+                              "share of the clients DNS answered that it sends to the game IP (last sweep; "
+                              "NaN when none was answered)", registry=r)
+        self.unanswered = Gauge("coldstart_players_dns_unanswered_fraction",
+                                "share of clients whose DNS query got no answer in the last sweep", registry=r)
         self.target = Gauge("coldstart_players_target_percent", "steering percent stored in the zone", registry=r)
         self.requests = Counter("coldstart_players_requests", "player requests by outcome", ["outcome"], registry=r)
         self.clients = Gauge("coldstart_players_clients", "distinct client subnets", registry=r)
@@ -41,8 +44,11 @@ class PlayerLoad:
         a = self.args
         answers = await query_clients(a.dns, a.name, self.subnets, concurrency=128, timeout=0.5, attempts=2)
         self.answers = answers
-        admitted = sum(1 for x in answers if x == a.game_ip)
-        self.admitted.set(admitted / len(answers))
+        # A query that timed out is no steering decision: on a loaded host a few time out, and counting them
+        # as sent to maintenance read 94 % admitted at 100 %. No answer at all is NaN, which gates fail closed on.
+        answered = [x for x in answers if x is not None]
+        self.unanswered.set(1 - len(answered) / len(answers))
+        self.admitted.set(sum(1 for x in answered if x == a.game_ip) / len(answered) if answered else float("nan"))
         try:
             state = await read_state(a.dns, a.zone, a.name, timeout=1.0)
             self.target.set(state.percent if state.percent is not None else float("nan"))
