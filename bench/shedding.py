@@ -213,3 +213,7 @@ if __name__ == "__main__":
         _worker_main(int(sys.argv[2]))
     else:
         asyncio.run(main())
+        # As the CLI does: Temporal's native threads can abort the interpreter's finalization (SIGABRT,
+        # "PyGILState_Release ... finalizing"), which turned a finished bench into exit 134.
+        sys.stdout.flush()
+        os._exit(0)
