@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities._http import async_client
 from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
@@ -115,7 +116,7 @@ async def http_check(inp: HttpCheckInput) -> HttpCheckOutput:
     """GET a URL and require an expected status (and optionally a substring in the body)."""
     started = time.monotonic()
     try:
-        async with httpx.AsyncClient(timeout=inp.timeout_seconds) as client:
+        async with async_client(inp.timeout_seconds) as client:
             response = await client.get(inp.url)
     except httpx.HTTPError as exc:
         raise ApplicationError(f"{inp.url} unreachable: {type(exc).__name__}: {exc}") from None

@@ -6,6 +6,8 @@ import math
 
 import httpx
 
+from activities._http import async_client
+
 __all__ = ["PrometheusError", "instant_query", "range_query", "single_value"]
 
 
@@ -28,7 +30,7 @@ async def range_query(base_url: str, query: str, *, start: float, end: float, st
 async def _api(base_url: str, endpoint: str, params: dict, *, timeout: float, client: httpx.AsyncClient | None) -> dict:
     url = base_url.rstrip("/") + "/api/v1/" + endpoint
     owned = client is None
-    client = client or httpx.AsyncClient(timeout=timeout)
+    client = client or async_client(timeout)
     try:
         response = await client.get(url, params=params)
     except httpx.HTTPError as exc:

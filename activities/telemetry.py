@@ -8,6 +8,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel
 
+from activities._http import async_client
 from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
@@ -38,7 +39,7 @@ async def read(inp: ReadInput) -> Reading:
         if inp.source == "prometheus":
             value = single_value(await instant_query(inp.endpoint, inp.query, timeout=inp.timeout_seconds))
         else:
-            async with httpx.AsyncClient(timeout=inp.timeout_seconds) as client:
+            async with async_client(inp.timeout_seconds) as client:
                 value = float((await client.get(inp.endpoint)).status_code)
     except PrometheusError as exc:
         return Reading(error=str(exc), latency_ms=(time.monotonic() - started) * 1000)

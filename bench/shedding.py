@@ -7,9 +7,11 @@ pipe nobody reads (the sink blocked); the same flood to a sink that reads (to te
 own CPU from blocking); 50 `--follow` views of the run (cli/render.follow); 50 pollers querying
 status every 0.5 s (what follow did before); a gate-reading flood (another run's 50 parallel
 gates reading as fast as the server's timers allow). Goal: every flood within 10 % of no load
-(median and p95). Prints the figures; never asserts.
+(median and p95). A no-load measurement runs right before every scenario in every round, so the
+baseline sees the same machine the floods do. Prints the figures and the CPU each process spent
+per scenario; never asserts.
 
-    .venv/bin/python bench/shedding.py
+    .venv/bin/python bench/shedding.py [--only=gates,follow,...]
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,14 +47,34 @@ from workflows import search  # noqa: E402
 from workflows.contract import RunStatus  # noqa: E402
 from workflows.loader import plan_run  # noqa: E402
 
-STEPS, RUNS, ROUNDS, POLLERS, GATES = 30, 3, 2, 50, 50
+STEPS, RUNS, ROUNDS, POLLERS, GATES = 30, 3, 3, 50, 50
 LOG_FLOOD_PER_S = 5000
 GOAL = 1.10
+ONLY: list[str] = []
+WORKER_CPU: list[float] = []  # CPU seconds of each worker process, read as it is stopped
 
 
 def _gaps(history) -> list[float]:
     done = [e.event_time.ToDatetime() for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
     return [(b - a).total_seconds() * 1000 for a, b in zip(done, done[1:])]
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process and each process it started, by role."""
+    def role(proc: psutil.Process) -> str:
+        args = " ".join(proc.cmdline())
+        return "worker" if "--worker" in args else "temporal dev server" if "start-dev" in args else "other"
+
+    totals: dict[str, float] = {}
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            name = "bench (clients, Prometheus)" if proc.pid == me.pid else role(proc)
+        except psutil.Error:
+            continue
+        totals[name] = totals.get(name, 0.0) + times.user + times.system
+    return totals
 
 
 def _p95(values: list[float]) -> float:
@@ -88,6 +113,11 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
     try:
         yield process
     finally:
+        try:
+            times = psutil.Process(process.pid).cpu_times()
+            WORKER_CPU.append(times.user + times.system)
+        except psutil.Error:
+            pass
         process.terminate()
         try:
             process.wait(timeout=30)
@@ -146,6 +176,7 @@ async def main() -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
         data_converter=DATA_CONVERTER, search_attributes=search.ALL, dev_server_log_level="error",
+        dev_server_extra_args=search.SERVER_FLAGS,
     )
     address = env.client.service_client.config.target_host
     work = Path(tempfile.mkdtemp())
@@ -165,35 +196,66 @@ async def main() -> None:
         if note:
             notes[name] = (notes[name] + "; " if name in notes else "") + note
 
+    async def none(r: int) -> None:
+        async with _worker(address, f"none{r}"):
+            add("none", await _measure(env, f"none{r}", book, "none"))
+
+    async def blocked(r: int) -> None:
+        async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True) as worker:
+            await asyncio.sleep(3)  # the pipe and the queue fill
+            gaps = await _measure(env, f"blocked{r}", book, "blocked")
+            stopping = time.monotonic()
+            worker.terminate()
+            worker.wait(timeout=30)
+            add("log flood, sink blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
+
+    async def reading(r: int) -> None:
+        async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S):
+            await asyncio.sleep(3)
+            add("log flood, sink reading", await _measure(env, f"reading{r}", book, "reading"))
+
+    async def follow(r: int) -> None:
+        async with _worker(address, f"follow{r}"):
+            add(f"{POLLERS} follow views", (await _storm(env, f"follow{r}", book, "follow", naive=False))[0])
+
+    async def naive(r: int) -> None:
+        async with _worker(address, f"naive{r}"):
+            gaps, queries = await _storm(env, f"naive{r}", book, "naive", naive=True)
+            add(f"{POLLERS} pollers, Query every 0.5 s", gaps, f"{queries} Queries")
+
+    async def gates(r: int) -> None:
+        async with _worker(address, f"gates{r}"):
+            run = plan_run(flood, registry=load_registry(), inventory={"name": f"gate-flood-{r}"}, initiator="bench")
+            flooding = await start_run(env.client, run, f"gates{r}")
+            await asyncio.sleep(3)
+            gaps = await _measure(env, f"gates{r}", book, "gates")
+            history = await flooding.fetch_history()
+            readings = sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED for e in history.events)
+            await flooding.terminate("bench over")
+            add(f"gate flood ({GATES} gates)", gaps, f"{readings} readings")
+
+    scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
+        "blocked": blocked, "reading": reading, "follow": follow, "naive": naive, "gates": gates}
+    chosen = ONLY or list(scenarios)
+    cpu: dict[str, dict[str, float]] = {}
+    labels = {"none": "none", "blocked": "log flood, sink blocked", "reading": "log flood, sink reading",
+              "follow": f"{POLLERS} follow views", "naive": f"{POLLERS} pollers, Query every 0.5 s",
+              "gates": f"gate flood ({GATES} gates)"}
     try:
-        # Rounds interleave the scenarios, so load from elsewhere on the machine spreads over all of them.
-        for r in range(ROUNDS):
-            async with _worker(address, f"none{r}"):
-                add("none", await _measure(env, f"none{r}", book, "none"))
-            async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True) as worker:
-                await asyncio.sleep(3)  # the pipe and the queue fill
-                gaps = await _measure(env, f"blocked{r}", book, "blocked")
-                stopping = time.monotonic()
-                worker.terminate()
-                worker.wait(timeout=30)
-                add("log flood, sink blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
-            async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S):
-                await asyncio.sleep(3)
-                add("log flood, sink reading", await _measure(env, f"reading{r}", book, "reading"))
-            async with _worker(address, f"follow{r}"):
-                add(f"{POLLERS} follow views", (await _storm(env, f"follow{r}", book, "follow", naive=False))[0])
-            async with _worker(address, f"naive{r}"):
-                gaps, queries = await _storm(env, f"naive{r}", book, "naive", naive=True)
-                add(f"{POLLERS} pollers, Query every 0.5 s", gaps, f"{queries} Queries")
-            async with _worker(address, f"gates{r}"):
-                run = plan_run(flood, registry=load_registry(), inventory={"name": f"gate-flood-{r}"}, initiator="bench")
-                flooding = await start_run(env.client, run, f"gates{r}")
-                await asyncio.sleep(3)
-                gaps = await _measure(env, f"gates{r}", book, "gates")
-                readings = sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
-                               for e in (await flooding.fetch_history()).events)
-                await flooding.terminate("bench over")
-                add(f"gate flood ({GATES} gates)", gaps, f"{readings} readings")
+        # Rounds interleave the scenarios, and a no-load measurement precedes each, so load from
+        # elsewhere on the machine (or the machine warming up) spreads over baseline and floods alike.
+        turn = 0
+        for _ in range(ROUNDS):
+            for name in chosen:
+                for step in ("none", name):
+                    turn += 1
+                    before = _cpu_seconds()
+                    WORKER_CPU.clear()
+                    await (none if step == "none" else scenarios[step])(turn)
+                    spent = cpu.setdefault(labels[step], {})
+                    for role, seconds in _cpu_seconds().items():
+                        spent[role] = spent.get(role, 0.0) + seconds - before.get(role, 0.0)
+                    spent["worker"] = spent.get("worker", 0.0) + sum(WORKER_CPU)
     finally:
         await prom.stop()
         await env.shutdown()
@@ -206,12 +268,16 @@ async def main() -> None:
         verdict = "" if name == "none" else ("met" if median <= base_median * GOAL and p95 <= base_p95 * GOAL else "NOT met")
         print(f"{name:<38} {median:8.2f} {p95:8.2f} {median / base_median:9.2f} {p95 / base_p95:7.2f}  {verdict}"
               + (f"  ({notes[name]})" if name in notes else ""))
+    print("CPU seconds spent during each scenario's measured runs, by process:")
+    for name, spent in cpu.items():
+        print(f"  {name:<36} " + ", ".join(f"{role} {sec:.1f}" for role, sec in sorted(spent.items(), key=lambda kv: -kv[1])))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         _worker_main(int(sys.argv[2]))
     else:
+        ONLY = [name for arg in sys.argv[1:] if arg.startswith("--only=") for name in arg[7:].split(",")]
         asyncio.run(main())
         # As the CLI does: Temporal's native threads can abort the interpreter's finalization (SIGABRT,
         # "PyGILState_Release ... finalizing"), which turned a finished bench into exit 134.

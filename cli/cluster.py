@@ -131,6 +131,7 @@ class Cluster:
         self.tls, self.inventory, self.namespace, self.log_level = tls, inventory, namespace, log_level
         self.db = ClusterDatabase(self.state_dir / "postgres")
         self.config_path = self.state_dir / "temporal-server.yaml"
+        self.dynamic_config_path = self.state_dir / "dynamic-config.yaml"
         self.log = self.state_dir / "temporal-server.log"
         self._state_file = self.state_dir / "cluster.json"
         self._frontend_port = frontend_port
@@ -200,6 +201,8 @@ class Cluster:
         self._load_schemas()
         self.config_path.write_text(text)
         os.chmod(self.config_path, 0o600)
+        # Gate readings carry their run as fairness key (workflows/calls.py): honoured with this on.
+        self.dynamic_config_path.write_text(yaml.safe_dump({"matching.enableFairness": [{"value": True}]}))
 
     def _choose_ports(self, saved: dict[str, int]) -> dict[str, int]:
         """The saved ports while free (PostgreSQL's also while it runs), so the frontend address stays."""
@@ -274,6 +277,7 @@ class Cluster:
                                                   "rpcName": "frontend", "rpcAddress": self.address}},
             },
             "dcRedirectionPolicy": {"policy": "noop"},
+            "dynamicConfigClient": {"filepath": str(self.dynamic_config_path), "pollInterval": "60s"},
         }
         if self.tls:
             config["global"]["tls"] = self.tls.server_config()

@@ -1,4 +1,4 @@
-"""The coldstart worker: runs RunbookWorkflow and every action in the registry."""
+"""The coldstart worker: runs RunbookWorkflow and every action in the registry, and the gate readings at a bounded rate."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import asyncio
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from types import TracebackType
 
 import structlog
 from temporalio.client import Client
@@ -19,16 +21,46 @@ from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.fanout import FanOutWorkflow
+from workflows.contract import readings_queue
 from workflows.fleet import FleetWorkflow
-from workflows.runbook_workflow import RunbookWorkflow
+from workflows.runbook_workflow import READ_ACTIVITY, RunbookWorkflow
 
-__all__ = ["build_worker", "run_worker"]
+__all__ = ["READINGS_PER_SECOND_ENV", "ControllerWorker", "build_worker", "run_worker"]
 
 log = structlog.get_logger("coldstart.worker")
 
 # Identity tokens are verified inside Update validators: PyJWT and cryptography import submodules
 # lazily at verify time, which the sandbox cannot re-import, so they pass through (pure, deterministic).
 _SANDBOX = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("jwt", "cryptography"))
+
+
+READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
+# A gate reads every few seconds; 20 a second per worker serves dozens of concurrent ramps, and caps
+# what a flood of readings (a runbook with 50 parallel gates at 10 ms) can take from the steps.
+_READINGS_PER_SECOND = 20.0
+_READINGS_IN_FLIGHT = 8
+
+
+class ControllerWorker:
+    """The two Temporal workers of one coldstart worker: the runs and their actions on the task queue,
+    and the gate readings on readings_queue(queue), rate-limited (`async with` runs both)."""
+
+    def __init__(self, runs: Worker, readings: Worker | None) -> None:
+        self.runs = runs
+        self.readings = readings
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> "ControllerWorker":
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(self.runs)
+            if self.readings is not None:
+                await stack.enter_async_context(self.readings)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._stack.__aexit__(exc_type, exc, tb)
 
 
 def build_worker(
@@ -39,26 +71,40 @@ def build_worker(
     executor: ThreadPoolExecutor | None = None,
     max_concurrent_activities: int = 100,
     journal: str | os.PathLike[str] | None = None,
-) -> Worker:
+    readings_per_second: float | None = None,
+) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
-    journal: append a line per action attempt to this file (activities/journal.py)."""
+    journal: append a line per action attempt to this file (activities/journal.py).
+    readings_per_second: the gate readings this worker takes a second ($COLDSTART_READINGS_PER_SECOND,
+    else 20); beyond it they wait in the server, fairly per run, and every other task goes first."""
     registry = registry or load_registry()
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
         interceptors.append(JournalInterceptor(ActionJournal(
             journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
-    return Worker(
+    runs = Worker(
         client,
         task_queue=queue,
         workflows=[RunbookWorkflow, FanOutWorkflow, FleetWorkflow],
+        # telemetry.read stays here too: runs started before readings had their own queue read here.
         activities=registry.activities(),
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
         interceptors=interceptors,
         workflow_runner=_SANDBOX,
     )
+    rate = readings_per_second or float(os.environ.get(READINGS_PER_SECOND_ENV) or _READINGS_PER_SECOND)
+    readings = None if READ_ACTIVITY not in registry.specs else Worker(
+        client,
+        task_queue=readings_queue(queue),
+        activities=[registry.specs[READ_ACTIVITY].fn],
+        max_concurrent_activities=_READINGS_IN_FLIGHT,
+        max_activities_per_second=rate,
+        interceptors=interceptors,
+    )
+    return ControllerWorker(runs, readings)
 
 
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:

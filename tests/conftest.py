@@ -39,6 +39,7 @@ async def env(ui_port: int):
         ui=True,
         ui_port=ui_port,
         dev_server_log_level="error",
+        dev_server_extra_args=search.SERVER_FLAGS,
     )
     yield environment
     await environment.shutdown()

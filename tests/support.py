@@ -129,8 +129,9 @@ async def start(client: Client, file: Path, task_queue: str, *, target: dict[str
     return await start_run(client, run, task_queue)
 
 
-def worker(client: Client, task_queue: str):
-    return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16)
+def worker(client: Client, task_queue: str, **options: Any):
+    return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16,
+                        **options)
 
 
 def spawn_worker(address: str, queue: str, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -6,6 +6,7 @@ import asyncio
 import io
 import os
 import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from temporalio.api.enums.v1 import EventType
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -23,6 +25,9 @@ from cli.polling import read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from tests import support
 from tests.conftest import free_port
+from workflows.calls import READING_PRIORITY
+from workflows.contract import readings_queue
+from workflows.runbook_workflow import READ_ACTIVITY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,3 +188,79 @@ async def test_a_gate_reading_flood_is_counted_reading_by_reading_while_another_
     counted = {s.labels["gate"]: s.value for s in evaluations if s.labels.get("runbook") == "flood"}
     # Metrics are aggregated in the worker (one series per runbook and gate): a flood grows counts, never a buffer.
     assert counted == {f"up{i}": 8 for i in range(8)}, counted
+
+
+def _readings(history: Any) -> list[tuple[Any, Any]]:
+    """(scheduled attributes, started event) of each gate reading in a run's history."""
+    scheduled = {e.event_id: e.activity_task_scheduled_event_attributes for e in history.events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                 and e.activity_task_scheduled_event_attributes.activity_type.name == READ_ACTIVITY}
+    times = {e.event_id: e.event_time.ToDatetime() for e in history.events}
+    return [(scheduled[e.activity_task_started_event_attributes.scheduled_event_id],
+             (e.event_time.ToDatetime() - times[e.activity_task_started_event_attributes.scheduled_event_id]).total_seconds())
+            for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+            and e.activity_task_started_event_attributes.scheduled_event_id in scheduled]
+
+
+def _gates_book(tmp_path: Path, name: str, url: str, gates: int, consecutive: int) -> Path:
+    return support.write_runbook(tmp_path, f"""
+        metadata: {{name: {name}}}
+        target: t
+        steps:
+          - id: readings
+            parallel:
+    """ + "".join(f"""
+              - id: g{i}
+                gate: {{name: up{i}, endpoint: "{url}", query: up, comparator: ">=", threshold: 1,
+                        interval: 0.01s, consecutive: {consecutive}, timeout: 1h}}
+    """ for i in range(gates)), name=name)
+
+
+async def test_gate_readings_go_to_a_rate_limited_queue_of_their_own_keyed_to_their_run(env, task_queue, tmp_path):
+    prom = await support.ScriptedPrometheus().start()
+    book = _gates_book(tmp_path, "paced", prom.url, gates=6, consecutive=2)
+    try:
+        async with support.worker(env.client, task_queue, readings_per_second=2):
+            handle = await support.start(env.client, book, task_queue)
+            assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "succeeded"
+    finally:
+        await prom.stop()
+    readings = _readings(await handle.fetch_history())
+    assert len(readings) == 12
+    for attributes, _ in readings:
+        assert attributes.task_queue.name == readings_queue(task_queue)
+        assert attributes.priority.priority_key == READING_PRIORITY
+        assert attributes.priority.fairness_key == handle.id
+    # 12 readings at 2 a second: the worker cannot have taken them in much under 5 s, all 6 gates
+    # ready at once notwithstanding (a lower bound only, which load cannot break).
+    assert len(prom.calls) == 12
+    history = await handle.fetch_history()
+    started = sorted(e.event_time.ToDatetime() for e in history.events
+                     if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)
+    assert (started[-1] - started[0]).total_seconds() >= 4.0, started
+
+
+async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env, task_queue, tmp_path):
+    """Fairness per run: with readings backed up behind a 24-gate flood, the other run's readings
+    are taken in turn with the flood's, not after the whole backlog."""
+    prom = await support.ScriptedPrometheus().start()
+    flood = _gates_book(tmp_path, "flood", prom.url, gates=24, consecutive=1000)
+    quiet = _gates_book(tmp_path, "quiet", prom.url, gates=1, consecutive=4)
+    try:
+        async with support.worker(env.client, task_queue, readings_per_second=4):
+            flooding = await support.start(env.client, flood, task_queue)
+            await asyncio.sleep(3)  # the backlog forms: 24 readings wanted at once, 4 taken a second
+            other = await support.start(env.client, quiet, task_queue, target={"name": f"other-{task_queue}"})
+            assert (await asyncio.wait_for(other.result(), timeout=120)).state == "succeeded"
+            await flooding.terminate("test over")
+    finally:
+        await prom.stop()
+    flood_waits = sorted(wait for _, wait in _readings(await flooding.fetch_history()))
+    other_waits = sorted(wait for _, wait in _readings(await other.fetch_history()))
+    assert len(other_waits) == 4
+    # FIFO would make the other run's readings wait out the flood's backlog as the flood's own do
+    # (seconds: up to 24 at 4 a second). In turn they wait less; not one slot, as the queue's four
+    # partitions each keep their own turns. Measured: longest wait 0.12-0.48 of the flood's with
+    # fairness on, 0.72-0.76 with it off.
+    assert flood_waits[-1] > 2.0, flood_waits
+    assert other_waits[-1] < flood_waits[-1] * 0.6, (other_waits, flood_waits)

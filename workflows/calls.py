@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -14,7 +15,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.refs import iter_refs, split_path
     from workflows.spec import ActionDefaults
 
-__all__ = ["DeadlineMissed", "RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced"]
+__all__ = ["READING_PRIORITY", "DeadlineMissed", "RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced"]
+
+
+# Task queue priority (1 first, 3 by default): a gate reading is a poll that comes again, so in a
+# backlog other work goes first; its fairness key is its run, so one run's flood of readings cannot
+# starve another run's gates (the server honours keys with matching.enableFairness on).
+READING_PRIORITY = 4
 
 
 class StepFailed(Exception):
@@ -62,6 +69,8 @@ async def call_action(
     tag: ActivityTag,
     timeout: timedelta | None = None,
     retry: Retry | None = None,
+    priority: Priority | None = None,
+    task_queue: str | None = None,
 ) -> Any:
     """One activity for `action` with its pinned timeout and retry, tagged; ActivityError if it failed."""
     with tagged(tag):
@@ -73,6 +82,8 @@ async def call_action(
             heartbeat_timeout=action.heartbeat,
             retry_policy=(retry or action.retry).policy(),
             summary=summary[:400],
+            priority=priority or Priority.default,
+            task_queue=task_queue,
         )
 
 

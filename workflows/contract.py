@@ -31,6 +31,7 @@ __all__ = [
     "FleetMemberState",
     "FleetStatus",
     "parse_request",
+    "readings_queue",
     "workflow_id_for",
 ]
 
@@ -45,6 +46,12 @@ StepStatus = Literal[
     "rolled_back",
     "aborted",
 ]
+
+
+def readings_queue(task_queue: str) -> str:
+    """Where a run's gate readings go: a queue of its own beside the run's, which every worker also
+    polls at a bounded rate, so a flood of readings waits in the server, never in front of a step."""
+    return f"{task_queue}-readings"
 
 
 def workflow_id_for(target: str) -> str:

@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IdentityKeys
     from activities.retry import Retry
-    from workflows.calls import DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
+    from workflows.calls import READING_PRIORITY, DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
         ApproveRequest,
@@ -28,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         StepState,
         UndoRecord,
         parse_request,
+        readings_queue,
     )
     from workflows.controls import OperatorControls
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
@@ -467,6 +469,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 activity_id=self._next_id(f"{step_id}/gate/{name}"),
                 summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}",
                 tag=ActivityTag("gate", step_id, gate=name, percent=percent),
+                **self._reading_route(),
             )
             value, error = raw.get("value"), raw.get("error")
         except ActivityError as exc:
@@ -475,6 +478,15 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         reading = GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
         metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
+
+    @staticmethod
+    def _reading_route() -> dict[str, Any]:
+        # Patched: before it, readings shared the run's queue, where a flood of them slowed every
+        # run's steps on the worker; runs in flight then keep that route.
+        if not workflow.patched("readings-queue"):
+            return {}
+        return {"task_queue": readings_queue(workflow.info().task_queue),
+                "priority": Priority(priority_key=READING_PRIORITY, fairness_key=workflow.info().workflow_id)}
 
     def _resolved_gate(self, gate: GateSpec, ramp: dict[str, int] | None = None) -> GateSpec:
         # A ramp's gates may name ${{ ramp.percent }} (e.g. to read only once clients see this step).
