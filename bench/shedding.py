@@ -86,6 +86,7 @@ def _worker_main(flood_per_s: int) -> None:
     import structlog
 
     from runtime.logs import configure_logging
+    from runtime.serve import leave
     from runtime.worker import run_worker
 
     configure_logging("INFO")
@@ -99,6 +100,7 @@ def _worker_main(flood_per_s: int) -> None:
 
         threading.Thread(target=flood, daemon=True).start()
     asyncio.run(run_worker(os.environ[TASK_QUEUE_ENV], os.environ.get("COLDSTART_METRICS") or None))
+    leave()
 
 
 @asynccontextmanager

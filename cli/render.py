@@ -148,13 +148,15 @@ def _live_view(current: RunStatus) -> Group:
     return Group(*parts)
 
 
-async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 0.5,
-                 sleep: Sleep = asyncio.sleep) -> int:
+async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 1.0,
+                 query_every: float = 2.0, sleep: Sleep = asyncio.sleep) -> int:
     """Show the run live until it ends; the exit code is 0 only if it succeeded.
 
     Polls through RunWatch (cli/polling.py): the server every `interval`, the worker's status Query
-    only when the run moved, backing off with jitter while Temporal refuses."""
-    watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, sleep=sleep)
+    only when the run moved and at most every `query_every` (a recovery's steps take seconds to
+    minutes; fifty operators' views refreshing twice a second slowed the run they watched), backing
+    off with jitter while Temporal refuses."""
+    watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, query_every=query_every, sleep=sleep)
     last_line = ""
     live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal else None
     if live:

@@ -15,7 +15,7 @@ import structlog
 
 from runtime.shedding import LOG_RECORDS_DROPPED, ShedCounter
 
-__all__ = ["LOG_QUEUE_ENV", "configure_logging"]
+__all__ = ["LOG_QUEUE_ENV", "configure_logging", "flush_logging"]
 
 LOG_QUEUE_ENV = "COLDSTART_LOG_QUEUE"  # records held for the writer before new ones are dropped
 _QUEUE_SIZE = 10_000
@@ -85,6 +85,14 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
             self.queue.put_nowait(record)
         except queue.Full:
             self._dropped.add("queue_full")
+
+
+def flush_logging() -> None:
+    """Give the writer what is queued (a second at most, a stuck sink is abandoned) and stop it."""
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+        _listener = None
 
 
 class _Sink:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from typing import Optional
 
 import typer
 
 from runtime.connection import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV
-from runtime.logs import configure_logging
+from runtime.logs import configure_logging, flush_logging
 
-__all__ = ["serve"]
+__all__ = ["leave", "serve"]
 
 JOURNAL_ENV = "COLDSTART_ACTION_JOURNAL"  # the action journal (activities/journal.py) a worker writes
 
@@ -28,3 +30,15 @@ def serve(
 
     configure_logging(log_level)
     asyncio.run(run_worker(task_queue, metrics or None, journal or None))
+    leave()
+
+
+def leave() -> None:
+    """Exit 0 once a worker has stopped cleanly (the journal is written as it goes), logs flushed.
+
+    Temporal's native core keeps threads that can hold the interpreter's finalization (a worker seen
+    alive 30 s after SIGTERM with its Python done), so it leaves without finalizing, as the CLI does."""
+    flush_logging()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -73,8 +73,10 @@ async def call_action(
     task_queue: str | None = None,
 ) -> Any:
     """One activity for `action` with its pinned timeout and retry, tagged; ActivityError if it failed."""
+    # Scheduled inside the block, awaited outside it: the tag's context must not span the await (a run
+    # evicted mid-activity closes the coroutine from another context, where the reset would fail).
     with tagged(tag):
-        return await workflow.execute_activity(
+        handle = workflow.start_activity(
             action.name,
             args,
             activity_id=activity_id,
@@ -85,6 +87,7 @@ async def call_action(
             priority=priority or Priority.default,
             task_queue=task_queue,
         )
+    return await handle
 
 
 async def execute_action(action: ActionDefaults, args: dict[str, Any], **call: Any) -> dict[str, Any]:
