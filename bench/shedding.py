@@ -103,6 +103,15 @@ def _worker_main(flood_per_s: int) -> None:
     leave()
 
 
+def _read_cpu(process: subprocess.Popen) -> None:
+    """Note a worker's CPU seconds before it stops (a process gone cannot be asked)."""
+    try:
+        times = psutil.Process(process.pid).cpu_times()
+        WORKER_CPU.append(times.user + times.system)
+    except psutil.Error:
+        pass
+
+
 @asynccontextmanager
 async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False):
     process = subprocess.Popen(
@@ -115,11 +124,7 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
     try:
         yield process
     finally:
-        try:
-            times = psutil.Process(process.pid).cpu_times()
-            WORKER_CPU.append(times.user + times.system)
-        except psutil.Error:
-            pass
+        _read_cpu(process)
         process.terminate()
         try:
             process.wait(timeout=30)
@@ -206,6 +211,7 @@ async def main() -> None:
         async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True) as worker:
             await asyncio.sleep(3)  # the pipe and the queue fill
             gaps = await _measure(env, f"blocked{r}", book, "blocked")
+            _read_cpu(worker)
             stopping = time.monotonic()
             worker.terminate()
             worker.wait(timeout=30)
