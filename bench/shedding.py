@@ -153,17 +153,27 @@ async def _storm(env, queue: str, book: Path, name: str, *, naive: bool) -> tupl
     queries = 0
 
     async def poller() -> None:
+        # Each watches a run until it ends, as an operator's view does, then waits for the next one
+        # (a view that kept asking a closed run would have the worker replay it each time).
         nonlocal queries
+        watched: set[str] = set()
         while True:
-            if naive:
+            handle = current[-1]
+            if handle.id in watched:
+                await asyncio.sleep(0.1)
+                continue
+            watched.add(handle.id)
+            if not naive:
+                await render.follow(env.client, handle.id, Console(file=io.StringIO()))
+                continue
+            while True:
                 queries += 1
                 try:
-                    await current[-1].query("status", result_type=RunStatus)
+                    if (await handle.query("status", result_type=RunStatus)).state not in ("running", "paused"):
+                        break
                 except Exception:  # noqa: BLE001 - a storm does not stop on an error
                     pass
                 await asyncio.sleep(0.5)
-            else:
-                await render.follow(env.client, current[-1].id, Console(file=io.StringIO()))
 
     gaps: list[float] = []
     pollers: list[asyncio.Task] = []

@@ -48,8 +48,10 @@ class RunWatch:
     querying twice a second each would delay the run they watch. The watch asks the server instead
     (describe(), which the worker never sees) every `interval`, jittered, and sends the status Query
     only when the run's history has grown since the last one (its status cannot have changed
-    otherwise), at most once per `query_every`. Refusals back off exponentially with full jitter (at
-    most 10 s apart) and give up, raising, after `attempts` calls in a row were refused.
+    otherwise), at most once per `query_every`, jittered. The first call waits a random part of
+    `interval`, so a reconnect storm of views does not reach the worker in the same instant. Refusals
+    back off exponentially with full jitter (at most 10 s apart) and give up, raising, after
+    `attempts` calls in a row were refused.
     """
 
     def __init__(self, handle: WorkflowHandle, *, interval: float = 0.5, query_every: float = 1.0,
@@ -62,18 +64,24 @@ class RunWatch:
         self._clock = clock
         self._length = -1
         self._queried_at = float("-inf")
+        self._next_query_after = query_every
         self._last: RunStatus | None = None
+        self._started = False
 
     async def next(self) -> RunStatus:
-        """The run's status once it may have changed since the previous call (the first call: at once)."""
+        """The run's status once it may have changed since the previous call."""
+        if not self._started:
+            self._started = True
+            await self._sleep(self._interval * random.random())
         while True:
             description = await self._retry(self._handle.describe)
             length = description.raw_description.workflow_execution_info.history_length
             closed = description.status not in (None, WorkflowExecutionStatus.RUNNING)
-            if length != self._length and (closed or self._clock() - self._queried_at >= self._query_every):
+            if length != self._length and (closed or self._clock() - self._queried_at >= self._next_query_after):
                 self._last = await self._retry(self._handle.query, "status", result_type=RunStatus,
                                                rpc_timeout=_QUERY_TIMEOUT)
                 self._length, self._queried_at = length, self._clock()
+                self._next_query_after = self._query_every * random.uniform(0.5, 1.5)
                 return self._last
             if closed and self._last is not None:
                 if self._last.state not in ("running", "paused"):

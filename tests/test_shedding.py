@@ -6,7 +6,7 @@ import asyncio
 import io
 import os
 import signal
-import statistics
+from datetime import datetime, timezone
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +21,12 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from cli import render
-from cli.polling import read_status
+from cli.polling import RunWatch, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from tests import support
 from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
-from workflows.contract import readings_queue
+from workflows.contract import RunStatus, readings_queue
 from workflows.runbook_workflow import READ_ACTIVITY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,3 +264,49 @@ async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env,
     # fairness on, 0.72-0.76 with it off.
     assert flood_waits[-1] > 2.0, flood_waits
     assert other_waits[-1] < flood_waits[-1] * 0.6, (other_waits, flood_waits)
+
+
+class _Described:
+    """describe() results for RunWatch: a running run whose history grows by one event per call."""
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.queries = 0
+
+    async def describe(self) -> Any:
+        from temporalio.client import WorkflowExecutionStatus
+
+        self.length += 1
+        info = type("Info", (), {"history_length": self.length})()
+        raw = type("Raw", (), {"workflow_execution_info": info})()
+        return type("Description", (), {"raw_description": raw, "status": WorkflowExecutionStatus.RUNNING})()
+
+    async def query(self, *args: Any, **kwargs: Any) -> RunStatus:
+        self.queries += 1
+        return RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
+                         started_at=datetime.now(timezone.utc), steps=[])
+
+
+async def test_a_watch_spreads_a_reconnect_storm_and_its_queries():
+    """Views started together neither first ask nor later Query in the same instant."""
+    firsts: list[float] = []
+    gaps: list[float] = []
+    for _ in range(20):
+        now = [0.0]
+        sleeps: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+            now[0] += seconds
+
+        handle = _Described()
+        watch = RunWatch(handle, interval=1.0, query_every=2.0, sleep=sleep, clock=lambda: now[0])  # type: ignore[arg-type]
+        await watch.next()
+        firsts.append(sleeps[0])
+        queried_at = now[0]
+        await watch.next()
+        gaps.append(now[0] - queried_at)
+        assert handle.queries == 2
+    assert all(0 <= first < 1.0 for first in firsts) and len(set(firsts)) > 1, firsts
+    # Every view waits 1 to 3 s (query_every 2 s, jittered) before its next Query, each its own.
+    assert all(1.0 <= gap <= 3.0 + 1.5 for gap in gaps) and len(set(gaps)) > 1, gaps
