@@ -9,7 +9,7 @@ import logging.handlers
 import os
 import queue
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
 
@@ -63,17 +63,36 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
     logging.captureWarnings(True)
     structlog.configure(
         # Tracebacks are rendered here, on the logging thread: the writer thread has no exc_info to read.
-        processors=[*shared, structlog.processors.format_exc_info, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # A record below the level, or one the full queue would drop, is dropped before any work on it.
+        processors=[structlog.stdlib.filter_by_level, _shed_when_full(records, dropped), *shared,
+                    structlog.processors.format_exc_info, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
 
 
+def _shed_when_full(records: queue.Queue, dropped: ShedCounter) -> structlog.types.Processor:
+    """A structlog processor that drops (and counts) a record while the queue is full, so a stopped
+    sink costs the logging thread a check instead of the timestamp, the record and its copy."""
+    def shed(logger: Any, method: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+        if records.full():
+            dropped.add("queue_full")
+            raise structlog.DropEvent
+        return event
+    return shed
+
+
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
     def __init__(self, records: queue.Queue, dropped: ShedCounter) -> None:
         super().__init__(records)
         self._dropped = dropped
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.queue.full():  # stdlib and Temporal records: shed before the copy
+            self._dropped.add("queue_full")
+            return
+        super().emit(record)
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # QueueHandler.prepare would format here and flatten structlog's event dict to a string, which

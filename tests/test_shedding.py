@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import logging
 import signal
 from datetime import datetime, timezone
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+import structlog
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
@@ -23,6 +26,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from cli import render
 from cli.polling import RunWatch, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
+from runtime.logs import configure_logging, flush_logging
+from runtime.shedding import ShedCounter
 from tests import support
 from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
@@ -310,3 +315,44 @@ async def test_a_watch_spreads_a_reconnect_storm_and_its_queries():
     assert all(0 <= first < 1.0 for first in firsts) and len(set(firsts)) > 1, firsts
     # Every view waits 1 to 3 s (query_every 2 s, jittered) before its next Query, each its own.
     assert all(1.0 <= gap <= 3.0 + 1.5 for gap in gaps) and len(set(gaps)) > 1, gaps
+
+
+class _StuckSink:
+    """A stream whose first write blocks until released, as a pipe nobody reads does."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.entered.set()
+        self.release.wait(10)
+        self.lines.append(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_stopped_sink_sheds_records_before_any_work_on_them():
+    sink = _StuckSink()
+    dropped = ShedCounter("test_dropped", "test")
+    configure_logging("INFO", stream=sink, queue_size=4, dropped=dropped)  # type: ignore[arg-type]
+    try:
+        log = structlog.get_logger("test.flood")
+        log.info("flood", i=0)
+        assert sink.entered.wait(10)  # the writer is stuck in its first write
+        for i in range(1, 50):
+            log.info("flood", i=i)
+            log.debug("below the level: never queued, never counted", i=i)
+        logging.getLogger("test.stdlib").warning("a stdlib record behind the full queue")
+        # The queue takes four; the other 45 structlog records and the stdlib one are shed.
+        assert dropped.value("queue_full") == 46
+    finally:
+        sink.release.set()
+        flush_logging()
+        configure_logging("INFO")
+    assert len(sink.lines) == 5 and all("flood" in line for line in sink.lines), sink.lines
