@@ -26,7 +26,11 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 0.5, 10.0
 
 def refused(exc: BaseException) -> bool:
     """Temporal is overloaded, away or too slow (the frontend, or the worker behind a Query): try later."""
-    return isinstance(exc, RPCError) and exc.status in _REFUSALS
+    if not isinstance(exc, RPCError):
+        return False
+    # A call that outlives its own rpc_timeout comes back CANCELLED "Timeout expired" (seen: one of
+    # fifty views' Queries on a just-closed run, in CI), which is the same as DEADLINE_EXCEEDED here.
+    return exc.status in _REFUSALS or (exc.status == RPCStatusCode.CANCELLED and exc.message == "Timeout expired")
 
 
 def _retrying(attempts: int, sleep: Sleep) -> AsyncRetrying:

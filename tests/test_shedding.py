@@ -119,15 +119,16 @@ async def test_a_storm_of_followers_reads_the_server_and_queries_only_when_the_r
 
 
 class _RefusingHandle:
-    def __init__(self, refusals: int, code: RPCStatusCode = RPCStatusCode.RESOURCE_EXHAUSTED) -> None:
+    def __init__(self, refusals: int, code: RPCStatusCode = RPCStatusCode.RESOURCE_EXHAUSTED, message: str = "refused") -> None:
         self.refusals = refusals
         self.code = code
+        self.message = message
         self.calls = 0
 
     async def query(self, *args: Any, **kwargs: Any) -> str:
         self.calls += 1
         if self.calls <= self.refusals:
-            raise RPCError("refused", self.code, b"")
+            raise RPCError(self.message, self.code, b"")
         return "status"
 
 
@@ -148,6 +149,10 @@ async def test_refused_status_reads_back_off_with_jitter_and_give_up():
     with pytest.raises(RPCError):
         await read_status(away, sleep=sleep)  # type: ignore[arg-type]
     assert away.calls == 6 and len(waits) == 5
+
+    timed_out = _RefusingHandle(refusals=2, code=RPCStatusCode.CANCELLED, message="Timeout expired")
+    assert await read_status(timed_out, sleep=sleep) == "status"  # type: ignore[arg-type]
+    assert timed_out.calls == 3
 
     missing = _RefusingHandle(refusals=1, code=RPCStatusCode.NOT_FOUND)
     with pytest.raises(RPCError):
