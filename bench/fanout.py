@@ -23,9 +23,10 @@ from pathlib import Path
 import consul
 import hvac
 import httpx
-import psutil
 from temporalio.testing import WorkflowEnvironment
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
+from bench._cpu import cpu_seconds  # noqa: E402
 from cli.drill import start_process
 from cli.runs import start_run
 from lab.hashistack.local import VaultDev
@@ -86,24 +87,8 @@ def _settle(nomad_url: str, deadline_s: float) -> None:
 
 def _cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of this process (the worker) and each process it started, by role."""
-    def role(proc: psutil.Process) -> str:
-        args = " ".join(proc.cmdline())
-        for needle, name in (("standins consul", "consul stand-in"), ("standins nomad", "nomad stand-in"),
-                             ("server -dev", "vault"), ("start-dev", "temporal dev server")):
-            if needle in args:
-                return name
-        return "other"
-
-    totals: dict[str, float] = {}
-    me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-            name = "worker (bench process)" if proc.pid == me.pid else role(proc)
-        except psutil.Error:
-            continue
-        totals[name] = totals.get(name, 0.0) + times.user + times.system
-    return totals
+    return cpu_seconds({"standins consul": "consul stand-in", "standins nomad": "nomad stand-in",
+                        "server -dev": "vault", "start-dev": "temporal dev server"}, me="worker (bench process)")
 
 
 def _activity_timings(history) -> tuple[float, float, float]:

@@ -39,6 +39,7 @@ from temporalio.api.enums.v1 import EventType  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from activities.catalog import load_registry  # noqa: E402
+from bench._cpu import cpu_seconds  # noqa: E402
 from cli import render  # noqa: E402
 from cli.runs import start_run  # noqa: E402
 from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
@@ -61,20 +62,7 @@ def _gaps(history) -> list[float]:
 
 def _cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of this process and each process it started, by role."""
-    def role(proc: psutil.Process) -> str:
-        args = " ".join(proc.cmdline())
-        return "worker" if "--worker" in args else "temporal dev server" if "start-dev" in args else "other"
-
-    totals: dict[str, float] = {}
-    me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-            name = "bench (clients, Prometheus)" if proc.pid == me.pid else role(proc)
-        except psutil.Error:
-            continue
-        totals[name] = totals.get(name, 0.0) + times.user + times.system
-    return totals
+    return cpu_seconds({"--worker": "worker", "start-dev": "temporal dev server"}, me="bench (clients, Prometheus)")
 
 
 def _p95(values: list[float]) -> float:
