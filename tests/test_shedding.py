@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import structlog
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType
+from temporalio.common import TypedSearchAttributes
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,7 +32,7 @@ from runtime.shedding import ShedCounter
 from tests import support
 from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
-from workflows.contract import RunStatus, readings_queue
+from workflows.contract import ApproveRequest, ControlRequest, RunStatus, readings_queue
 from workflows.runbook_workflow import READ_ACTIVITY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +86,10 @@ class _CountingHandle:
         self._calls.append(("query", self._calls[-1][1] if self._calls else -1))
         return await self._handle.query(*args, **kwargs)
 
+    async def result(self, *args: Any, **kwargs: Any):
+        self._calls.append(("result", self._calls[-1][1] if self._calls else -1))
+        return await self._handle.result(*args, **kwargs)
+
 
 class _CountingClient:
     def __init__(self, client: Any) -> None:
@@ -95,7 +100,7 @@ class _CountingClient:
         return _CountingHandle(self._client.get_workflow_handle(workflow_id), self.calls)
 
 
-async def test_a_storm_of_followers_reads_the_server_and_queries_only_when_the_run_moved(env, task_queue, tmp_path):
+async def test_a_storm_of_followers_reads_the_server_never_the_worker(env, task_queue, tmp_path):
     book = support.write_runbook(tmp_path, """
         metadata: {name: watched}
         target: t
@@ -112,10 +117,65 @@ async def test_a_storm_of_followers_reads_the_server_and_queries_only_when_the_r
     assert codes == [0] * 50
     final = (await handle.describe()).raw_description.workflow_execution_info.history_length
     for follower in followers:
-        queried = [length for kind, length in follower.calls if kind == "query"]
-        # Never two Queries for one history length: a quiet run (the 3 s wait) costs its worker nothing.
-        assert len(queried) == len(set(queried)) <= final, follower.calls
-        assert sum(kind == "describe" for kind, _ in follower.calls) > len(queried), follower.calls
+        # Not one Query: the running run's status came from its memo, the closed run's from its close event.
+        assert [kind for kind, _ in follower.calls if kind != "describe"] == ["result"], follower.calls
+        assert follower.calls[-1] == ("result", final) and len(follower.calls) > 10, follower.calls
+
+
+async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_status_query(env, task_queue, tmp_path):
+    """While the run waits, the view's status (from the memo) is the Query's, less outputs and older
+    readings; each way a run ends, its last status is what a Query on the closed run says. No Query."""
+    prom = await support.ScriptedPrometheus().start()
+    flag = tmp_path / "never"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: ends}}
+        target: t
+        approvers: [alice]
+        steps:
+          - {{id: noted, action: core.note, with: {{message: "restoring"}}}}
+          - id: healthy
+            gate: {{endpoint: "{prom.url}", query: up, comparator: ">=", threshold: 1, interval: 0.05s, consecutive: 3, timeout: 20s}}
+          - {{id: ok, approval: {{prompt: "go?"}}}}
+          - id: flaky
+            action: test.maybe_fail
+            with: {{path: "{tmp_path / 'out'}", label: flaky, fail_until_file_exists: "{flag}"}}
+    """)
+    ends = {}
+    async with support.worker(env.client, task_queue):
+        for end in ("succeeded", "failed", "aborted", "terminated"):
+            client = _CountingClient(env.client)
+            handle = await support.start(env.client, book, task_queue, target={"name": f"{end}-{task_queue}"})
+            watch = RunWatch(client.get_workflow_handle(handle.id), interval=0.1, query_every=0.1)
+            await support.wait_for(lambda: _awaiting_ok(handle))
+            waiting, queried = await watch.next(), await read_status(handle)
+            assert queried.steps[0].outputs and len(queried.steps[1].readings) == 3
+            for step in queried.steps:
+                step.outputs, step.readings = {}, step.readings[-1:]
+            assert waiting == queried and waiting.awaiting_approval == ["ok"]
+            if end == "aborted":
+                await handle.execute_update("abort", ControlRequest(actor="alice", reason="drill over"))
+            elif end == "terminated":
+                await handle.terminate("operator gone")
+            else:
+                flag.touch() if end == "succeeded" else flag.unlink(missing_ok=True)
+                await handle.execute_update("approve", ApproveRequest(step="ok", approver="alice"))
+            while (final := await watch.next()).state in ("running", "paused"):
+                pass
+            assert not [call for call in client.calls if call[0] == "query"], client.calls
+            ends[end] = final
+            if end != "terminated":
+                assert final == await read_status(handle), end
+    await prom.stop()
+    assert {end: status.state for end, status in ends.items()} == {
+        "succeeded": "succeeded", "failed": "failed", "aborted": "aborted", "terminated": "failed"}
+    assert ends["succeeded"].steps[2].approvals[0].approver == "alice" and ends["succeeded"].ended_at is not None
+    assert "injected failure" in (ends["failed"].error or "") and ends["failed"].steps[-1].status == "failed"
+    assert [c.verb for c in ends["aborted"].controls] == ["abort"] and "drill over" in (ends["aborted"].error or "")
+    assert ends["terminated"].error == "the run was terminated" and ends["terminated"].current_step is None
+
+
+async def _awaiting_ok(handle: Any) -> bool:
+    return "ok" in (await support.status(handle)).awaiting_approval
 
 
 class _RefusingHandle:
@@ -289,7 +349,11 @@ class _Described:
         self.length += 1
         info = type("Info", (), {"history_length": self.length})()
         raw = type("Raw", (), {"workflow_execution_info": info})()
-        return type("Description", (), {"raw_description": raw, "status": WorkflowExecutionStatus.RUNNING})()
+        async def no_memo(_: Any) -> dict[str, Any]:
+            return {}  # a run started before its status was kept in the memo
+
+        return type("Description", (), {"raw_description": raw, "status": WorkflowExecutionStatus.RUNNING, "memo": no_memo,
+                                        "typed_search_attributes": TypedSearchAttributes([])})()
 
     async def query(self, *args: Any, **kwargs: Any) -> RunStatus:
         self.queries += 1
@@ -298,7 +362,7 @@ class _Described:
 
 
 async def test_a_watch_spreads_a_reconnect_storm_and_its_queries():
-    """Views started together neither first ask nor later Query in the same instant."""
+    """Views started together neither first ask nor later Query (a run without a status memo) in the same instant."""
     firsts: list[float] = []
     gaps: list[float] = []
     for _ in range(20):

@@ -32,6 +32,8 @@ __all__ = [
     "FleetStatus",
     "parse_request",
     "readings_queue",
+    "status_from_memo",
+    "status_memo",
     "workflow_id_for",
 ]
 
@@ -163,10 +165,44 @@ class RunStatus(BaseModel):
     identity_required: list[str] = Field(default_factory=list)
 
 
+# A running run's status, kept in its memo (one key for the run, one per step, so an upsert carries
+# only what changed): a live view reads it with describe(), from the server, and never Queries the
+# worker. Steps' outputs and all but the last reading stay in the status Query.
+_MEMO_RUN = "coldstart.run"
+_MEMO_STEP = "coldstart.step."
+
+
+def status_memo(status: RunStatus) -> dict[str, Any]:
+    """The memo entries that describe `status` (compare with what was sent, upsert the ones that differ)."""
+    entries: dict[str, Any] = {_MEMO_RUN: status.model_dump(mode="json", exclude={"steps"})}
+    for position, step in enumerate(status.steps):
+        entry = step.model_dump(mode="json", exclude={"outputs", "readings"})
+        entry["readings"] = [reading.model_dump(mode="json") for reading in step.readings[-1:]]
+        entries[_MEMO_STEP + step.id] = {"position": position, **entry}
+    return entries
+
+
+def status_from_memo(memo: dict[str, Any]) -> RunStatus | None:
+    """The status a run's memo holds; None if it holds none (a run started before the memo was kept)."""
+    if _MEMO_RUN not in memo:
+        return None
+    entries = sorted((value for key, value in memo.items() if key.startswith(_MEMO_STEP)), key=lambda entry: entry["position"])
+    try:
+        return RunStatus.model_validate({**memo[_MEMO_RUN], "steps": entries})
+    except ValidationError:
+        return None
+
+
 class RunResult(BaseModel):
+    """How a run ended, in its close event: with the status last seen, all a closed run's view needs
+    (cli/polling.py), so nobody has to Query, and the worker replay, a run that is over."""
+
     state: Literal["succeeded", "failed", "aborted", "rolled_back"]
     steps: list[StepState]
     error: str | None = None
+    # Since the close-event view (runs closed before it carry neither).
+    ended_at: datetime | None = None
+    controls: list[ControlRecord] = Field(default_factory=list)
 
 
 # Operator requests come from the CLI and from anyone who can reach the Temporal Web UI: bounded,

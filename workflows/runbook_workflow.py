@@ -115,6 +115,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     async def run(self, inp: RunInput) -> RunResult:
         steps = inp.runbook.steps
         first = inp.resume.next_index if inp.resume else 0
+        if workflow.patched("status-memo"):
+            self._status_memo = asyncio.ensure_future(self._keep_status_memo())
         try:
             if inp.runbook.identity is not None and self._identity_keys is None:
                 await self._capture_identity_keys()
@@ -141,7 +143,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._publish(None)
         workflow.set_current_details(self._details(None))
         await workflow.wait_condition(workflow.all_handlers_finished)
-        result = RunResult(state=self._state, steps=list(self._steps.values()), error=self._error)
+        result = RunResult(state=self._state, steps=list(self._steps.values()), error=self._error,
+                           ended_at=self._ended_at, controls=list(self._controls))
         if self._state != "succeeded":
             raise ApplicationError(
                 f"runbook {inp.runbook.metadata.name} {self._state}: {self._error}",

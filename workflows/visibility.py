@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
-    from workflows.contract import GateReading
+    from workflows.contract import GateReading, status_memo
     from workflows.spec import ActionStep, RampStep
 
 __all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
@@ -37,6 +37,30 @@ def metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
 
 class RunVisibility:
     """RunbookWorkflow's Web UI face; reads the run's state, never changes it."""
+
+    async def _keep_status_memo(self) -> None:
+        """Keep the run's status in its memo, for live views (cli/polling.py) that read the server.
+
+        Runs beside the steps: its condition is checked whenever the workflow has run, so a change
+        is in the memo by the end of the workflow task that made it, whichever code made it. Only
+        the entries that changed are upserted; a gate reading the same value again changes none.
+        """
+        sent: dict[str, Any] = {}
+        while True:
+            signature = self._status_signature()
+            changed = {key: entry for key, entry in status_memo(self.status()).items() if sent.get(key) != entry}
+            if changed:
+                workflow.upsert_memo(changed)
+                sent.update(changed)
+            await workflow.wait_condition(lambda: self._status_signature() != signature)
+
+    def _status_signature(self) -> tuple:
+        """What a live view shows, cheap to compare: the condition above is checked often."""
+        steps = tuple(
+            (s.status, s.attempts, s.error, s.percent, s.last_good, s.awaiting, s.skip_requested_by, len(s.approvals),
+             (s.readings[-1].gate, s.readings[-1].value, s.readings[-1].passed, s.readings[-1].error) if s.readings else None)
+            for s in self._steps.values())
+        return (self._state, self._paused, self._error, tuple(self._awaiting), len(self._controls), steps)
 
     def _publish(self, current: str | None) -> None:
         """Upsert the Web UI search attributes when they change (not on every event)."""
