@@ -286,7 +286,7 @@ def status(
     run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Where a run is: current step, each step's outcome and its gate readings."""
+    """Where a run is: current step, each step's outcome and its gate readings (--json: with outputs)."""
 
     async def go() -> None:
         client = await _client()
@@ -294,18 +294,17 @@ def status(
         if fleet is not None:
             from cli.fleet import member_runs, render_status
 
-            runs = await member_runs(client, fleet)
+            runs = await member_runs(client, fleet, outputs=json_output)
             if json_output:
                 _print_json({**fleet.model_dump(mode="json"),
                              "runs": {t: r.model_dump(mode="json") for t, r in runs.items()}})
             else:
                 render_status(out, fleet, runs)
             return
-        current = await _query_status(client, _workflow_id(run_ref))
         if json_output:
-            _print_json(current.model_dump(mode="json"))
+            _print_json((await _query_status(client, _workflow_id(run_ref))).model_dump(mode="json"))
         else:
-            render.status(out, current)
+            render.status(out, await _kept_status(client, _workflow_id(run_ref)))
 
     asyncio.run(go())
 
@@ -317,6 +316,18 @@ async def _query_status(client, workflow_id: str):
 
     try:
         return await read_status(client.get_workflow_handle(workflow_id))
+    except RPCError as exc:
+        _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
+
+
+async def _kept_status(client, workflow_id: str):
+    """The status the run keeps in its memo, from the server (cli/polling.read_kept_status)."""
+    from temporalio.service import RPCError
+
+    from cli.polling import read_kept_status
+
+    try:
+        return await read_kept_status(client.get_workflow_handle(workflow_id))
     except RPCError as exc:
         _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
 

@@ -17,7 +17,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from workflows import search
 from workflows.contract import RunResult, RunStatus, status_from_memo
 
-__all__ = ["RunWatch", "Sleep", "read_status", "refused"]
+__all__ = ["RunWatch", "Sleep", "read_kept_status", "read_status", "refused"]
 
 Sleep = Callable[[float], Awaitable[Any]]
 
@@ -48,6 +48,12 @@ async def read_status(handle: WorkflowHandle, *, attempts: int = 6, sleep: Sleep
     return await _retrying(attempts, sleep)(handle.query, "status", result_type=RunStatus, rpc_timeout=_QUERY_TIMEOUT)
 
 
+async def read_kept_status(handle: WorkflowHandle, *, attempts: int = 6) -> RunStatus:
+    """The status the run keeps in its memo (all but step outputs and older readings), from the
+    server: a storm of one-shot reads costs the run's worker nothing. A run older than the memo is Queried."""
+    return await RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False).next()
+
+
 class RunWatch:
     """A run's status for a live view, at a cost the run does not feel.
 
@@ -64,7 +70,8 @@ class RunWatch:
     """
 
     def __init__(self, handle: WorkflowHandle, *, interval: float = 0.5, query_every: float = 1.0,
-                 attempts: int = 30, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+                 attempts: int = 30, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic,
+                 spread_first: bool = True) -> None:
         self._handle = handle
         self._interval = interval
         self._query_every = query_every
@@ -75,13 +82,18 @@ class RunWatch:
         self._queried_at = float("-inf")
         self._next_query_after = query_every
         self._last: RunStatus | None = None
-        self._started = False
+        self._spread_first = spread_first
+        self._calls = 0
 
     async def next(self) -> RunStatus:
         """The run's status once it may have changed since the previous call."""
-        # One read per `interval` at most, however busy the run: the first after a random part of it.
-        await self._sleep(self._interval * (random.uniform(0.5, 1.5) if self._started else random.random()))
-        self._started = True
+        # One read per `interval` at most, however busy the run: the first after a random part of it
+        # (unless spread_first is off: a one-shot read).
+        if self._calls:
+            await self._sleep(self._interval * random.uniform(0.5, 1.5))
+        elif self._spread_first:
+            await self._sleep(self._interval * random.random())
+        self._calls += 1
         while True:
             description = await self._retry(self._handle.describe)
             length = description.raw_description.workflow_execution_info.history_length

@@ -81,6 +81,10 @@ async def test_operator_session(env, task_queue, tmp_path, prom):
             return result.returncode == 0 and json.loads(result.stdout)["awaiting_approval"] == ["ok"]
 
         await support.wait_for(awaiting, timeout=30, interval=0.3)
+        # The table reads the status the run keeps in its memo (the server, not the worker).
+        table = await acli(env_vars, "status", "cli-t")
+        assert table.returncode == 0 and "awaiting_approval" in table.stdout, table.stdout + table.stderr
+        assert "approve with: coldstart approve cli-t ok" in table.stdout
         refused = await acli(env_vars, "approve", "cli-t", "ok", "--as", "mallory")
         assert refused.returncode == 5 and "may not approve" in refused.stderr
         own = await acli(env_vars, "approve", "cli-t", "ok")  # alice started the run: four eyes
@@ -88,6 +92,8 @@ async def test_operator_session(env, task_queue, tmp_path, prom):
         approved = await acli(env_vars, "approve", "cli-t", "ok", "--as", "bob", "-m", "gate looked fine")
         assert approved.returncode == 0, approved.stderr
         await env.client.get_workflow_handle(workflow_id).result()
+        table = await acli(env_vars, "status", "cli-t")
+        assert table.returncode == 0 and ": succeeded" in table.stdout, table.stdout + table.stderr
 
     listed = await acli(env_vars, "list", "--all", "--json")
     rows = [r for r in json.loads(listed.stdout) if r["workflow_id"] == workflow_id]
