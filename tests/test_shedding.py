@@ -32,7 +32,8 @@ from runtime.shedding import ShedCounter
 from tests import support
 from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
-from workflows.contract import ApproveRequest, ControlRequest, RunStatus, readings_queue
+from workflows.contract import (ApproveRequest, ControlRequest, GateReading, RunStatus, StatusMemo, StepState,
+                                status_from_memo, readings_queue)
 from workflows.runbook_workflow import READ_ACTIVITY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,6 +177,31 @@ async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_sta
 
 async def _awaiting_ok(handle: Any) -> bool:
     return "ok" in (await support.status(handle)).awaiting_approval
+
+
+def test_the_status_memo_upserts_what_changed_cuts_long_texts_and_stops_within_its_budget():
+    steps = [StepState(id=f"s{i}", kind="action", outputs={"big": "x" * 5000},
+                       readings=[GateReading(gate="g", at=datetime.now(timezone.utc), value=float(k)) for k in range(3)])
+             for i in range(3)]
+    status = RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
+                       started_at=datetime.now(timezone.utc), steps=steps)
+    memo = StatusMemo()
+    first = memo.changes(status)
+    assert sorted(first) == ["coldstart.run", "coldstart.step.s0", "coldstart.step.s1", "coldstart.step.s2"]
+    assert memo.changes(status) == {}
+    status.steps[1].status, status.steps[1].error = "failed", "e" * 5000
+    again = memo.changes(status)
+    assert list(again) == ["coldstart.step.s1"] and len(again["coldstart.step.s1"]["error"]) == 500
+    # What a view reads back: the status less outputs and older readings, long texts cut.
+    kept = status_from_memo({**first, **again})
+    assert kept is not None and [step.outputs for step in kept.steps] == [{}] * 3
+    assert [len(step.readings) for step in kept.steps] == [1] * 3 and kept.steps[0].readings[0].value == 2.0
+    assert kept.steps[1].error == "e" * 499 + "…" and kept.steps[1].status == "failed"
+
+    small = StatusMemo(budget=1000)
+    assert small.changes(status) == {"coldstart.run": {"kept": False}} and small.full
+    assert small.changes(status) == {}
+    assert status_from_memo({**first, "coldstart.run": {"kept": False}}) is None  # views Query instead
 
 
 class _RefusingHandle:

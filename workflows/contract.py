@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -23,6 +24,7 @@ __all__ = [
     "RunInput",
     "RunResult",
     "RunStatus",
+    "StatusMemo",
     "StepState",
     "StepStatus",
     "UndoRecord",
@@ -172,19 +174,54 @@ _MEMO_RUN = "coldstart.run"
 _MEMO_STEP = "coldstart.step."
 
 
+# A memo over the server's limit (2 MB total by default) would end the run: the status stops being
+# kept well before (views then Query, as for older runs), and long texts are cut.
+MEMO_BUDGET = 128 * 1024
+_MEMO_TEXT = 500
+
+
+def _cut(text: str | None) -> str | None:
+    return text if text is None or len(text) <= _MEMO_TEXT else text[: _MEMO_TEXT - 1] + "…"
+
+
 def status_memo(status: RunStatus) -> dict[str, Any]:
-    """The memo entries that describe `status` (compare with what was sent, upsert the ones that differ)."""
-    entries: dict[str, Any] = {_MEMO_RUN: status.model_dump(mode="json", exclude={"steps"})}
+    """The memo entries that describe `status`: the run's, and one per step (no outputs, last reading only)."""
+    entries: dict[str, Any] = {_MEMO_RUN: {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}}
     for position, step in enumerate(status.steps):
         entry = step.model_dump(mode="json", exclude={"outputs", "readings"})
-        entry["readings"] = [reading.model_dump(mode="json") for reading in step.readings[-1:]]
+        entry.update(error=_cut(step.error), awaiting=_cut(step.awaiting),
+                     readings=[{**reading.model_dump(mode="json"), "error": _cut(reading.error)} for reading in step.readings[-1:]])
         entries[_MEMO_STEP + step.id] = {"position": position, **entry}
     return entries
 
 
+class StatusMemo:
+    """What a run has put in its memo, and what to upsert next: the entries that changed, within MEMO_BUDGET
+    bytes in all; past it, one last upsert marks the status as no longer kept."""
+
+    def __init__(self, budget: int = MEMO_BUDGET) -> None:
+        self._budget = budget
+        self._sent: dict[str, Any] = {}
+        self._sizes: dict[str, int] = {}
+        self.full = False
+
+    def changes(self, status: RunStatus) -> dict[str, Any]:
+        if self.full:
+            return {}
+        changed = {key: entry for key, entry in status_memo(status).items() if self._sent.get(key) != entry}
+        sizes = {key: len(json.dumps(entry, separators=(",", ":"))) for key, entry in changed.items()}
+        if sum({**self._sizes, **sizes}.values()) > self._budget:
+            self.full = True
+            return {_MEMO_RUN: {"kept": False}}
+        self._sent.update(changed)
+        self._sizes.update(sizes)
+        return changed
+
+
 def status_from_memo(memo: dict[str, Any]) -> RunStatus | None:
-    """The status a run's memo holds; None if it holds none (a run started before the memo was kept)."""
-    if _MEMO_RUN not in memo:
+    """The status a run's memo holds; None if it holds none (a run started before the memo was kept,
+    or one whose status outgrew MEMO_BUDGET)."""
+    if _MEMO_RUN not in memo or memo[_MEMO_RUN].get("kept") is False:
         return None
     entries = sorted((value for key, value in memo.items() if key.startswith(_MEMO_STEP)), key=lambda entry: entry["position"])
     try:

@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
-    from workflows.contract import GateReading, status_memo
+    from workflows.contract import GateReading, StatusMemo
     from workflows.spec import ActionStep, RampStep
 
 __all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
@@ -43,15 +43,15 @@ class RunVisibility:
 
         Runs beside the steps: its condition is checked whenever the workflow has run, so a change
         is in the memo by the end of the workflow task that made it, whichever code made it. Only
-        the entries that changed are upserted; a gate reading the same value again changes none.
+        the entries that changed are upserted; a gate reading the same value again changes none. A
+        status past workflows/contract.MEMO_BUDGET is no longer kept (views Query it instead).
         """
-        sent: dict[str, Any] = {}
-        while True:
+        memo = StatusMemo()
+        while not memo.full:
             signature = self._status_signature()
-            changed = {key: entry for key, entry in status_memo(self.status()).items() if sent.get(key) != entry}
+            changed = memo.changes(self.status())
             if changed:
                 workflow.upsert_memo(changed)
-                sent.update(changed)
             await workflow.wait_condition(lambda: self._status_signature() != signature)
 
     def _status_signature(self) -> tuple:
