@@ -21,10 +21,11 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
+from cli.polling import read_kept_status
 from runtime.connection import connect
 from cli.runs import start_run
 from cli.timeline import build_timeline, render_markdown
-from workflows.contract import ApproveRequest, RunStatus
+from workflows.contract import ApproveRequest
 from workflows.loader import plan_run
 from workflows.search import dev_server_flags
 
@@ -104,8 +105,9 @@ async def _auto_approve(client, workflow_id: str, console: Console,
     handle = client.get_workflow_handle(workflow_id)
     while True:
         try:
-            current = await handle.query("status", result_type=RunStatus)
-        except Exception:  # noqa: BLE001 - worker restarting; try again
+            # From the server, five times a second: a Query would cost the drill's own worker each time.
+            current = await read_kept_status(handle, attempts=1)
+        except Exception:  # noqa: BLE001 - server busy or restarting; try again
             await asyncio.sleep(0.5)
             continue
         if current.state not in ("running", "paused"):

@@ -74,6 +74,7 @@ class LabDrillReport:
 
 async def _abort_when_held(client: Any, workflow_id: str, console: Console, grace_s: float = 5.0) -> None:
     """Unattended, nobody answers a held step: end the drill as failed, naming the step and why."""
+    from cli.polling import read_kept_status
     from workflows.contract import ControlRequest
 
     handle = client.get_workflow_handle(workflow_id)
@@ -81,8 +82,8 @@ async def _abort_when_held(client: Any, workflow_id: str, console: Console, grac
     while True:
         await asyncio.sleep(1.0)
         try:
-            current = await handle.query("status", result_type=RunStatus)
-        except Exception:  # noqa: BLE001 - worker restarting; try again
+            current = await read_kept_status(handle, attempts=1)
+        except Exception:  # noqa: BLE001 - server busy or restarting; try again
             continue
         if current.state not in ("running", "paused"):
             return
