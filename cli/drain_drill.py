@@ -26,8 +26,8 @@ import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
 from cli.drill import stop_process, wait_port
-from cli.polling import read_kept_status
 from cli.lab_harness import LabHarness
+from cli.polling import read_kept_status
 
 __all__ = ["DRAIN_LAB", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
 

@@ -301,33 +301,25 @@ def status(
             else:
                 render_status(out, fleet, runs)
             return
+        current = await _run_status(client, _workflow_id(run_ref), outputs=json_output)
         if json_output:
-            _print_json((await _query_status(client, _workflow_id(run_ref))).model_dump(mode="json"))
+            _print_json(current.model_dump(mode="json"))
         else:
-            render.status(out, await _kept_status(client, _workflow_id(run_ref)))
+            render.status(out, current)
 
     asyncio.run(go())
 
 
-async def _query_status(client, workflow_id: str):
+async def _run_status(client, workflow_id: str, *, outputs: bool):
+    """The run's status: with `outputs`, its status Query (the worker answers); else the status it keeps
+    in its memo, from the server (cli/polling.read_kept_status)."""
     from temporalio.service import RPCError
 
-    from cli.polling import read_status
+    from cli.polling import read_kept_status, read_status
 
+    handle = client.get_workflow_handle(workflow_id)
     try:
-        return await read_status(client.get_workflow_handle(workflow_id))
-    except RPCError as exc:
-        _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
-
-
-async def _kept_status(client, workflow_id: str):
-    """The status the run keeps in its memo, from the server (cli/polling.read_kept_status)."""
-    from temporalio.service import RPCError
-
-    from cli.polling import read_kept_status
-
-    try:
-        return await read_kept_status(client.get_workflow_handle(workflow_id))
+        return await (read_status(handle) if outputs else read_kept_status(handle))
     except RPCError as exc:
         _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
 

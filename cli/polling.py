@@ -130,17 +130,15 @@ class RunWatch:
             result = await self._retry(self._failure)
         else:
             result = None
+        over = {"current_step": None, "awaiting_approval": [], "held": []}
         if result is None:
             # Closed from outside (terminated, timed out, cancelled): the run's own status never says so.
             return self._last.model_copy(update={
-                "state": "failed", "error": f"the run was {description.status.name.lower()}",
-                "current_step": None, "awaiting_approval": [], "held": [],
+                **over, "state": "failed", "error": f"the run was {description.status.name.lower()}",
                 "ended_at": self._last.ended_at or description.close_time})
         return self._last.model_copy(update={
-            "state": result.state, "steps": result.steps, "error": result.error,
-            "current_step": None, "awaiting_approval": [], "held": [],
-            "ended_at": result.ended_at or description.close_time,
-            "controls": result.controls or self._last.controls})
+            **over, "state": result.state, "steps": result.steps, "error": result.error,
+            "ended_at": result.ended_at or description.close_time, "controls": result.controls or self._last.controls})
 
     async def _failure(self) -> RunResult | None:
         """The RunResult a failed run raised (its ApplicationError's details); None if it failed otherwise."""
