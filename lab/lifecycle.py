@@ -39,6 +39,9 @@ __all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "recorded_backends",
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "lab-files.json"
 CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down see the same ports
+# The lab's own daemons import and connect all at once on a loaded 2-core host (15 s failed a CI run);
+# a daemon that dies still fails the wait at once.
+_DAEMON_START_S = 60.0
 # What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
 STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots", "users",
                  "sessions", "alertmanager")
@@ -198,7 +201,7 @@ def _consul_telemetry(cfg: LabConfig, consul: list) -> None:
     exporter = start_daemon(cfg.spec, "prom", "cgroup-exporter", [
         PY, "-m", "lab.cgroup_exporter", "--listen", f"{cfg.ip('prom')}:{cfg.ports.cgroup_exporter}",
         "--prefix", f"coldstart-{cfg.prefix}-"], host_sysfs=True)
-    wait_for_port(cfg.ip("prom"), cfg.ports.cgroup_exporter, timeout=15, pid=exporter.pid)
+    wait_for_port(cfg.ip("prom"), cfg.ports.cgroup_exporter, timeout=_DAEMON_START_S, pid=exporter.pid, log=exporter.log)
     canary = [PY, "-m", "lab.consul_canary", "--token-file", str(Secrets(cfg).file("consul-token")),
               "--duration", str(cfg.load_duration_s)]
     for host in CONSUL_HOSTS:
@@ -291,14 +294,14 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     from lab.dns import wait_until_answering
 
     wait_until_answering(dns_lab, timeout=15)
-    wait_for_port(cfg.ip("edge"), cfg.ports.edge_http, timeout=15, pid=edge.pid)
-    wait_for_port(cfg.maint_ip, cfg.ports.edge_http, timeout=5, pid=edge.pid)
-    for host, agent in zip(CACHE_HOSTS, agents):
-        wait_for_port(cfg.ip(host), cfg.ports.node_agent, timeout=15, pid=agent.pid)
-    wait_for_port(cfg.ip("players"), cfg.ports.players_metrics, timeout=15, pid=players.pid)
-    wait_for_port(cfg.ip("edge"), cfg.ports.session_router, timeout=15, pid=router.pid)
-    wait_for_port(cfg.ip("prom"), cfg.ports.alertmanager, timeout=15, pid=alertmanager.pid)
-    wait_for_port(cfg.ip("internal"), cfg.ports.internal_metrics, timeout=15, pid=internal.pid)
+    for address, port, daemon in ((cfg.ip("edge"), cfg.ports.edge_http, edge),
+                                  (cfg.maint_ip, cfg.ports.edge_http, edge),
+                                  *((cfg.ip(h), cfg.ports.node_agent, a) for h, a in zip(CACHE_HOSTS, agents)),
+                                  (cfg.ip("players"), cfg.ports.players_metrics, players),
+                                  (cfg.ip("edge"), cfg.ports.session_router, router),
+                                  (cfg.ip("prom"), cfg.ports.alertmanager, alertmanager),
+                                  (cfg.ip("internal"), cfg.ports.internal_metrics, internal)):
+        wait_for_port(address, port, timeout=_DAEMON_START_S, pid=daemon.pid, log=daemon.log)
     poll_until("Prometheus", lambda: httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1.0).status_code < 500, 20)
     if not pid_alive(pdns.pid):
         raise LabError(f"pdns exited; see {pdns.log}")

@@ -142,12 +142,16 @@ class _NotYet(Exception):
     pass
 
 
-def wait_for_port(address: str, port: int, *, timeout: float = 10.0, pid: int | None = None) -> None:
-    """Connect from the root namespace until something listens; fail fast if `pid` died."""
+def wait_for_port(address: str, port: int, *, timeout: float = 10.0, pid: int | None = None,
+                  log: str | Path | None = None) -> None:
+    """Connect from the root namespace until something listens; fail fast if `pid` died.
+
+    With `log` (the daemon's), the error ends with its last lines: what it was doing when it gave up.
+    """
 
     def attempt() -> None:
         if pid is not None and not pid_alive(pid):
-            raise RuntimeError(f"process {pid} exited before {address}:{port} was listening")
+            raise RuntimeError(f"process {pid} exited before {address}:{port} was listening{_log_tail(log)}")
         try:
             socket.create_connection((address, port), timeout=0.5).close()
         except OSError as exc:
@@ -158,4 +162,14 @@ def wait_for_port(address: str, port: int, *, timeout: float = 10.0, pid: int | 
     try:
         retrying(attempt)
     except _NotYet as exc:
-        raise TimeoutError(f"{address}:{port} not listening after {timeout}s: {exc}") from None
+        raise TimeoutError(f"{address}:{port} not listening after {timeout}s: {exc}{_log_tail(log)}") from None
+
+
+def _log_tail(log: str | Path | None, lines: int = 5) -> str:
+    if log is None:
+        return ""
+    try:
+        tail = Path(log).read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"; {log} ends: " + " | ".join(tail) if tail else f"; {log} is empty"
