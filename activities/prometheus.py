@@ -32,7 +32,7 @@ async def _api(base_url: str, endpoint: str, params: dict, *, timeout: float, cl
     owned = client is None
     client = client or async_client(timeout)
     try:
-        response = await client.get(url, params=params)
+        response = await client.get(url, params=params, timeout=timeout)
     except httpx.HTTPError as exc:
         raise PrometheusError(f"prometheus at {base_url} unreachable: {type(exc).__name__}: {exc}") from None
     finally:

@@ -8,7 +8,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel
 
-from activities._http import async_client
+from activities._http import reading_client
 from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
@@ -37,10 +37,10 @@ async def read(inp: ReadInput) -> Reading:
     started = time.monotonic()
     try:
         if inp.source == "prometheus":
-            value = single_value(await instant_query(inp.endpoint, inp.query, timeout=inp.timeout_seconds))
+            value = single_value(await instant_query(inp.endpoint, inp.query, timeout=inp.timeout_seconds,
+                                                     client=reading_client()))
         else:
-            async with async_client(inp.timeout_seconds) as client:
-                value = float((await client.get(inp.endpoint)).status_code)
+            value = float((await reading_client().get(inp.endpoint, timeout=inp.timeout_seconds)).status_code)
     except PrometheusError as exc:
         return Reading(error=str(exc), latency_ms=(time.monotonic() - started) * 1000)
     except httpx.HTTPError as exc:

@@ -11,7 +11,7 @@ from types import TracebackType
 
 import structlog
 from temporalio.client import Client
-from temporalio.worker import Interceptor, Worker
+from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.catalog import load_registry
@@ -25,13 +25,18 @@ from workflows.contract import readings_queue
 from workflows.fleet import FleetWorkflow
 from workflows.runbook_workflow import READ_ACTIVITY, RunbookWorkflow
 
-__all__ = ["READINGS_PER_SECOND_ENV", "ControllerWorker", "build_worker", "run_worker"]
+__all__ = ["READINGS_PER_SECOND_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "run_worker"]
 
 log = structlog.get_logger("coldstart.worker")
 
 # Identity tokens are verified inside Update validators: PyJWT and cryptography import submodules
 # lazily at verify time, which the sandbox cannot re-import, so they pass through (pure, deterministic).
-_SANDBOX = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("jwt", "cryptography"))
+SANDBOXED_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("jwt", "cryptography"))
+# Runs are unsandboxed in production: the SDK enters a run's sandbox once per payload per visitor pass
+# (three passes a completion), a third of a gate flood's worker CPU. The tests run the same code in the
+# sandbox (tests/support.worker), which fails a run reaching for the clock, randomness or I/O, and the
+# replay tests hold it deterministic; FanOutWorkflow is unsandboxed either way (see its comment).
+UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
 
 
 READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
@@ -72,12 +77,14 @@ def build_worker(
     max_concurrent_activities: int = 100,
     journal: str | os.PathLike[str] | None = None,
     readings_per_second: float | None = None,
+    sandboxed: bool = False,
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
     journal: append a line per action attempt to this file (activities/journal.py).
     readings_per_second: the gate readings this worker takes a second ($COLDSTART_READINGS_PER_SECOND,
-    else 20); beyond it they wait in the server, fairly per run, and every other task goes first."""
+    else 20); beyond it they wait in the server, fairly per run, and every other task goes first.
+    sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER)."""
     registry = registry or load_registry()
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
     if journal:
@@ -93,7 +100,7 @@ def build_worker(
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
         interceptors=interceptors,
-        workflow_runner=_SANDBOX,
+        workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
     )
     rate = readings_per_second or float(os.environ.get(READINGS_PER_SECOND_ENV) or _READINGS_PER_SECOND)
     readings = None if READ_ACTIVITY not in registry.specs else Worker(

@@ -130,6 +130,9 @@ async def start(client: Client, file: Path, task_queue: str, *, target: dict[str
 
 
 def worker(client: Client, task_queue: str, **options: Any):
+    """The controller's worker with the test actions, its runs in Temporal's sandbox: production runs them
+    unsandboxed (runtime/worker.py), so the tests are where a non-deterministic call fails a run."""
+    options.setdefault("sandboxed", True)
     return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16,
                         **options)
 

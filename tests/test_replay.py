@@ -8,6 +8,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+import runtime.worker
 from runtime.connection import DATA_CONVERTER
 from workflows.fanout import FanOutWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
@@ -15,10 +16,16 @@ from workflows.runbook_workflow import RunbookWorkflow
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 
+# Production runs the workflows unsandboxed, the tests in the sandbox: a history replays under both.
+RUNNERS = {"unsandboxed": runtime.worker.UNSANDBOXED_RUNNER, "sandboxed": runtime.worker.SANDBOXED_RUNNER}
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
-async def test_history_replays(path: Path):
+async def test_history_replays(path: Path, runner: str):
     history = WorkflowHistory.from_json(f"replay-{path.stem}", path.read_text())
-    replayer = Replayer(workflows=[RunbookWorkflow, FanOutWorkflow], data_converter=DATA_CONVERTER)
+    replayer = Replayer(workflows=[RunbookWorkflow, FanOutWorkflow], data_converter=DATA_CONVERTER,
+                        workflow_runner=RUNNERS[runner])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 
