@@ -40,9 +40,10 @@ UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
 
 
 READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
-# A gate reads every few seconds; 20 a second per worker serves dozens of concurrent ramps, and caps
-# what a flood of readings (a runbook with 50 parallel gates at 10 ms) can take from the steps.
-_READINGS_PER_SECOND = 20.0
+# A gate reads every few seconds; 10 a second per worker serves dozens of concurrent ramps (the drain
+# runbook's two 0.25 s gates take 8), and caps what a flood of readings (a runbook with 50 parallel gates
+# at 10 ms) takes from the steps: on 2 cores, 20 a second cost other runs' steps 1.3-1.5x at p95, 10 about 1.1x.
+_READINGS_PER_SECOND = 10.0
 _READINGS_IN_FLIGHT = 8
 
 
@@ -83,7 +84,7 @@ def build_worker(
 
     journal: append a line per action attempt to this file (activities/journal.py).
     readings_per_second: the gate readings this worker takes a second ($COLDSTART_READINGS_PER_SECOND,
-    else 20); beyond it they wait in the server, fairly per run, and every other task goes first.
+    else 10); beyond it they wait in the server, fairly per run, and every other task goes first.
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER)."""
     registry = registry or load_registry()
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
