@@ -32,8 +32,8 @@ log = structlog.get_logger("coldstart.worker")
 # Identity tokens are verified inside Update validators: PyJWT and cryptography import submodules
 # lazily at verify time, which the sandbox cannot re-import, so they pass through (pure, deterministic).
 SANDBOXED_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("jwt", "cryptography"))
-# Runs are unsandboxed in production: the SDK enters a run's sandbox once per payload per visitor pass
-# (three passes a completion), a third of a gate flood's worker CPU. The tests run the same code in the
+# Runs are unsandboxed in production: the SDK enters a run's sandbox once per payload in each visitor
+# pass (five for an activation and its completion), a third of a gate flood's worker CPU. The tests run the same code in the
 # sandbox (tests/support.worker), which fails a run reaching for the clock, randomness or I/O, and the
 # replay tests hold it deterministic; FanOutWorkflow is unsandboxed either way (see its comment).
 UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
