@@ -509,7 +509,6 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         streak = 0
         streak_since = None
         while True:
-            reading_started = workflow.now()
             reading = await self._read(step_id, gate, name, percent)
             _keep_reading(state, reading)
             if reading.passed:
@@ -527,18 +526,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                     f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
                     f"not held ({need}) within {gate.timeout} ({last or 'no value'})"
                 )
-            await self._sleep(self._until_next_reading(gate, reading_started), timer_summary(step_id, f"gate {name}: next reading"))
-
-    def _until_next_reading(self, gate: GateSpec, reading_started: datetime) -> timedelta:
-        """The interval runs from one reading's start to the next's (a scrape period), so a reading that
-        took the whole interval (queued behind the readings' rate limit in a flood) is followed at once, with no
-        timer: a workflow task and five events fewer per reading. An abort still ends the gate here."""
-        # Patched: before it, every reading was followed by a timer of the whole interval.
-        if not workflow.patched("gate-reading-period"):
-            return gate.interval
-        if self._abort is not None:
-            raise RunAborted()
-        return max(timedelta(0), reading_started + gate.interval - workflow.now())
+            await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))
 
     async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None) -> ApprovalRecord:
         state = self._steps[step_id]
