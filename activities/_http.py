@@ -25,7 +25,7 @@ def _tls_context() -> ssl.SSLContext:
 
 
 def async_client(timeout: float) -> httpx.AsyncClient:
-    """A client for one activity's requests (async clients belong to one event loop, so none is kept)."""
+    """A client for one activity's requests, closed by its caller (gate readings keep theirs: reading_client)."""
     return httpx.AsyncClient(timeout=timeout, verify=_tls_context())
 
 
