@@ -11,6 +11,8 @@ from rich.console import Console
 from lab.hashistack.local import missing_binaries
 from tests.lab.conftest import _skip_reason
 
+pytestmark = pytest.mark.timeout(1200)  # a drill takes about 6 minutes, and its first test brings it up
+
 # Apart from the session lab (cst/10.214) and a developer's lab (cs/10.213).
 DRILL_LAB = dict(prefix="csd", bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
 

@@ -12,7 +12,7 @@ import pytest
 from lab.services import Secrets
 from workflows.loader import read_inventory
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)  # the first test also brings the lab up
 
 JOBS = {"consul", "nomad", "dns", "cache", "game_edge", "players", "internal_load", "sessions", "telemetry"}
 

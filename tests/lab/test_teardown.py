@@ -9,7 +9,7 @@ import pytest
 from lab.settings import LabConfig
 from tests.lab.conftest import _skip_reason
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # runs `lab up` twice; each daemon may take up to 60 s on a loaded host
 
 
 def _pids_in(prefix: str) -> list[str]:
