@@ -25,6 +25,7 @@ from cli.cluster import Cluster
 from cli.lab_harness import WorkerProcess
 from cli.runs import start_run
 from runtime.connection import DATA_CONVERTER
+from runtime.server_config import dynamic_config_flags
 from runtime.worker import build_worker
 from workflows import search
 from workflows.loader import plan_run
@@ -87,6 +88,7 @@ async def _measure(work: Path, steps: int, seconds: float, in_flight: int) -> No
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
         data_converter=DATA_CONVERTER, search_attributes=search.ALL, dev_server_log_level="error",
+        dev_server_extra_args=dynamic_config_flags(),  # what `coldstart server` runs
     )
     try:
         dev, dev_wall = await _per_step(env.client, overhead_book, "bench-dev")

@@ -44,6 +44,7 @@ from bench._cpu import cpu_seconds  # noqa: E402
 from cli import render  # noqa: E402
 from cli.runs import start_run  # noqa: E402
 from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
+from runtime.server_config import dynamic_config_flags  # noqa: E402
 from tests import support  # noqa: E402
 from workflows import search  # noqa: E402
 from workflows.contract import RunStatus  # noqa: E402
@@ -184,7 +185,7 @@ async def main() -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
         data_converter=DATA_CONVERTER, search_attributes=search.ALL, dev_server_log_level="error",
-        dev_server_extra_args=search.SERVER_FLAGS,
+        dev_server_extra_args=dynamic_config_flags(),
     )
     address = env.client.service_client.config.target_host
     work = Path(tempfile.mkdtemp())

@@ -22,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from bare_workflow import BareActivities
 from cli.runs import start_run
 from runtime.connection import DATA_CONVERTER
+from runtime.server_config import dynamic_config_flags
 from runtime.worker import build_worker
 from workflows import search
 from workflows.loader import plan_run
@@ -46,6 +47,7 @@ async def main() -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
         data_converter=DATA_CONVERTER, search_attributes=search.ALL, dev_server_log_level="error",
+        dev_server_extra_args=dynamic_config_flags(),  # what `coldstart server` runs
     )
     work = Path(tempfile.mkdtemp())
     book = work / "overhead.yaml"

@@ -28,6 +28,7 @@ from cli.cluster_db import ClusterDatabase
 from lab.hosts.processes import kill_pid, pid_alive, process_starttime
 from runtime.connection import connect
 from runtime.independence import violations
+from runtime.server_config import dynamic_config_file
 from workflows import search
 
 __all__ = ["Cluster", "ClusterError", "FrontendTLS", "NoToolchain", "install", "serve"]
@@ -201,8 +202,7 @@ class Cluster:
         self._load_schemas()
         self.config_path.write_text(text)
         os.chmod(self.config_path, 0o600)
-        # Gate readings carry their run as fairness key (workflows/calls.py): honoured with this on.
-        self.dynamic_config_path.write_text(yaml.safe_dump({"matching.enableFairness": [{"value": True}]}))
+        self.dynamic_config_path.write_text(yaml.safe_dump(dynamic_config_file()))
 
     def _choose_ports(self, saved: dict[str, int]) -> dict[str, int]:
         """The saved ports while free (PostgreSQL's also while it runs), so the frontend address stays."""

@@ -25,9 +25,9 @@ from cli.polling import read_kept_status
 from runtime.connection import connect
 from cli.runs import start_run
 from cli.timeline import build_timeline, render_markdown
+from runtime.server_config import dev_server_flags
 from workflows.contract import ApproveRequest
 from workflows.loader import plan_run
-from workflows.search import dev_server_flags
 
 __all__ = ["DRILL_APPROVER", "DrillReport", "free_port", "run_demo_drill", "start_process", "stop_process", "wait_port"]
 

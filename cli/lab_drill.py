@@ -23,9 +23,9 @@ from cli.drill import DRILL_APPROVER, _auto_approve, free_port, start_process
 from cli.identity import fetch_identity_token
 from cli.runs import start_run
 from cli.timeline import build_timeline, render_markdown
+from runtime.server_config import dev_server_flags
 from workflows.contract import RunStatus
 from workflows.loader import plan_run
-from workflows.search import dev_server_flags
 
 __all__ = ["DRILLS", "DrillSpec", "LabDrillReport", "run_lab_drill"]
 

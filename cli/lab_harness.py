@@ -32,7 +32,7 @@ class TemporalServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from workflows.search import dev_server_flags
+        from runtime.server_config import dev_server_flags
 
         temporal = str(Path(sys.prefix) / "bin" / "temporal")
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -560,7 +560,7 @@ def server(
         except ClusterError as exc:
             _fail(str(exc), EXIT_FAILED)
         return
-    from workflows.search import dev_server_flags
+    from runtime.server_config import dev_server_flags
 
     temporal = Path(sys.prefix) / "bin" / "temporal"
     db_file.parent.mkdir(parents=True, exist_ok=True)

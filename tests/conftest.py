@@ -11,6 +11,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.connection import DATA_CONVERTER
+from runtime.server_config import dynamic_config_flags
 from workflows import search
 
 BIN = Path(sys.prefix) / "bin"
@@ -39,7 +40,7 @@ async def env(ui_port: int):
         ui=True,
         ui_port=ui_port,
         dev_server_log_level="error",
-        dev_server_extra_args=search.SERVER_FLAGS,
+        dev_server_extra_args=dynamic_config_flags(),
     )
     yield environment
     await environment.shutdown()

@@ -11,6 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from cli.runs import TargetBusy
 from runtime.connection import DATA_CONVERTER
+from runtime.server_config import dynamic_config_flags
 from tests import support
 from tests.conftest import TEMPORAL_CLI
 from workflows import search
@@ -147,7 +148,7 @@ async def test_continue_as_new_keeps_outputs_and_state(task_queue, tmp_path):
         data_converter=DATA_CONVERTER,
         search_attributes=search.ALL,
         dev_server_log_level="error",
-        dev_server_extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=20"],
+        dev_server_extra_args=[*dynamic_config_flags(), "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=20"],
     )
     try:
         async with support.worker(environment.client, task_queue):

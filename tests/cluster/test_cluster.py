@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -20,6 +21,7 @@ from lab.lifecycle import build_inventory
 from lab.services import Secrets
 from lab.settings import LabConfig
 from runtime.independence import violations
+from runtime.server_config import DYNAMIC_CONFIG, dynamic_config_file, dynamic_config_flags
 from tests import support
 from workflows.loader import read_inventory
 
@@ -140,6 +142,15 @@ async def test_the_cluster_does_not_depend_on_what_it_restores(cluster, tmp_path
     password = (cluster.state_dir / "db-password").read_text().strip()
     assert password not in config
     assert '{{ env "COLDSTART_TEMPORAL_DB_PASSWORD" }}' in config
+
+
+async def test_the_cluster_runs_the_same_dynamic_config_as_the_dev_server(cluster):
+    # Fairness for the gate readings, and history's task loading at 200 a second, not 20 (runtime/server_config.py).
+    assert yaml.safe_load(cluster.dynamic_config_path.read_text()) == dynamic_config_file()
+    assert str(cluster.dynamic_config_path) in cluster.config_path.read_text()
+    flags = dict(pair.split("=", 1) for pair in dynamic_config_flags()[1::2])
+    assert {key: json.loads(value) for key, value in flags.items()} == DYNAMIC_CONFIG
+    assert DYNAMIC_CONFIG["history.transferProcessorMaxPollRPS"] > 20
 
 
 def test_consul_names_vault_and_restored_hosts_are_refused():
