@@ -3,8 +3,8 @@
 Runs the real worker (`worker.py`'s code path, in its own process) and, per scenario, RUNS runs of
 STEPS do-nothing steps; per-step time is the gap between consecutive activity completions in
 each run's history (server timestamps). Scenarios: none; a log flood with the worker's stderr a
-pipe nobody reads (the sink blocked); the same flood to a sink that reads (to tell the flood's
-own CPU from blocking); 50 `--follow` views of the run (cli/render.follow); 50 pollers querying
+pipe nobody reads (the sink blocked; sampling off, so the bounded queue is what sheds); the same
+flood to a sink that reads (sampled, as the worker runs by default); 50 `--follow` views of the run (cli/render.follow); 50 pollers querying
 status every 0.5 s (what follow did before); a gate-reading flood (another run's 50 parallel
 gates reading as fast as the server's timers allow); and, as a control, no flood at all, measured
 as a scenario (how far two no-load measurements differ: the noise floor of the figures). Goal:
@@ -44,6 +44,7 @@ from bench._cpu import cpu_seconds  # noqa: E402
 from cli import render  # noqa: E402
 from cli.runs import start_run  # noqa: E402
 from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
+from runtime.logs import LOG_SAMPLE_ENV  # noqa: E402
 from runtime.server_config import dynamic_config_flags  # noqa: E402
 from tests import support  # noqa: E402
 from workflows import search  # noqa: E402
@@ -105,13 +106,14 @@ def _read_cpu(process: subprocess.Popen) -> None:
 
 
 @asynccontextmanager
-async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False):
+async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False, sampled: bool = True):
     process = subprocess.Popen(
         [sys.executable, __file__, "--worker", str(flood_per_s)], cwd=ROOT,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE if blocked_sink else subprocess.DEVNULL,  # a pipe this process never reads
         env={**os.environ, "TEMPORAL_ADDRESS": address, TASK_QUEUE_ENV: queue, "COLDSTART_METRICS": "",
-             "COLDSTART_JOURNAL": str(Path(tempfile.mkdtemp()) / "journal.jsonl")},
+             "COLDSTART_JOURNAL": str(Path(tempfile.mkdtemp()) / "journal.jsonl"),
+             **({} if sampled else {LOG_SAMPLE_ENV: "0"})},
     )
     try:
         yield process
@@ -214,14 +216,15 @@ async def main() -> None:
             add(IDLE, await _measure(env, f"idle{r}", book, "idle"))
 
     async def blocked(r: int) -> None:
-        async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True) as worker:
+        async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True,
+                           sampled=False) as worker:
             await asyncio.sleep(3)  # the pipe and the queue fill
             gaps = await _measure(env, f"blocked{r}", book, "blocked")
             _read_cpu(worker)
             stopping = time.monotonic()
             worker.terminate()
             worker.wait(timeout=30)
-            add("log flood, sink blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
+            add("log flood, sink blocked, unsampled", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
 
     async def reading(r: int) -> None:
         async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S):
@@ -252,7 +255,7 @@ async def main() -> None:
         "blocked": blocked, "reading": reading, "follow": follow, "naive": naive, "gates": gates, "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
-    labels = {"none": "none", "blocked": "log flood, sink blocked", "reading": "log flood, sink reading",
+    labels = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
               "follow": f"{POLLERS} follow views", "naive": f"{POLLERS} pollers, Query every 0.5 s",
               "gates": f"gate flood ({GATES} gates)", "idle": IDLE}
     try:

@@ -1,4 +1,4 @@
-"""structlog set-up: JSON off a TTY, console on one; stdlib and Temporal records share the pipeline, off the hot path."""
+"""structlog set-up: JSON off a TTY, console on one; stdlib and Temporal records share the pipeline, off the hot path, sampled under a flood."""
 
 from __future__ import annotations
 
@@ -9,23 +9,34 @@ import logging.handlers
 import os
 import queue
 import sys
+import threading
+import time
+from collections.abc import Callable, Hashable
 from typing import Any, TextIO
 
 import structlog
 
 from runtime.shedding import LOG_RECORDS_DROPPED, ShedCounter
 
-__all__ = ["LOG_QUEUE_ENV", "configure_logging", "flush_logging"]
+__all__ = ["LOG_QUEUE_ENV", "LOG_SAMPLE_ENV", "configure_logging", "flush_logging"]
 
 LOG_QUEUE_ENV = "COLDSTART_LOG_QUEUE"  # records held for the writer before new ones are dropped
+LOG_SAMPLE_ENV = "COLDSTART_LOG_SAMPLE"  # records of one kind a second kept in full (0: no sampling)
 _QUEUE_SIZE = 10_000
+# Zap's defaults: the first 100 records of a kind in a second, then every 100th. A loop logging 5,000
+# a second took a third of the worker's GIL to time-stamp, copy and render them, and other runs'
+# steps waited on it (1.5-2x at p95 in bench/shedding.py), however fast the sink read.
+_SAMPLE_FIRST = 100
+_SAMPLE_THEREAFTER = 100
 _STOP_WAIT = 1.0  # seconds a healthy sink gets to take what is queued at exit; a stuck one is abandoned
 
 _listener: _Listener | None = None
 
 
 def configure_logging(level: str = "INFO", *, json_output: bool | None = None, stream: TextIO | None = None,
-                      queue_size: int | None = None, dropped: ShedCounter = LOG_RECORDS_DROPPED) -> None:
+                      queue_size: int | None = None, dropped: ShedCounter = LOG_RECORDS_DROPPED,
+                      sample_first: int | None = None, sample_thereafter: int = _SAMPLE_THEREAFTER,
+                      clock: Callable[[], float] = time.monotonic) -> None:
     """Route structlog and stdlib logging through one formatter behind a bounded queue.
 
     Nothing that logs ever waits on the sink: records are handed off in memory and written by a
@@ -33,6 +44,10 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
     reads, a full disk) new records are dropped and counted in `dropped`
     (coldstart_log_records_dropped_total on the worker's metrics endpoint), as are records the sink
     refuses. A stuck sink never holds up the process's exit either.
+
+    A flood is sampled before it costs anything: of the records with the same logger, level and
+    message in one second, the first `sample_first` ($COLDSTART_LOG_SAMPLE, else 100; 0 keeps all)
+    are kept, then every `sample_thereafter`-th; the rest are dropped and counted as "sampled".
     """
     global _listener
     stream = stream or sys.stderr
@@ -52,24 +67,61 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
     )
     size = queue_size or int(os.environ.get(LOG_QUEUE_ENV) or _QUEUE_SIZE)
     records: queue.Queue = queue.Queue(maxsize=size)
+    first = int(os.environ.get(LOG_SAMPLE_ENV) or _SAMPLE_FIRST) if sample_first is None else sample_first
+    sampler = _Sampler(first, sample_thereafter, dropped, clock) if first > 0 else None
     if _listener is not None:
         _listener.stop()
     _listener = _Listener(records, _Sink(stream, formatter, dropped))
     _listener.start()
     root = logging.getLogger()
-    root.handlers[:] = [_DroppingQueueHandler(records, dropped)]
+    root.handlers[:] = [_DroppingQueueHandler(records, dropped, sampler)]
     root.setLevel(level)
     # warnings.warn would otherwise write to stderr on the warning thread (the event loop, an activity).
     logging.captureWarnings(True)
     structlog.configure(
         # Tracebacks are rendered here, on the logging thread: the writer thread has no exc_info to read.
         # A record below the level, or one the full queue would drop, is dropped before any work on it.
-        processors=[structlog.stdlib.filter_by_level, _shed_when_full(records, dropped), *shared,
+        processors=[structlog.stdlib.filter_by_level, *([_sample(sampler)] if sampler else []),
+                    _shed_when_full(records, dropped), *shared,
                     structlog.processors.format_exc_info, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
+
+
+class _Sampler:
+    """Counts records by kind within the current second (the counts start over each second, so a
+    message that varies costs memory for a second at most); says which to keep."""
+
+    def __init__(self, first: int, thereafter: int, dropped: ShedCounter, clock: Callable[[], float]) -> None:
+        self._first = first
+        self._thereafter = max(1, thereafter)
+        self._dropped = dropped
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._second = -1
+        self._seen: dict[Hashable, int] = {}
+
+    def keep(self, kind: Hashable) -> bool:
+        second = int(self._clock())
+        with self._lock:
+            if second != self._second:
+                self._second, self._seen = second, {}
+            seen = self._seen[kind] = self._seen.get(kind, 0) + 1
+        if seen <= self._first or (seen - self._first) % self._thereafter == 0:
+            return True
+        self._dropped.add("sampled")
+        return False
+
+
+def _sample(sampler: _Sampler) -> structlog.types.Processor:
+    """A structlog processor that drops (and counts) a flood's records beyond the sampler's share."""
+    def sample(logger: Any, method: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+        if not sampler.keep((getattr(logger, "name", None), method, str(event.get("event")))):
+            raise structlog.DropEvent
+        return event
+    return sample
 
 
 def _shed_when_full(records: queue.Queue, dropped: ShedCounter) -> structlog.types.Processor:
@@ -84,12 +136,17 @@ def _shed_when_full(records: queue.Queue, dropped: ShedCounter) -> structlog.typ
 
 
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
-    def __init__(self, records: queue.Queue, dropped: ShedCounter) -> None:
+    def __init__(self, records: queue.Queue, dropped: ShedCounter, sampler: _Sampler | None) -> None:
         super().__init__(records)
         self._dropped = dropped
+        self._sampler = sampler
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.queue.full():  # stdlib and Temporal records: shed before the copy
+        # stdlib and Temporal records: sampled (structlog's were, in its processors) and shed before the copy.
+        if self._sampler and not isinstance(record.msg, dict) and not self._sampler.keep(
+                (record.name, record.levelno, str(record.msg))):
+            return
+        if self.queue.full():
             self._dropped.add("queue_full")
             return
         super().emit(record)

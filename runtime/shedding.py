@@ -43,7 +43,8 @@ class ShedCounter:
 
 LOG_RECORDS_DROPPED = ShedCounter(
     "coldstart_log_records_dropped_total",
-    "log records dropped instead of blocking: reason queue_full (the writer is behind or its sink stopped reading) or write_failed",
+    "log records dropped instead of blocking: reason queue_full (the writer is behind or its sink stopped reading), "
+    "write_failed, or sampled (a flood of one kind of record beyond its first 100 a second)",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import logging
 import signal
@@ -451,3 +452,45 @@ def test_a_stopped_sink_sheds_records_before_any_work_on_them():
         flush_logging()
         configure_logging("INFO")
     assert len(sink.lines) == 5 and all("flood" in line for line in sink.lines), sink.lines
+
+
+class _Lines(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_flood_of_one_record_is_sampled_and_counted_and_other_records_pass():
+    """Of one kind of record in a second the first 3 are kept, then every 2nd; the others are counted;
+    another kind, a stdlib record and the next second start their own counts."""
+    sink, dropped, now = _Lines(), ShedCounter("test_sampled", "test"), [100.0]
+    configure_logging("INFO", stream=sink, dropped=dropped, sample_first=3, sample_thereafter=2, clock=lambda: now[0])
+    try:
+        log = structlog.get_logger("test.flood")
+        for i in range(10):
+            log.info("flood", i=i)
+        log.info("another kind")
+        for i in range(5):
+            logging.getLogger("test.stdlib").warning("core says %s", i)  # one kind: the same template
+        now[0] = 101.2
+        log.info("flood", i=10)
+    finally:
+        flush_logging()
+        configure_logging("INFO")
+    records = [json.loads(line) for line in sink.getvalue().splitlines()]
+    floods = [r["i"] for r in records if r["event"] == "flood"]
+    assert floods == [0, 1, 2, 4, 6, 8, 10], records
+    assert [r["event"] for r in records if r["event"] != "flood"] == [
+        "another kind", "core says 0", "core says 1", "core says 2", "core says 4"], records
+    assert dropped.value("sampled") == 4 + 1 and dropped.value() == 5
+
+
+def test_sampling_is_off_at_zero():
+    sink = _Lines()
+    configure_logging("INFO", stream=sink, sample_first=0)
+    try:
+        for i in range(300):
+            structlog.get_logger("test.flood").info("flood", i=i)
+    finally:
+        flush_logging()
+        configure_logging("INFO")
+    assert len(sink.getvalue().splitlines()) == 300
