@@ -42,7 +42,8 @@ UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
 READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # A gate reads every few seconds; 10 a second per worker serves dozens of concurrent ramps (the drain
 # runbook's two 0.25 s gates take 8), and caps what a flood of readings (a runbook with 50 parallel gates
-# at 10 ms) takes from the steps: on 2 cores, 20 a second cost other runs' steps 1.3-1.5x at p95, 10 1.1-1.3x.
+# at 10 ms) takes from the steps: on 2 cores beside the dev server, 20 a second cost other runs' steps
+# 1.3-1.5x at p95, 10 1.1-1.4x (most of it the server's CPU per reading; README, stop 22).
 _READINGS_PER_SECOND = 10.0
 _READINGS_IN_FLIGHT = 8
 
