@@ -60,6 +60,8 @@ LOG_FLOOD_PER_S = 5000
 GOAL = 1.10
 IDLE = "control: no flood (noise floor)"
 QUERIES = f"{POLLERS} pollers, Query every 0.5 s"
+LABELS = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
+          "follow": f"{POLLERS} follow views", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)", "idle": IDLE}
 ONLY: list[str] = []
 WORKER_CPU: list[float] = []  # CPU seconds of each worker process, read as it is stopped
 STORM_CPU: list[float] = []  # and of each process of pollers
@@ -235,7 +237,8 @@ async def main() -> None:
     results: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
 
-    def add(name: str, gaps: list[float], note: str = "") -> None:
+    def add(scenario: str, gaps: list[float], note: str = "") -> None:
+        name = LABELS[scenario]
         results.setdefault(name, []).extend(gaps)
         if note:
             notes[name] = (notes[name] + "; " if name in notes else "") + note
@@ -246,7 +249,7 @@ async def main() -> None:
 
     async def idle(r: int) -> None:
         async with _worker(address, f"idle{r}"):
-            add(IDLE, await _measure(env, f"idle{r}", book, "idle"))
+            add("idle", await _measure(env, f"idle{r}", book, "idle"))
 
     async def blocked(r: int) -> None:
         async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True,
@@ -257,21 +260,21 @@ async def main() -> None:
             stopping = time.monotonic()
             worker.terminate()
             worker.wait(timeout=30)
-            add("log flood, sink blocked, unsampled", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
+            add("blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
 
     async def reading(r: int) -> None:
         async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S):
             await asyncio.sleep(3)
-            add("log flood, sink reading", await _measure(env, f"reading{r}", book, "reading"))
+            add("reading", await _measure(env, f"reading{r}", book, "reading"))
 
     async def follow(r: int) -> None:
         async with _worker(address, f"follow{r}"):
-            add(f"{POLLERS} follow views", (await _storm(env, f"follow{r}", book, "follow", naive=False))[0])
+            add("follow", (await _storm(env, f"follow{r}", book, "follow", naive=False))[0])
 
     async def naive(r: int) -> None:
         async with _worker(address, f"naive{r}"):
             gaps, queries = await _storm(env, f"naive{r}", book, "naive", naive=True)
-            add(QUERIES, gaps, f"{queries} Queries")
+            add("naive", gaps, f"{queries} Queries")
 
     async def gates(r: int) -> None:
         async with _worker(address, f"gates{r}"):
@@ -282,15 +285,12 @@ async def main() -> None:
             history = await flooding.fetch_history()
             readings = sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED for e in history.events)
             await flooding.terminate("bench over")
-            add(f"gate flood ({GATES} gates)", gaps, f"{readings} readings")
+            add("gates", gaps, f"{readings} readings")
 
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
         "blocked": blocked, "reading": reading, "follow": follow, "naive": naive, "gates": gates, "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
-    labels = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
-              "follow": f"{POLLERS} follow views", "naive": QUERIES,
-              "gates": f"gate flood ({GATES} gates)", "idle": IDLE}
     try:
         # Rounds interleave the scenarios, and a no-load measurement precedes each, so load from
         # elsewhere on the machine (or the machine warming up) spreads over baseline and floods alike.
@@ -303,7 +303,7 @@ async def main() -> None:
                     WORKER_CPU.clear()
                     STORM_CPU.clear()
                     await (none if step == "none" else scenarios[step])(turn)
-                    spent = cpu.setdefault(labels[step], {})
+                    spent = cpu.setdefault(LABELS[step], {})
                     for role, seconds in _cpu_seconds().items():
                         spent[role] = spent.get(role, 0.0) + seconds - before.get(role, 0.0)
                     spent["worker"] = spent.get("worker", 0.0) + sum(WORKER_CPU)
