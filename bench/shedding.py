@@ -8,7 +8,8 @@ flood to a sink that reads (sampled, as the worker runs by default); 50 `--follo
 (cli/render.follow); 50 pollers querying status every 0.5 s (what follow did before: a reference,
 since no coldstart client does it now, and the worker cannot refuse a Query before the SDK has
 replayed the run for it); a gate-reading flood (another run's 50 parallel gates reading as fast as
-the server's timers allow); and, as a control, no flood at all, measured as a scenario (how far two
+the server's timers allow, which the run reads in one activity a tick); the same 50 gates as 50 runs
+of one gate each (a reading an activity, as no run has two gates to read together); and, as a control, no flood at all, measured as a scenario (how far two
 no-load measurements differ: the noise floor of the figures). The views and pollers run in a
 process of their own at nice 19, as operators' CLIs run on their own machines. Goal: every flood
 within 10 % of no load (median and p95). A no-load measurement runs right before every
@@ -61,7 +62,8 @@ GOAL = 1.10
 IDLE = "control: no flood (noise floor)"
 QUERIES = f"{POLLERS} pollers, Query every 0.5 s"
 LABELS = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
-          "follow": f"{POLLERS} follow views", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)", "idle": IDLE}
+          "follow": f"{POLLERS} follow views", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)",
+          "spread": f"gate flood ({GATES} runs of 1 gate)", "idle": IDLE}
 ONLY: list[str] = []
 WORKER_CPU: list[float] = []  # CPU seconds of each worker process, read as it is stopped
 STORM_CPU: list[float] = []  # and of each process of pollers
@@ -234,6 +236,10 @@ async def main() -> None:
     flood.write_text("metadata: {name: gates}\ntarget: bench\nsteps:\n  - id: all\n    parallel:\n" + "".join(
         f"      - id: g{i}\n        gate: {{name: up{i}, endpoint: \"{prom.url}\", query: up, comparator: \">=\", "
         f"threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n" for i in range(GATES)))
+    lone = work / "gate.yaml"
+    lone.write_text("metadata: {name: gate}\ntarget: bench\nsteps:\n"
+                    f"  - {{id: g, gate: {{name: up, endpoint: \"{prom.url}\", query: up, comparator: \">=\", "
+                    "threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n")
     results: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
 
@@ -276,19 +282,31 @@ async def main() -> None:
             gaps, queries = await _storm(env, f"naive{r}", book, "naive", naive=True)
             add("naive", gaps, f"{queries} Queries")
 
-    async def gates(r: int) -> None:
-        async with _worker(address, f"gates{r}"):
-            run = plan_run(flood, registry=load_registry(), inventory={"name": f"gate-flood-{r}"}, initiator="bench")
-            flooding = await start_run(env.client, run, f"gates{r}")
+    async def flood_of_gates(r: int, scenario: str, runs: list[tuple[Path, str]]) -> None:
+        async with _worker(address, f"{scenario}{r}"):
+            registry = load_registry()
+            flooding = [await start_run(env.client, plan_run(path, registry=registry, inventory={"name": name},
+                                                             initiator="bench"), f"{scenario}{r}") for path, name in runs]
             await asyncio.sleep(3)
-            gaps = await _measure(env, f"gates{r}", book, "gates")
-            history = await flooding.fetch_history()
-            readings = sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED for e in history.events)
-            await flooding.terminate("bench over")
-            add("gates", gaps, f"{readings} readings")
+            before = len(prom.calls)
+            gaps = await _measure(env, f"{scenario}{r}", book, scenario)
+            readings = len(prom.calls) - before
+            activities = 0
+            for handle in flooding:
+                history = await handle.fetch_history()
+                activities += sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED for e in history.events)
+                await handle.terminate("bench over")
+            add(scenario, gaps, f"{readings} readings measured, {activities} activities in all")
+
+    async def gates(r: int) -> None:
+        await flood_of_gates(r, "gates", [(flood, f"gate-flood-{r}")])
+
+    async def spread(r: int) -> None:
+        await flood_of_gates(r, "spread", [(lone, f"gate-{r}-{i}") for i in range(GATES)])
 
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
-        "blocked": blocked, "reading": reading, "follow": follow, "naive": naive, "gates": gates, "idle": idle}
+        "blocked": blocked, "reading": reading, "follow": follow, "naive": naive, "gates": gates, "spread": spread,
+        "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
     try:

@@ -267,7 +267,7 @@ class FaultDrills(LabHarness):
         moves: list[tuple[datetime, str]] = []
         for e in self.entries(handle):
             if (e.get("event") == "ended" and e.get("outcome") == "ok"
-                    and (reads or e.get("activity_type") != "telemetry.read")):
+                    and (reads or e.get("activity_type") not in ("telemetry.read", "telemetry.read_many"))):
                 at = _utc(e["ended_at"])
                 if at and at > since:
                     moves.append((at, f"{e['activity_id']} completed"))

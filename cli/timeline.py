@@ -167,15 +167,12 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 tag, activity_type, started_at, args = scheduled.pop(attrs.scheduled_event_id, (None, "?", at, None))
                 step = tag.step if tag else None
                 duration = (at - started_at).total_seconds()
-                if activity_type == "telemetry.read":
-                    value = value or {}
-                    reading = value.get("value") if isinstance(value, dict) else None
-                    error = value.get("error") if isinstance(value, dict) else value
-                    gate = tag.gate if tag and tag.gate else "?"
-                    query = (args or {}).get("query") or (args or {}).get("endpoint", "")
-                    detail = f"{gate}: {query} = {reading if error is None else 'no value (' + str(error) + ')'}"
-                    timeline.entries.append(Entry(at, step, "gate reading", None, _short(detail, 240), duration, "value" if error is None else "error"))
-                    _touch(timeline, step, started_at, at, reading=error is None and reading is not None)
+                if activity_type in _READINGS:
+                    for step, gate, query, reading, error in _gate_readings(activity_type, tag, args, value):
+                        detail = f"{gate}: {query} = {reading if error is None else 'no value (' + str(error) + ')'}"
+                        timeline.entries.append(Entry(at, step, "gate reading", None, _short(detail, 240), duration,
+                                                      "value" if error is None else "error"))
+                        _touch(timeline, step, started_at, at, reading=error is None and reading is not None)
                 else:
                     label = "undo" if tag and tag.role == "undo" else "action"
                     detail = f"{activity_type} {_short(args or {}, 120)} -> {_short(value, 120)}"
@@ -250,6 +247,26 @@ class _Wrap:
 
     def __init__(self, payload: Any):
         self.payloads = [payload]
+
+
+# telemetry.read: one reading an activity (runs from before batched readings); read_many: several.
+_READINGS = ("telemetry.read", "telemetry.read_many")
+
+
+def _gate_readings(activity_type: str, tag: ActivityTag | None, args: Any,
+                   value: Any) -> list[tuple[str | None, str, str, Any, Any]]:
+    """(step, gate, query, value, error) of each reading a reading activity took; a failed or timed-out
+    activity (value is its message) is that error for each gate it read."""
+    args = args if isinstance(args, dict) else {}
+    if activity_type == "telemetry.read":
+        reads = [{**args, "step": tag.step if tag else None, "gate": tag.gate if tag and tag.gate else "?"}]
+        results = [value if isinstance(value, dict) else {"error": value}]
+    else:
+        reads = args.get("reads") or []
+        results = value.get("readings") if isinstance(value, dict) else [{"error": value}] * len(reads)
+    return [(read.get("step"), read.get("gate") or "?", read.get("query") or read.get("endpoint", ""),
+             (result or {}).get("value"), (result or {}).get("error"))
+            for read, result in zip(reads, results or [])]
 
 
 def _touch(timeline: Timeline, step: str | None, started: datetime, ended: datetime, *, activity: bool = False,

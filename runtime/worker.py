@@ -17,13 +17,14 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
+from activities.telemetry import pace_readings
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.fanout import FanOutWorkflow
 from workflows.contract import readings_queue
 from workflows.fleet import FleetWorkflow
-from workflows.runbook_workflow import READ_ACTIVITY, RunbookWorkflow
+from workflows.runbook_workflow import READ_ACTIVITY, READ_MANY_ACTIVITY, RunbookWorkflow
 
 __all__ = ["READINGS_PER_SECOND_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "run_worker"]
 
@@ -105,10 +106,14 @@ def build_worker(
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
     )
     rate = readings_per_second or float(os.environ.get(READINGS_PER_SECOND_ENV) or _READINGS_PER_SECOND)
-    readings = None if READ_ACTIVITY not in registry.specs else Worker(
+    # Each reading, alone or in a batch, takes a slot of the process's pace, given to runs in turn;
+    # the activities themselves are also limited to `rate` a second, so single reads wait in the server.
+    pace_readings(rate)
+    reading_activities = [registry.specs[name].fn for name in (READ_ACTIVITY, READ_MANY_ACTIVITY) if name in registry.specs]
+    readings = None if not reading_activities else Worker(
         client,
         task_queue=readings_queue(queue),
-        activities=[registry.specs[READ_ACTIVITY].fn],
+        activities=reading_activities,
         max_concurrent_activities=_READINGS_IN_FLIGHT,
         max_activities_per_second=rate,
         interceptors=interceptors,

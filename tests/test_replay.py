@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,13 @@ async def test_history_replays(path: Path, runner: str):
 
 
 def test_histories_exist_and_cover_the_step_kinds():
-    assert {p.stem for p in HISTORIES} >= {"everything", "rollback"}
+    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates"}
     text = (Path(__file__).parent / "histories" / "everything.json").read_text()
     for marker in ("ramp@30", "each[4]", "healthy/gate/healthy", "approve", "retry"):
         assert marker in text, marker
+    # everything.json was recorded before readings were batched, gates.json after.
+    assert "telemetry.read_many" not in text
+    gates = json.loads((Path(__file__).parent / "histories" / "gates.json").read_text())
+    types = [e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in gates["events"]
+             if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+    assert types and set(types) == {"telemetry.read_many"}, types

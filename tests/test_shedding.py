@@ -26,6 +26,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from cli import render
+from cli.timeline import build_timeline
 from cli.polling import RunWatch, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from runtime.logs import configure_logging, flush_logging
@@ -35,7 +36,7 @@ from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
 from workflows.contract import (ApproveRequest, ControlRequest, GateReading, RunStatus, StatusMemo, StepState,
                                 status_from_memo, readings_queue)
-from workflows.runbook_workflow import READ_ACTIVITY
+from workflows.runbook_workflow import READ_ACTIVITY, READ_MANY_ACTIVITY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -291,7 +292,7 @@ def _readings(history: Any) -> list[tuple[Any, Any]]:
     """(scheduled attributes, started event) of each gate reading in a run's history."""
     scheduled = {e.event_id: e.activity_task_scheduled_event_attributes for e in history.events
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-                 and e.activity_task_scheduled_event_attributes.activity_type.name == READ_ACTIVITY}
+                 and e.activity_task_scheduled_event_attributes.activity_type.name in (READ_ACTIVITY, READ_MANY_ACTIVITY)}
     times = {e.event_id: e.event_time.ToDatetime() for e in history.events}
     return [(scheduled[e.activity_task_started_event_attributes.scheduled_event_id],
              (e.event_time.ToDatetime() - times[e.activity_task_started_event_attributes.scheduled_event_id]).total_seconds())
@@ -313,28 +314,44 @@ def _gates_book(tmp_path: Path, name: str, url: str, gates: int, consecutive: in
     """ for i in range(gates)), name=name)
 
 
-async def test_gate_readings_go_to_a_rate_limited_queue_of_their_own_keyed_to_their_run(env, task_queue, tmp_path):
+async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_of_their_own(env, task_queue, tmp_path):
+    """Six parallel gates due at once cost the server one telemetry.read_many and one timer a tick,
+    not six of each; the activity goes to the readings queue keyed to its run, and the worker takes
+    its readings at its pace (2 a second here), one by one."""
     prom = await support.ScriptedPrometheus().start()
     book = _gates_book(tmp_path, "paced", prom.url, gates=6, consecutive=2)
     try:
         async with support.worker(env.client, task_queue, readings_per_second=2):
             handle = await support.start(env.client, book, task_queue)
             assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "succeeded"
+            status = await support.status(handle)
     finally:
         await prom.stop()
-    readings = _readings(await handle.fetch_history())
-    assert len(readings) == 12
+    history = await handle.fetch_history()
+    readings = _readings(history)
+    assert len(readings) == 2  # two ticks of six gates each
     for attributes, _ in readings:
+        assert attributes.activity_type.name == READ_MANY_ACTIVITY
         assert attributes.task_queue.name == readings_queue(task_queue)
         assert attributes.priority.priority_key == READING_PRIORITY
         assert attributes.priority.fairness_key == handle.id
-    # 12 readings at 2 a second: the worker cannot have taken them in much under 5 s, all 6 gates
-    # ready at once notwithstanding (a lower bound only, which load cannot break).
+        reads = json.loads(attributes.input.payloads[0].data)["reads"]
+        assert [(r["step"], r["gate"]) for r in reads] == [(f"g{i}", f"up{i}") for i in range(6)]
+    assert sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events) == 1
+    assert {s.id: [r.gate for r in s.readings] for s in status.steps if s.kind == "gate"} == {
+        f"g{i}": [f"up{i}"] * 2 for i in range(6)}
     assert len(prom.calls) == 12
-    history = await handle.fetch_history()
-    started = sorted(e.event_time.ToDatetime() for e in history.events
-                     if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)
-    assert (started[-1] - started[0]).total_seconds() >= 4.0, started
+    # The timeline tells each gate's readings apart, though two activities carried all twelve.
+    timeline = await build_timeline(env.client, handle.id)
+    entries = [(e.step, e.detail) for e in timeline.entries if e.event == "gate reading"]
+    assert sorted(entries) == sorted((f"g{i}", f"up{i}: up = 1.0") for i in range(6) for _ in range(2)), entries
+    assert {step: summary.readings for step, summary in timeline.steps.items()} == {f"g{i}": 2 for i in range(6)}
+    # 12 readings at 2 a second, evenly spaced: the worker cannot have taken them in under 5 s
+    # (a lower bound only, which load cannot break).
+    times = {e.event_id: e.event_time.ToDatetime() for e in history.events}
+    done = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
+    first_started = min(times[e.activity_task_completed_event_attributes.started_event_id] for e in done)
+    assert (max(times[e.event_id] for e in done) - first_started).total_seconds() >= 5.0
 
 
 async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env, task_queue, tmp_path):
@@ -352,15 +369,25 @@ async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env,
             await flooding.terminate("test over")
     finally:
         await prom.stop()
-    flood_waits = sorted(wait for _, wait in _readings(await flooding.fetch_history()))
-    other_waits = sorted(wait for _, wait in _readings(await other.fetch_history()))
-    assert len(other_waits) == 4
-    # FIFO would make the other run's readings wait out the flood's backlog as the flood's own do
-    # (seconds: up to 24 at 4 a second). In turn they wait less; not one slot, as the queue's four
-    # partitions each keep their own turns. Measured: longest wait 0.12-0.48 of the flood's with
-    # fairness on, 0.72-0.76 with it off.
-    assert flood_waits[-1] > 2.0, flood_waits
-    assert other_waits[-1] < flood_waits[-1] * 0.6, (other_waits, flood_waits)
+    flood_spans = _reading_spans(await flooding.fetch_history())
+    other_spans = _reading_spans(await other.fetch_history())
+    assert len(other_spans) == 4
+    # Each of the flood's 20-reading activities needs 20 of the worker's slots, 4 a second: 5 s at
+    # least. Handed out first come first served, the other run's reading would wait behind all of a
+    # tick's 24 (6 s); in turn with the flood's it waits about one slot.
+    assert flood_spans[-1] > 4.5, flood_spans
+    assert other_spans[-1] < flood_spans[-1] * 0.4, (other_spans, flood_spans)
+
+
+def _reading_spans(history: Any) -> list[float]:
+    """Seconds from scheduled to completed of each reading activity in a run's history, sorted."""
+    scheduled = {attributes.activity_id for attributes, _ in _readings(history)}
+    times = {e.event_id: e.event_time.ToDatetime() for e in history.events}
+    ids = {e.event_id: e.activity_task_scheduled_event_attributes.activity_id for e in history.events
+           if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
+    return sorted((times[e.event_id] - times[e.activity_task_completed_event_attributes.scheduled_event_id]).total_seconds()
+                  for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+                  and ids[e.activity_task_completed_event_attributes.scheduled_event_id] in scheduled)
 
 
 class _Described:

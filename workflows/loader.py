@@ -550,19 +550,21 @@ def _check_deadlines(runbook: Runbook, source: _Source) -> None:
 
 
 IDENTITY_KEYS_ACTION = "vault.identity_keys"
-READ_ACTION = "telemetry.read"
+READ_ACTIONS = ("telemetry.read", "telemetry.read_many")
 
 
 def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
-    """Gates read their samples through telemetry.read: pinned like any action when the runbook has one."""
+    """Gates read their samples through telemetry.read_many (telemetry.read in runs from before it):
+    pinned like any action when the runbook has a gate."""
     path = _first_gate(runbook.steps, ("steps",))
     if path is None:
         return
-    spec = registry.get(READ_ACTION)
-    if spec is None:
-        source.error(path, f"gates read through the {READ_ACTION} action, which this worker lacks")
-        return
-    actions[spec.name] = _pinned_defaults(spec)
+    for name in READ_ACTIONS:
+        spec = registry.get(name)
+        if spec is None:
+            source.error(path, f"gates read through the {name} action, which this worker lacks")
+            return
+        actions[spec.name] = _pinned_defaults(spec)
 
 
 def _first_gate(steps: list[Any], base: Path_) -> Path_ | None:

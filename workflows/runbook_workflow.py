@@ -14,6 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IdentityKeys
     from activities.retry import Retry
+    from activities.telemetry import MAX_READS_PER_BATCH
     from workflows.calls import READING_PRIORITY, DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.controls import OperatorControls
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
     from workflows.history_tags import ActivityTag, timer_summary
+    from workflows.readings import ReadingBatch
     from workflows.refs import RefError, resolve
     from workflows.spec import (
         ActionDefaults,
@@ -50,11 +52,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.visibility import RunVisibility, metrics_gate, metrics_step
 
-__all__ = ["READ_ACTIVITY", "RunbookWorkflow"]
+__all__ = ["READ_ACTIVITY", "READ_MANY_ACTIVITY", "RunbookWorkflow"]
 
 READ_ACTIVITY = "telemetry.read"
+READ_MANY_ACTIVITY = "telemetry.read_many"
 # Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
 _READ_UNPINNED = ActionDefaults(name=READ_ACTIVITY, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
+_READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTIVITY, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
 IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
@@ -86,6 +90,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._controls: list[ControlRecord] = []
         # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
         self._used_tokens: list[str] = []
+        self._readings = ReadingBatch(self._read_many, self._sleep, most=MAX_READS_PER_BATCH)
         self._index(inp.runbook.steps)
         self._index(inp.runbook.deadline.on_miss if inp.runbook.deadline else [])
         # Deadlines bind the main steps; the runbook's on_miss steps run after one was missed, unbound.
@@ -464,16 +469,21 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     async def _read(self, step_id: str, gate: GateSpec, name: str, percent: int | None) -> GateReading:
         # The read's timeout and retries are what telemetry.read declares, pinned by the loader; its
         # single attempt means a failed read is a failed reading: the gate keeps polling and fails closed.
-        action = self._inp.actions.get(READ_ACTIVITY, _READ_UNPINNED)
+        request = {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query}
         try:
-            raw = await call_action(
-                action,
-                {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query},
-                activity_id=self._next_id(f"{step_id}/gate/{name}"),
-                summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}",
-                tag=ActivityTag("gate", step_id, gate=name, percent=percent),
-                **self._reading_route(),
-            )
+            # Patched: before it, each reading was an activity of its own (telemetry.read); runs in
+            # flight then keep reading that way.
+            if workflow.patched("batched-readings"):
+                raw = await self._readings.read({**request, "step": step_id, "gate": name, "percent": percent})
+            else:
+                raw = await call_action(
+                    self._inp.actions.get(READ_ACTIVITY, _READ_UNPINNED),
+                    request,
+                    activity_id=self._next_id(f"{step_id}/gate/{name}"),
+                    summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}",
+                    tag=ActivityTag("gate", step_id, gate=name, percent=percent),
+                    **self._reading_route(),
+                )
             value, error = raw.get("value"), raw.get("error")
         except ActivityError as exc:
             value, error = None, failure_message(exc)
@@ -481,6 +491,22 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         reading = GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
         metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
+
+    async def _read_many(self, reads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One telemetry.read_many for the reads gathered by self._readings; its readings, in order."""
+        steps = sorted({read["step"] for read in reads})
+        one = reads[0] if len(reads) == 1 else None
+        label = f"{one['step']}/gate/{one['gate']}" if one else f"{steps[0]}/gates" if len(steps) == 1 else "gates"
+        raw = await call_action(
+            self._inp.actions.get(READ_MANY_ACTIVITY, _READ_MANY_UNPINNED),
+            {"reads": reads},
+            activity_id=self._next_id(label),
+            summary=f"gate readings: {', '.join(read['step'] + ' ' + read['gate'] for read in reads)}",
+            tag=ActivityTag("gate", steps[0] if len(steps) == 1 else None, gate=one["gate"] if one else None,
+                            percent=one["percent"] if one else None),
+            **self._reading_route(),
+        )
+        return raw["readings"]
 
     @staticmethod
     def _reading_route() -> dict[str, Any]:
@@ -526,7 +552,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                     f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
                     f"not held ({need}) within {gate.timeout} ({last or 'no value'})"
                 )
-            await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))
+            if workflow.patched("batched-readings"):
+                await self._readings.tick(gate.interval, timer_summary(step_id, f"gate {name} and any due with it: next reading"))
+            else:
+                await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))
 
     async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None) -> ApprovalRecord:
         state = self._steps[step_id]

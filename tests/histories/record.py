@@ -1,12 +1,15 @@
-"""Records the histories replayed by tests/test_replay.py: `python -m tests.histories.record`.
+"""Records the histories replayed by tests/test_replay.py: `python -m tests.histories.record [NAME ...]`.
 
 Re-record only on purpose: a replay failure means the workflow code changed in a way that
-would break runs already in flight; guard such a change with `workflow.patched` instead.
+would break runs already in flight; guard such a change with `workflow.patched` instead. Name
+the history to record (everything, rollback, gates): the others then keep the shape of runs
+recorded by older code, which is what they are there to replay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from pathlib import Path
 
@@ -72,8 +75,24 @@ steps:
     on_failure: rollback
 """
 
+# Parallel gates due together read in one activity and wait on one timer (workflows/readings.py):
+# ready passes at its second reading, slow at its third, fast (an interval of its own) at its second.
+GATES = """
+metadata: {{name: replay-gates}}
+target: t
+steps:
+  - id: all
+    parallel:
+      - id: ready
+        gate: {{endpoint: "{prom}", query: ready, comparator: ">=", threshold: 1, interval: 0.1s, timeout: 10s}}
+      - id: slow
+        gate: {{endpoint: "{prom}", query: slow, comparator: ">=", threshold: 1, interval: 0.1s, timeout: 10s}}
+      - id: fast
+        gate: {{endpoint: "{prom}", query: fast, comparator: ">=", threshold: 1, interval: 0.05s, consecutive: 2, timeout: 10s}}
+"""
 
-async def _record() -> None:
+
+async def _record(names: set[str]) -> None:
     environment = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL_CLI), data_converter=DATA_CONVERTER,
         search_attributes=search.ALL, dev_server_log_level="error",
@@ -82,28 +101,49 @@ async def _record() -> None:
     work = Path(tempfile.mkdtemp())
     try:
         async with support.worker(environment.client, "record"):
-            prom.script("healthy", 0, 1, 1)
-            prom.script("errors", 0, 0, 5)  # 10 % and 20 % pass, 30 % fails and steps back
-            book = support.write_runbook(work, EVERYTHING.format(out=work / "out.txt", prom=prom.url), "everything")
-            handle = await support.start(environment.client, book, "record", target={"name": "replay-everything"})
-            await support.wait_for(lambda: _awaiting(handle))
-            await handle.execute_update("approve", ApproveRequest(step="ok", approver="bob", comment="recorded"))
-            await support.wait_for(lambda: _held(handle))
-            prom.script("errors", 0)
-            await handle.execute_update("retry", ControlRequest(step="ramp", actor="bob", reason="fixed"))
-            await handle.result()
-            (HERE / "everything.json").write_text((await handle.fetch_history()).to_json())
-
-            book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), "rollback")
-            handle = await support.start(environment.client, book, "record", target={"name": "replay-rollback"})
-            try:
-                await handle.result()
-            except Exception:  # noqa: BLE001 - this run is meant to fail and roll back
-                pass
-            (HERE / "rollback.json").write_text((await handle.fetch_history()).to_json())
+            if "gates" in names:
+                await _record_gates(environment, prom, work)
+            if "everything" in names:
+                await _record_everything(environment, prom, work)
+            if "rollback" in names:
+                await _record_rollback(environment, work)
     finally:
         await prom.stop()
         await environment.shutdown()
+
+
+async def _record_gates(environment, prom, work: Path) -> None:
+    prom.script("ready", 0, 1)
+    prom.script("slow", 0, 0, 1)
+    prom.script("fast", 1)
+    book = support.write_runbook(work, GATES.format(prom=prom.url), "gates")
+    handle = await support.start(environment.client, book, "record", target={"name": "replay-gates"})
+    await handle.result()
+    (HERE / "gates.json").write_text((await handle.fetch_history()).to_json())
+
+
+async def _record_everything(environment, prom, work: Path) -> None:
+    prom.script("healthy", 0, 1, 1)
+    prom.script("errors", 0, 0, 5)  # 10 % and 20 % pass, 30 % fails and steps back
+    book = support.write_runbook(work, EVERYTHING.format(out=work / "out.txt", prom=prom.url), "everything")
+    handle = await support.start(environment.client, book, "record", target={"name": "replay-everything"})
+    await support.wait_for(lambda: _awaiting(handle))
+    await handle.execute_update("approve", ApproveRequest(step="ok", approver="bob", comment="recorded"))
+    await support.wait_for(lambda: _held(handle))
+    prom.script("errors", 0)
+    await handle.execute_update("retry", ControlRequest(step="ramp", actor="bob", reason="fixed"))
+    await handle.result()
+    (HERE / "everything.json").write_text((await handle.fetch_history()).to_json())
+
+
+async def _record_rollback(environment, work: Path) -> None:
+    book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), "rollback")
+    handle = await support.start(environment.client, book, "record", target={"name": "replay-rollback"})
+    try:
+        await handle.result()
+    except Exception:  # noqa: BLE001 - this run is meant to fail and roll back
+        pass
+    (HERE / "rollback.json").write_text((await handle.fetch_history()).to_json())
 
 
 async def _awaiting(handle):
@@ -115,4 +155,4 @@ async def _held(handle):
 
 
 if __name__ == "__main__":
-    asyncio.run(_record())
+    asyncio.run(_record(set(sys.argv[1:]) or {"everything", "rollback", "gates"}))
