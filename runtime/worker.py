@@ -17,7 +17,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
-from activities.telemetry import pace_readings
+from activities.telemetry import MAX_READS_PER_BATCH, pace_readings
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from workflows.history_tags import HistoryTagInterceptor
@@ -46,6 +46,8 @@ READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # at 10 ms) takes from the steps: on 2 cores beside the dev server, 20 a second cost other runs' steps
 # 1.3-1.5x at p95, 10 1.1-1.4x (most of it the server's CPU per reading; README, stop 22).
 _READINGS_PER_SECOND = 10.0
+# Readings in flight wait for their slots inside their activity: at most what the pace takes in
+# half of telemetry.read_many's 60 s (8 batches of 20 at 10 a second: 16 s), so none times out waiting.
 _READINGS_IN_FLIGHT = 8
 
 
@@ -114,7 +116,7 @@ def build_worker(
         client,
         task_queue=readings_queue(queue),
         activities=reading_activities,
-        max_concurrent_activities=_READINGS_IN_FLIGHT,
+        max_concurrent_activities=max(1, min(_READINGS_IN_FLIGHT, int(rate * 30 / MAX_READS_PER_BATCH))),
         max_activities_per_second=rate,
         interceptors=interceptors,
     )
