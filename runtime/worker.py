@@ -42,9 +42,10 @@ UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
 
 READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # A gate reads every few seconds; 10 a second per worker serves dozens of concurrent ramps (the drain
-# runbook's two 0.25 s gates take 8), and caps what a flood of readings (a runbook with 50 parallel gates
-# at 10 ms) takes from the steps: on 2 cores beside the dev server, 20 a second cost other runs' steps
-# 1.3-1.5x at p95, 10 1.1-1.4x (most of it the server's CPU per reading; README, stop 22).
+# runbook's two 0.25 s gates take 8), and caps what a flood of readings takes from the steps. On 2
+# cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches since stop 23)
+# cost other runs' steps 1.01-1.09x at the median, 1.00-1.29x at p95; the same gates as 50 runs of one
+# gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (README, stop 23).
 _READINGS_PER_SECOND = 10.0
 # Readings in flight wait for their slots inside their activity: at most what the pace takes in
 # half of telemetry.read_many's 60 s (8 batches of 20 at 10 a second: 16 s), so none times out waiting.
