@@ -467,8 +467,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._error = f"{self._error}; rolled back: {', '.join(undone) or 'nothing to undo'}"
 
     async def _read(self, step_id: str, gate: GateSpec, name: str, percent: int | None) -> GateReading:
-        # The read's timeout and retries are what telemetry.read declares, pinned by the loader; its
-        # single attempt means a failed read is a failed reading: the gate keeps polling and fails closed.
+        # The read's timeout and retries are what telemetry.read_many (telemetry.read before the patch)
+        # declares, pinned by the loader; its single attempt means a failed read is a failed reading:
+        # the gate keeps polling and fails closed.
         request = {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query}
         try:
             # Patched: before it, each reading was an activity of its own (telemetry.read); runs in
