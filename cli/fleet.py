@@ -10,7 +10,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from cli.polling import read_kept_status
+from cli.polling import read_full_status, read_kept_status
 from cli.runs import TargetBusy
 from workflows import search
 from workflows.contract import FleetInput, FleetMember, FleetStatus, RunInput, RunStatus
@@ -76,14 +76,14 @@ async def start_fleet(client: Client, fleet: FleetInput, task_queue: str) -> Wor
 
 async def member_runs(client: Client, status: FleetStatus, *, outputs: bool = False) -> dict[str, RunStatus]:
     """Each started member's own run status (its current step, approvals awaited): the one it keeps in
-    its memo, read from the server, or with `outputs` its status Query (which its worker answers)."""
+    its memo, read from the server, or with `outputs` all of it (cli/polling.read_full_status)."""
     found: dict[str, RunStatus] = {}
     for member in status.members:
         if member.run_id is None:
             continue
         handle = client.get_workflow_handle(member.workflow_id, run_id=member.run_id)
         try:
-            found[member.target] = await (handle.query("status", result_type=RunStatus) if outputs
+            found[member.target] = await (read_full_status(handle, attempts=1) if outputs
                                           else read_kept_status(handle, attempts=1))
         except Exception:  # noqa: BLE001 - a member whose worker is gone still shows its fleet state
             continue

@@ -311,15 +311,15 @@ def status(
 
 
 async def _run_status(client, workflow_id: str, *, outputs: bool):
-    """The run's status: with `outputs`, its status Query (the worker answers); else the status it keeps
-    in its memo, from the server (cli/polling.read_kept_status)."""
+    """The run's status: with `outputs`, all of it (a running run's status Query, which the worker answers;
+    a closed run's close event); else the status it keeps in its memo, from the server (cli/polling)."""
     from temporalio.service import RPCError
 
-    from cli.polling import read_kept_status, read_status
+    from cli.polling import read_full_status, read_kept_status
 
     handle = client.get_workflow_handle(workflow_id)
     try:
-        return await (read_status(handle) if outputs else read_kept_status(handle))
+        return await (read_full_status(handle) if outputs else read_kept_status(handle))
     except RPCError as exc:
         _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
 

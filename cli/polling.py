@@ -17,7 +17,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from workflows import search
 from workflows.contract import RunResult, RunStatus, status_from_memo
 
-__all__ = ["RunWatch", "Sleep", "read_kept_status", "read_status", "refused"]
+__all__ = ["RunWatch", "Sleep", "read_full_status", "read_kept_status", "read_status", "refused"]
 
 Sleep = Callable[[float], Awaitable[Any]]
 
@@ -54,6 +54,16 @@ async def read_kept_status(handle: WorkflowHandle, *, attempts: int = 6) -> RunS
     return await RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False).next()
 
 
+async def read_full_status(handle: WorkflowHandle, *, attempts: int = 6) -> RunStatus:
+    """All the status Query answers, step outputs included: a closed run's from its close event (the
+    server; a Query would have the worker replay the whole run), a running run's from the Query."""
+    watch = RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False)
+    status = await watch.next()
+    if watch.closed_with_result:
+        return status
+    return await read_status(handle, attempts=attempts)
+
+
 class RunWatch:
     """A run's status for a live view, at a cost the run does not feel.
 
@@ -84,6 +94,8 @@ class RunWatch:
         self._last: RunStatus | None = None
         self._spread_first = spread_first
         self._calls = 0
+        # Whether the last status came from the run's close event, its RunResult (every step's outputs too).
+        self.closed_with_result = False
 
     async def next(self) -> RunStatus:
         """The run's status once it may have changed since the previous call."""
@@ -131,6 +143,7 @@ class RunWatch:
         else:
             result = None
         over = {"current_step": None, "awaiting_approval": [], "held": []}
+        self.closed_with_result = result is not None
         if result is None:
             # Closed from outside (terminated, timed out, cancelled): the run's own status never says so.
             return self._last.model_copy(update={

@@ -27,7 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from cli import render
 from cli.timeline import build_timeline
-from cli.polling import RunWatch, read_status
+from cli.polling import RunWatch, read_full_status, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from runtime.logs import configure_logging, flush_logging
 from runtime.shedding import ShedCounter
@@ -166,8 +166,14 @@ async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_sta
                 pass
             assert not [call for call in client.calls if call[0] == "query"], client.calls
             ends[end] = final
+            # `coldstart status --json` wants every step's outputs: a closed run's close event has them.
+            full = await read_full_status(client.get_workflow_handle(handle.id))
+            queries = [call for call in client.calls if call[0] == "query"]
             if end != "terminated":
-                assert final == await read_status(handle), end
+                assert final == await read_status(handle) == full, end
+                assert full.steps[0].outputs and not queries, client.calls
+            else:  # terminated from outside: no close event says how the steps ended, so the worker is asked
+                assert full == await read_status(handle) and len(queries) == 1, client.calls
     await prom.stop()
     assert {end: status.state for end, status in ends.items()} == {
         "succeeded": "succeeded", "failed": "failed", "aborted": "aborted", "terminated": "failed"}
