@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 __all__ = ["FairPace"]
 
@@ -25,8 +26,11 @@ class FairPace:
     A run that asks for fifty readings at once gets one slot in each turn, as does a run asking for
     one, so a batch of readings cannot starve another run's gate. Each event loop paces on its own."""
 
-    def __init__(self, per_second: float) -> None:
+    def __init__(self, per_second: float, *, share: Callable[[], float] = lambda: 1.0) -> None:
         self.per_second = per_second
+        # The part of the pace readings may take right now, asked at each slot (the worker's StepLoad:
+        # a quarter while it runs steps, so readings yield to them).
+        self.share = share
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
 
     async def slot(self, key: str) -> None:
@@ -57,4 +61,4 @@ class FairPace:
             if granted.done():  # cancelled while waiting: the slot goes to the next in turn
                 continue
             granted.set_result(None)
-            turns.next_free = max(loop.time(), turns.next_free) + 1 / self.per_second
+            turns.next_free = max(loop.time(), turns.next_free) + 1 / (self.per_second * self.share())

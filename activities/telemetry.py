@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Literal
 
 import httpx
@@ -16,18 +17,36 @@ from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
 
-__all__ = ["MAX_READS_PER_BATCH", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
+__all__ = ["MAX_READS_PER_BATCH", "READ_ACTION", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
            "read", "read_many"]
 
 # A batch waits for its slots inside its activity: 20 readings of each of a worker's 8 in flight at
 # 10 a second is 16 s, well inside read_many's timeout.
 MAX_READS_PER_BATCH = 20
-_PACE = FairPace(per_second=10.0)
+# The actions gates read through: read_many takes the reads a run asked for together (batched
+# readings); read, one a call, is what runs from before batched readings still schedule.
+READ_ACTION = "telemetry.read"
+READ_MANY_ACTION = "telemetry.read_many"
+READ_ACTIONS = (READ_ACTION, READ_MANY_ACTION)
+_DEFAULT_PER_SECOND = 10.0
+# One pace per worker, found by the task queue a reading came from: two workers in one process keep
+# their own rates.
+_PACES: dict[str, FairPace] = {}
 
 
-def pace_readings(per_second: float) -> None:
-    """The readings this process takes a second, shared in turn by the runs asking (the worker sets it)."""
-    _PACE.per_second = per_second
+def pace_readings(per_second: float, *task_queues: str, share: Callable[[], float] = lambda: 1.0) -> None:
+    """The readings a second that gates read on these task queues take together, shared in turn by the
+    runs asking (a worker sets it for the queues it reads on); elsewhere 10 a second. share: the part of
+    that pace readings may take at the moment (activities/pacing.FairPace)."""
+    pace = next((_PACES[queue] for queue in task_queues if queue in _PACES), None) or FairPace(per_second)
+    pace.per_second, pace.share = per_second, share
+    for queue in task_queues:
+        _PACES[queue] = pace
+
+
+def _pace() -> FairPace:
+    queue = activity.info().task_queue if activity.in_activity() else ""
+    return _PACES.get(queue) or _PACES.setdefault("", FairPace(_DEFAULT_PER_SECOND))
 
 
 class ReadInput(BaseModel):
@@ -63,20 +82,20 @@ class Readings(BaseModel):
     readings: list[Reading]
 
 
-@action("telemetry.read", timeout=30, retry=Retry(max_attempts=1))
+@action(READ_ACTION, timeout=30, retry=Retry(max_attempts=1))
 async def read(inp: ReadInput) -> Reading:
     """Read one gate sample; an unreachable source or an empty result is an error, so the gate fails closed."""
-    await _PACE.slot(_run_key())
+    await _pace().slot(_run_key())
     return await _sample(inp)
 
 
-@action("telemetry.read_many", timeout=60, retry=Retry(max_attempts=1))
+@action(READ_MANY_ACTION, timeout=60, retry=Retry(max_attempts=1))
 async def read_many(inp: ReadManyInput) -> Readings:
     """Read several gates' samples, in the order given, each as telemetry.read would, at the worker's pace."""
-    key = _run_key()
+    key, pace = _run_key(), _pace()
 
     async def paced(one: GateRead) -> Reading:
-        await _PACE.slot(key)
+        await pace.slot(key)
         return await _sample(one)
 
     return Readings(readings=list(await asyncio.gather(*(paced(one) for one in inp.reads))))

@@ -26,6 +26,7 @@ import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
 from cli.drill import DRILL_APPROVER
+from activities.telemetry import READ_ACTIONS
 from cli.lab_harness import LabHarness
 
 __all__ = ["ACTOR", "CASES", "FAULT_LAB", "CaseReport", "FaultDrills", "HistoryFact", "history_facts"]
@@ -267,7 +268,7 @@ class FaultDrills(LabHarness):
         moves: list[tuple[datetime, str]] = []
         for e in self.entries(handle):
             if (e.get("event") == "ended" and e.get("outcome") == "ok"
-                    and (reads or e.get("activity_type") not in ("telemetry.read", "telemetry.read_many"))):
+                    and (reads or e.get("activity_type") not in READ_ACTIONS)):
                 at = _utc(e["ended_at"])
                 if at and at > since:
                     moves.append((at, f"{e['activity_id']} completed"))

@@ -57,10 +57,14 @@ async def read_kept_status(handle: WorkflowHandle, *, attempts: int = 6) -> RunS
 async def read_full_status(handle: WorkflowHandle, *, attempts: int = 6) -> RunStatus:
     """All the status Query answers, step outputs included: a closed run's from its close event (the
     server; a Query would have the worker replay the whole run), a running run's from the Query."""
-    watch = RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False)
+    description = await _retrying(attempts, asyncio.sleep)(handle.describe)
+    if description.status in (None, WorkflowExecutionStatus.RUNNING):
+        return await read_status(handle, attempts=attempts)  # the memo keeps no step outputs
+    watch = RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False, described=description)
     status = await watch.next()
-    if watch.closed_with_result:
+    if watch.closed_with_result or watch.queried:
         return status
+    # Closed from outside (terminated, timed out): no close event says how its steps ended.
     return await read_status(handle, attempts=attempts)
 
 
@@ -81,7 +85,7 @@ class RunWatch:
 
     def __init__(self, handle: WorkflowHandle, *, interval: float = 0.5, query_every: float = 1.0,
                  attempts: int = 30, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic,
-                 spread_first: bool = True) -> None:
+                 spread_first: bool = True, described: WorkflowExecutionDescription | None = None) -> None:
         self._handle = handle
         self._interval = interval
         self._query_every = query_every
@@ -96,6 +100,9 @@ class RunWatch:
         self._calls = 0
         # Whether the last status came from the run's close event, its RunResult (every step's outputs too).
         self.closed_with_result = False
+        # Whether the last status was the run's status Query (a run from before the memo), outputs and all.
+        self.queried = False
+        self._described = described  # a description already read: the first call's
 
     async def next(self) -> RunStatus:
         """The run's status once it may have changed since the previous call."""
@@ -107,7 +114,8 @@ class RunWatch:
             await self._sleep(self._interval * random.random())
         self._calls += 1
         while True:
-            description = await self._retry(self._handle.describe)
+            description, self._described = self._described or await self._retry(self._handle.describe), None
+            self.queried = False
             length = description.raw_description.workflow_execution_info.history_length
             closed = description.status not in (None, WorkflowExecutionStatus.RUNNING)
             moved = length != self._length
@@ -129,6 +137,7 @@ class RunWatch:
                                                rpc_timeout=_QUERY_TIMEOUT)
                 self._length, self._queried_at = length, self._clock()
                 self._next_query_after = self._query_every * random.uniform(0.5, 1.5)
+                self.queried = True
                 return self._last
             await self._sleep(self._interval * random.uniform(0.5, 1.5))
 

@@ -11,6 +11,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from activities.telemetry import READ_ACTION, READ_ACTIONS
 from workflows.history_tags import ActivityTag, activity_tag, timer_step
 
 __all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
@@ -167,7 +168,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 tag, activity_type, started_at, args = scheduled.pop(attrs.scheduled_event_id, (None, "?", at, None))
                 step = tag.step if tag else None
                 duration = (at - started_at).total_seconds()
-                if activity_type in _READINGS:
+                if activity_type in READ_ACTIONS:
                     for step, gate, query, reading, error in _gate_readings(activity_type, tag, args, value):
                         detail = f"{gate}: {query} = {reading if error is None else 'no value (' + str(error) + ')'}"
                         timeline.entries.append(Entry(at, step, "gate reading", None, _short(detail, 240), duration,
@@ -249,16 +250,12 @@ class _Wrap:
         self.payloads = [payload]
 
 
-# telemetry.read: one reading an activity (runs from before batched readings); read_many: several.
-_READINGS = ("telemetry.read", "telemetry.read_many")
-
-
 def _gate_readings(activity_type: str, tag: ActivityTag | None, args: Any,
                    value: Any) -> list[tuple[str | None, str, str, Any, Any]]:
     """(step, gate, query, value, error) of each reading a reading activity took; a failed or timed-out
     activity (value is its message) is that error for each gate it read."""
     args = args if isinstance(args, dict) else {}
-    if activity_type == "telemetry.read":
+    if activity_type == READ_ACTION:  # one reading an activity (runs from before batched readings)
         reads = [{**args, "step": tag.step if tag else None, "gate": tag.gate if tag and tag.gate else "?"}]
         results = [value if isinstance(value, dict) else {"error": value}]
     else:

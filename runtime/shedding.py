@@ -8,7 +8,7 @@ import threading
 from temporalio.common import MetricCounter, MetricMeter
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, PrometheusConfig, Runtime, TelemetryConfig
 
-__all__ = ["JOURNAL_LINES_DROPPED", "LOG_RECORDS_DROPPED", "ShedCounter", "worker_runtime"]
+__all__ = ["JOURNAL_LINES_DROPPED", "LOG_RECORDS_DROPPED", "READINGS_SLOWED", "ShedCounter", "worker_runtime"]
 
 
 class ShedCounter:
@@ -54,6 +54,13 @@ JOURNAL_LINES_DROPPED = ShedCounter(
 )
 
 
+READINGS_SLOWED = ShedCounter(
+    "coldstart_gate_readings_slowed_total",
+    "gate readings taken at a quarter of the worker's pace because it was running steps (runtime/step_load.py): "
+    "reason steps_running",
+)
+
+
 def worker_runtime(metrics_address: str | None) -> Runtime:
     """The worker's Temporal runtime: Core's own log lines join the bounded log queue (by default Core
     writes them to stderr itself, and a full stderr pipe would block its threads), and the drop
@@ -63,6 +70,6 @@ def worker_runtime(metrics_address: str | None) -> Runtime:
                               forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core"))),
         metrics=PrometheusConfig(bind_address=metrics_address) if metrics_address else None,
     ))
-    for counter in (LOG_RECORDS_DROPPED, JOURNAL_LINES_DROPPED):
+    for counter in (LOG_RECORDS_DROPPED, JOURNAL_LINES_DROPPED, READINGS_SLOWED):
         counter.bind(runtime.metric_meter)
     return runtime

@@ -17,14 +17,15 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
-from activities.telemetry import MAX_READS_PER_BATCH, pace_readings
+from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, pace_readings
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
+from runtime.step_load import StepLoad, StepLoadInterceptor
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.fanout import FanOutWorkflow
 from workflows.contract import readings_queue
 from workflows.fleet import FleetWorkflow
-from workflows.runbook_workflow import READ_ACTIVITY, READ_MANY_ACTIVITY, RunbookWorkflow
+from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["READINGS_PER_SECOND_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "run_worker"]
 
@@ -47,9 +48,13 @@ READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # cost other runs' steps 1.01-1.09x at the median, 1.00-1.29x at p95; the same gates as 50 runs of one
 # gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (README, stop 23).
 _READINGS_PER_SECOND = 10.0
-# Readings in flight wait for their slots inside their activity: at most what the pace takes in
-# half of telemetry.read_many's 60 s (8 batches of 20 at 10 a second: 16 s), so none times out waiting.
-_READINGS_IN_FLIGHT = 8
+# Readings in flight wait for their slots inside their activity: at most what the slowest pace (a
+# quarter, while steps run) takes in half of telemetry.read_many's 60 s (3 batches of 20 at 2.5 a
+# second: 24 s), so none times out waiting; and at least 3, so that a run's lone reading is in the
+# worker taking turns with another run's batches, not in the server behind them. (Below 4 readings
+# a second, three full batches under steps that never stop could outlast the timeout: the gates
+# would read errors for that batch, and go on.)
+_READINGS_IN_FLIGHT = (3, 8)
 
 
 class ControllerWorker:
@@ -97,6 +102,7 @@ def build_worker(
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
         interceptors.append(JournalInterceptor(ActionJournal(
             journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
+    load = StepLoad()
     runs = Worker(
         client,
         task_queue=queue,
@@ -105,19 +111,20 @@ def build_worker(
         activities=registry.activities(),
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
-        interceptors=interceptors,
+        interceptors=[*interceptors, StepLoadInterceptor(load)],
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
     )
     rate = readings_per_second or float(os.environ.get(READINGS_PER_SECOND_ENV) or _READINGS_PER_SECOND)
-    # Each reading, alone or in a batch, takes a slot of the process's pace, given to runs in turn;
-    # the activities themselves are also limited to `rate` a second, so single reads wait in the server.
-    pace_readings(rate)
-    reading_activities = [registry.specs[name].fn for name in (READ_ACTIVITY, READ_MANY_ACTIVITY) if name in registry.specs]
+    # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
+    # a quarter of it while the worker runs steps; the activities themselves are also limited to `rate`
+    # a second, so single reads wait in the server.
+    pace_readings(rate, queue, readings_queue(queue), share=load.share)
+    reading_activities = [registry.specs[name].fn for name in READ_ACTIONS if name in registry.specs]
     readings = None if not reading_activities else Worker(
         client,
         task_queue=readings_queue(queue),
         activities=reading_activities,
-        max_concurrent_activities=max(1, min(_READINGS_IN_FLIGHT, int(rate * 30 / MAX_READS_PER_BATCH))),
+        max_concurrent_activities=max(_READINGS_IN_FLIGHT[0], min(_READINGS_IN_FLIGHT[1], int(rate * load.slowest_share * 30 / MAX_READS_PER_BATCH))),
         max_activities_per_second=rate,
         interceptors=interceptors,
     )

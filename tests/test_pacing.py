@@ -1,10 +1,16 @@
-"""FairPace: a worker's readings at its rate, evenly spaced, handed to runs in turn."""
+"""FairPace: a worker's readings at its rate, evenly spaced, handed to runs in turn, yielding to its steps."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+
+from temporalio.testing import ActivityEnvironment
 
 from activities.pacing import FairPace
+from activities.telemetry import GateRead, ReadManyInput, pace_readings, read_many
+from runtime.shedding import READINGS_SLOWED
+from runtime.step_load import StepLoad
 
 
 async def _take(pace: FairPace, key: str, order: list[str]) -> None:
@@ -55,3 +61,49 @@ async def test_each_event_loop_paces_on_its_own():
 
     await asyncio.to_thread(other_loop)
     assert done.is_set()
+
+
+async def test_each_worker_reads_at_its_own_pace_found_by_its_task_queue():
+    """Two workers in one process, one reading 4 a second, one 1000: the slow one's rate is not the fast one's."""
+    pace_readings(4, "slow-runs", "slow-runs-readings")
+    pace_readings(1000, "fast-runs", "fast-runs-readings")
+    loop = asyncio.get_running_loop()
+    unreachable = ReadManyInput(reads=[GateRead(source="http", endpoint="http://127.0.0.1:9/", step="s", gate=f"g{i}",
+                                                timeout_seconds=1) for i in range(5)])
+    took = {}
+    for queue in ("slow-runs-readings", "fast-runs-readings"):
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, task_queue=queue, workflow_id=f"run-{queue}")
+        started = loop.time()
+        readings = await env.run(read_many, unreachable)
+        took[queue] = loop.time() - started
+        assert [r.error for r in readings.readings] == ["http://127.0.0.1:9/ unreachable: ConnectError"] * 5
+    # Five slots at 4 a second: the last a second after the first (a lower bound); at 1000, about 4 ms.
+    assert took["slow-runs-readings"] >= 1.0 - 1e-3 > took["fast-runs-readings"], took
+
+
+async def test_slots_are_spaced_by_the_share_of_the_pace_asked_at_each_slot():
+    shares = iter([1.0, 0.25, 0.25, 1.0])
+    pace = FairPace(per_second=40, share=lambda: next(shares))
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+
+    async def timed() -> None:
+        await pace.slot("run")
+        times.append(loop.time())
+
+    await asyncio.gather(*(timed() for _ in range(4)))
+    # 25 ms after the first slot, then 100 ms twice (a quarter of 40 a second): a lower bound only.
+    assert times[1] - times[0] >= 0.025 - 1e-3 and times[3] - times[1] >= 0.2 - 1e-3, times
+
+
+def test_step_load_gives_readings_a_quarter_for_a_second_after_a_step_and_counts_them():
+    now = [100.0]
+    load = StepLoad(window=1.0, share=0.25, clock=lambda: now[0])
+    slowed = READINGS_SLOWED.value("steps_running")
+    assert load.share() == 1.0
+    load.note()
+    now[0] = 100.9
+    assert load.share() == 0.25 and READINGS_SLOWED.value("steps_running") == slowed + 1
+    now[0] = 101.0
+    assert load.share() == 1.0 and READINGS_SLOWED.value("steps_running") == slowed + 1

@@ -21,22 +21,23 @@ from prometheus_client.parser import text_string_to_metric_families
 import structlog
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import TypedSearchAttributes
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.telemetry import READ_ACTIONS, READ_MANY_ACTION
 from cli import render
 from cli.timeline import build_timeline
 from cli.polling import RunWatch, read_full_status, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from runtime.logs import configure_logging, flush_logging
-from runtime.shedding import ShedCounter
+from runtime.shedding import READINGS_SLOWED, ShedCounter
 from tests import support
 from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
 from workflows.contract import (ApproveRequest, ControlRequest, GateReading, RunStatus, StatusMemo, StepState,
                                 status_from_memo, readings_queue)
-from workflows.runbook_workflow import READ_ACTIVITY, READ_MANY_ACTIVITY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,6 +156,10 @@ async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_sta
             for step in queried.steps:
                 step.outputs, step.readings = {}, step.readings[-1:]
             assert waiting == queried and waiting.awaiting_approval == ["ok"]
+            if end == "succeeded":  # a running run's outputs only its Query has: one describe, then the Query
+                probe = _CountingClient(env.client)
+                running = await read_full_status(probe.get_workflow_handle(handle.id))
+                assert running.steps[0].outputs and [kind for kind, _ in probe.calls] == ["describe", "query"], probe.calls
             if end == "aborted":
                 await handle.execute_update("abort", ControlRequest(actor="alice", reason="drill over"))
             elif end == "terminated":
@@ -167,13 +172,14 @@ async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_sta
             assert not [call for call in client.calls if call[0] == "query"], client.calls
             ends[end] = final
             # `coldstart status --json` wants every step's outputs: a closed run's close event has them.
-            full = await read_full_status(client.get_workflow_handle(handle.id))
-            queries = [call for call in client.calls if call[0] == "query"]
+            probe = _CountingClient(env.client)
+            full = await read_full_status(probe.get_workflow_handle(handle.id))
+            calls = [kind for kind, _ in probe.calls]
             if end != "terminated":
                 assert final == await read_status(handle) == full, end
-                assert full.steps[0].outputs and not queries, client.calls
+                assert full.steps[0].outputs and calls == ["describe", "result"], probe.calls
             else:  # terminated from outside: no close event says how the steps ended, so the worker is asked
-                assert full == await read_status(handle) and len(queries) == 1, client.calls
+                assert full == await read_status(handle) and calls == ["describe", "query"], probe.calls
     await prom.stop()
     assert {end: status.state for end, status in ends.items()} == {
         "succeeded": "succeeded", "failed": "failed", "aborted": "aborted", "terminated": "failed"}
@@ -298,7 +304,7 @@ def _readings(history: Any) -> list[tuple[Any, Any]]:
     """(scheduled attributes, started event) of each gate reading in a run's history."""
     scheduled = {e.event_id: e.activity_task_scheduled_event_attributes for e in history.events
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-                 and e.activity_task_scheduled_event_attributes.activity_type.name in (READ_ACTIVITY, READ_MANY_ACTIVITY)}
+                 and e.activity_task_scheduled_event_attributes.activity_type.name in READ_ACTIONS}
     times = {e.event_id: e.event_time.ToDatetime() for e in history.events}
     return [(scheduled[e.activity_task_started_event_attributes.scheduled_event_id],
              (e.event_time.ToDatetime() - times[e.activity_task_started_event_attributes.scheduled_event_id]).total_seconds())
@@ -337,7 +343,7 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
     readings = _readings(history)
     assert len(readings) == 2  # two ticks of six gates each
     for attributes, _ in readings:
-        assert attributes.activity_type.name == READ_MANY_ACTIVITY
+        assert attributes.activity_type.name == READ_MANY_ACTION
         assert attributes.task_queue.name == readings_queue(task_queue)
         assert attributes.priority.priority_key == READING_PRIORITY
         assert attributes.priority.fairness_key == handle.id
@@ -383,6 +389,38 @@ async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env,
     # tick's 24 (6 s); in turn with the flood's it waits about one slot.
     assert flood_spans[-1] > 4.5, flood_spans
     assert other_spans[-1] < flood_spans[-1] * 0.4, (other_spans, flood_spans)
+
+
+async def test_a_workers_readings_yield_to_the_steps_it_runs_and_are_counted(env, task_queue, tmp_path):
+    """While the worker runs another run's steps, a gate's readings take a quarter of its pace (2 a
+    second here: one each 2 s), each counted in coldstart_gate_readings_slowed_total."""
+    prom = await support.ScriptedPrometheus().start()
+    steps = support.write_runbook(tmp_path, "metadata: {name: steps}\ntarget: t\nsteps:\n" + "".join(
+        f"  - {{id: s{i}, action: core.wait, with: {{seconds: 0.1}}}}\n" for i in range(60)), name="steps")
+    gate = _gates_book(tmp_path, "gate", prom.url, gates=1, consecutive=3)
+    slowed = READINGS_SLOWED.value("steps_running")
+    try:
+        async with support.worker(env.client, task_queue, readings_per_second=2):
+            busy = await support.start(env.client, steps, task_queue)
+            await support.wait_for(lambda: _step_started(busy))
+            gated = await support.start(env.client, gate, task_queue, target={"name": f"gated-{task_queue}"})
+            assert (await asyncio.wait_for(gated.result(), timeout=120)).state == "succeeded"
+            running = (await busy.describe()).status == WorkflowExecutionStatus.RUNNING
+            await asyncio.wait_for(busy.result(), timeout=120)
+    finally:
+        await prom.stop()
+    assert running, "the steps ended before the gate's three readings: the test proves nothing"
+    assert READINGS_SLOWED.value("steps_running") - slowed >= 2
+    history = await gated.fetch_history()
+    done = sorted(e.event_time.ToDatetime() for e in history.events
+                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
+    # Slots 2 s apart at a quarter of 2 a second (at the full pace the timer's ~1 s would set the
+    # gap): a lower bound only, which load cannot break.
+    assert len(done) == 3 and all((b - a).total_seconds() >= 1.9 for a, b in zip(done, done[1:])), done
+
+
+async def _step_started(handle: Any) -> bool:
+    return (await support.status(handle)).current_step not in (None, "starting")
 
 
 def _reading_spans(history: Any) -> list[float]:

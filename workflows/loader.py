@@ -11,6 +11,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from activities.inventory import Inventory
 from activities.retry import parse_duration
+from activities.telemetry import READ_ACTIONS
 from workflows.contract import RunInput
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
 from workflows.spec import (
@@ -550,7 +551,6 @@ def _check_deadlines(runbook: Runbook, source: _Source) -> None:
 
 
 IDENTITY_KEYS_ACTION = "vault.identity_keys"
-READ_ACTIONS = ("telemetry.read", "telemetry.read_many")
 
 
 def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:

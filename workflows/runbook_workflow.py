@@ -14,7 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IdentityKeys
     from activities.retry import Retry
-    from activities.telemetry import MAX_READS_PER_BATCH
+    from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION
     from workflows.calls import READING_PRIORITY, DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
@@ -52,13 +52,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.visibility import RunVisibility, metrics_gate, metrics_step
 
-__all__ = ["READ_ACTIVITY", "READ_MANY_ACTIVITY", "RunbookWorkflow"]
+__all__ = ["RunbookWorkflow"]
 
-READ_ACTIVITY = "telemetry.read"
-READ_MANY_ACTIVITY = "telemetry.read_many"
 # Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
-_READ_UNPINNED = ActionDefaults(name=READ_ACTIVITY, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
-_READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTIVITY, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
+_READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
+_READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
 IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
@@ -478,7 +476,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 raw = await self._readings.read({**request, "step": step_id, "gate": name, "percent": percent})
             else:
                 raw = await call_action(
-                    self._inp.actions.get(READ_ACTIVITY, _READ_UNPINNED),
+                    self._inp.actions.get(READ_ACTION, _READ_UNPINNED),
                     request,
                     activity_id=self._next_id(f"{step_id}/gate/{name}"),
                     summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}",
@@ -499,7 +497,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         one = reads[0] if len(reads) == 1 else None
         label = f"{one['step']}/gate/{one['gate']}" if one else f"{steps[0]}/gates" if len(steps) == 1 else "gates"
         raw = await call_action(
-            self._inp.actions.get(READ_MANY_ACTIVITY, _READ_MANY_UNPINNED),
+            self._inp.actions.get(READ_MANY_ACTION, _READ_MANY_UNPINNED),
             {"reads": reads},
             activity_id=self._next_id(label),
             summary=f"gate readings: {', '.join(read['step'] + ' ' + read['gate'] for read in reads)}",
