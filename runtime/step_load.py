@@ -20,11 +20,13 @@ class StepLoad:
     readings get `share` of the worker's pace (each such reading counted in READINGS_SLOWED), then all of it.
 
     Why: a reading costs the server about what a step does (a timer, two workflow tasks and an
-    activity), so fifty runs each waiting on a gate, read at the full pace, slowed a concurrent run's
-    steps by a third on two cores (bench/shedding.py). Readings are what can wait: a gate's interval is
-    its fastest cadence, and a gate fails closed on its timeout, never on a late reading."""
+    activity), so fifty runs each waiting on a gate, read at the full 10 a second, slowed a concurrent
+    run's steps by a third on two cores, at a quarter of it still by a fifth at p95, and at a tenth
+    not measurably (bench/shedding.py, README).
+    Readings are what can wait: a gate's interval is its fastest cadence, and a gate fails closed on
+    its own timeout, never on a late reading."""
 
-    def __init__(self, *, window: float = 1.0, share: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, window: float = 1.0, share: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window
         self._share = share
         self._clock = clock

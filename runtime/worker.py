@@ -49,11 +49,11 @@ READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (README, stop 23).
 _READINGS_PER_SECOND = 10.0
 # Readings in flight wait for their slots inside their activity: at most what the slowest pace (a
-# quarter, while steps run) takes in half of telemetry.read_many's 60 s (3 batches of 20 at 2.5 a
-# second: 24 s), so none times out waiting; and at least 3, so that a run's lone reading is in the
-# worker taking turns with another run's batches, not in the server behind them. (Below 4 readings
-# a second, three full batches under steps that never stop could outlast the timeout: the gates
-# would read errors for that batch, and go on.)
+# tenth, while steps run) takes in half of telemetry.read_many's 60 s, so none times out waiting;
+# and at least 3, so that a run's lone reading is in the worker taking turns with another run's
+# batches, not in the server behind them. (At 10 a second, three full batches of 20 take 60 s at a
+# tenth of it: only under steps that never stop for a minute would the last batch time out, its
+# gates reading an error that once, and going on.)
 _READINGS_IN_FLIGHT = (3, 8)
 
 
@@ -116,7 +116,7 @@ def build_worker(
     )
     rate = readings_per_second or float(os.environ.get(READINGS_PER_SECOND_ENV) or _READINGS_PER_SECOND)
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
-    # a quarter of it while the worker runs steps; the activities themselves are also limited to `rate`
+    # a tenth of it while the worker runs steps; the activities themselves are also limited to `rate`
     # a second, so single reads wait in the server.
     pace_readings(rate, queue, readings_queue(queue), share=load.share)
     reading_activities = [registry.specs[name].fn for name in READ_ACTIONS if name in registry.specs]

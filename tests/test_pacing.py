@@ -97,13 +97,13 @@ async def test_slots_are_spaced_by_the_share_of_the_pace_asked_at_each_slot():
     assert times[1] - times[0] >= 0.025 - 1e-3 and times[3] - times[1] >= 0.2 - 1e-3, times
 
 
-def test_step_load_gives_readings_a_quarter_for_a_second_after_a_step_and_counts_them():
+def test_step_load_gives_readings_a_tenth_for_a_second_after_a_step_and_counts_them():
     now = [100.0]
-    load = StepLoad(window=1.0, share=0.25, clock=lambda: now[0])
+    load = StepLoad(window=1.0, clock=lambda: now[0])
     slowed = READINGS_SLOWED.value("steps_running")
     assert load.share() == 1.0
     load.note()
     now[0] = 100.9
-    assert load.share() == 0.25 and READINGS_SLOWED.value("steps_running") == slowed + 1
+    assert load.share() == 0.1 and READINGS_SLOWED.value("steps_running") == slowed + 1
     now[0] = 101.0
     assert load.share() == 1.0 and READINGS_SLOWED.value("steps_running") == slowed + 1
