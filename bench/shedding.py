@@ -13,8 +13,9 @@ of one gate each (a reading an activity, as no run has two gates to read togethe
 no-load measurements differ: the noise floor of the figures). The views and pollers run in a
 process of their own at nice 19, as operators' CLIs run on their own machines. Goal: every flood
 within 10 % of no load (median and p95). A no-load measurement runs right before every
-scenario in every round, so the baseline sees the same machine the floods do. Prints the figures
-and the CPU each process spent per scenario; never asserts.
+scenario in every round, so the baseline sees the same machine the floods do; the ratios are given
+against all no-load runs pooled and against each scenario's own, and the goal needs both. Prints the
+figures and the CPU each process spent per scenario; never asserts.
 
     .venv/bin/python bench/shedding.py [--only=gates,follow,idle,...] [--rounds=5]
 """
@@ -124,9 +125,11 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
              "COLDSTART_JOURNAL": str(Path(tempfile.mkdtemp()) / "journal.jsonl"),
              **({} if sampled else {LOG_SAMPLE_ENV: "0"})},
     )
+    watchdog = asyncio.ensure_future(_exits(process, queue))
     try:
         yield process
     finally:
+        watchdog.cancel()
         _read_cpu(process)
         process.terminate()
         try:
@@ -135,6 +138,17 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
             print(f"  (worker {queue} did not stop within 30 s of SIGTERM)")
             process.kill()
             process.wait()
+
+
+async def _exits(process: subprocess.Popen, queue: str) -> None:
+    """A worker that dies before its scenario stops it would leave the measured runs waiting forever."""
+    while process.poll() is None:
+        await asyncio.sleep(0.5)
+    if getattr(process, "stopping", False):  # its scenario stopped it
+        return
+    print(f"worker {queue} exited (code {process.returncode}) before its scenario ended", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 async def _measure(env, queue: str, book: Path, name: str) -> list[float]:
@@ -243,9 +257,16 @@ async def main() -> None:
     results: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
 
+    latest_none: list[float] = []
+    paired: dict[str, list[float]] = {}  # each scenario's gaps' own baselines: the no-load runs right before it
+
     def add(scenario: str, gaps: list[float], note: str = "") -> None:
         name = LABELS[scenario]
         results.setdefault(name, []).extend(gaps)
+        if scenario == "none":
+            latest_none[:] = gaps
+        else:
+            paired.setdefault(name, []).extend(latest_none)
         if note:
             notes[name] = (notes[name] + "; " if name in notes else "") + note
 
@@ -264,6 +285,7 @@ async def main() -> None:
             gaps = await _measure(env, f"blocked{r}", book, "blocked")
             _read_cpu(worker)
             stopping = time.monotonic()
+            worker.stopping = True  # for _exits: this scenario stops its worker itself
             worker.terminate()
             worker.wait(timeout=30)
             add("blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
@@ -333,13 +355,18 @@ async def main() -> None:
     base_median, base_p95 = statistics.median(results["none"]), _p95(results["none"])
     print(f"{ROUNDS} rounds x {RUNS} runs x {STEPS} do-nothing steps (core.wait 0 s) per scenario, real worker in its own process, "
           f"{os.cpu_count()} cores; per-step ms = gap between activity completions")
-    print(f"{'scenario':<38} {'median':>8} {'p95':>8} {'x median':>9} {'x p95':>7}  goal <= {GOAL:.2f}x")
+    # Two baselines: all no-load runs pooled, and each scenario's own (the no-load runs right before
+    # it in each round, the same machine the flood saw: a server that slows as its history grows
+    # within a round shows in the pooled ratio, not in the paired one). The verdict needs both.
+    print(f"{'scenario':<38} {'median':>8} {'p95':>8} {'x median':>9} {'x p95':>7} {'paired':>8} {'':>5}  goal <= {GOAL:.2f}x")
     for name, gaps in results.items():
         median, p95 = statistics.median(gaps), _p95(gaps)
-        verdict = ("" if name in ("none", IDLE) else "reference" if name == QUERIES
-                   else "met" if median <= base_median * GOAL and p95 <= base_p95 * GOAL else "NOT met")
-        print(f"{name:<38} {median:8.2f} {p95:8.2f} {median / base_median:9.2f} {p95 / base_p95:7.2f}  {verdict}"
-              + (f"  ({notes[name]})" if name in notes else ""))
+        own = paired.get(name) or results["none"]
+        own_median, own_p95 = median / statistics.median(own), p95 / _p95(own)
+        within = max(median / base_median, p95 / base_p95, own_median, own_p95) <= GOAL
+        verdict = ("" if name in ("none", IDLE) else "reference" if name == QUERIES else "met" if within else "NOT met")
+        print(f"{name:<38} {median:8.2f} {p95:8.2f} {median / base_median:9.2f} {p95 / base_p95:7.2f} "
+              f"{own_median:8.2f} {own_p95:5.2f}  {verdict}" + (f"  ({notes[name]})" if name in notes else ""))
     print("CPU seconds spent during each scenario's measured runs, by process:")
     for name, spent in cpu.items():
         print(f"  {name:<36} " + ", ".join(f"{role} {sec:.1f}" for role, sec in sorted(spent.items(), key=lambda kv: -kv[1])))

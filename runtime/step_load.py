@@ -21,8 +21,8 @@ class StepLoad:
 
     Why: a reading costs the server about what a step does (a timer, two workflow tasks and an
     activity), so fifty runs each waiting on a gate, read at the full 10 a second, slowed a concurrent
-    run's steps by a third on two cores, at a quarter of it still by a fifth at p95, and at a tenth
-    not measurably (bench/shedding.py, README).
+    run's steps by a third on two cores; at a tenth of it, 1.01x at the median and 1.28x at p95
+    (bench/shedding.py, README stop 24).
     Readings are what can wait: a gate's interval is its fastest cadence, and a gate fails closed on
     its own timeout, never on a late reading."""
 

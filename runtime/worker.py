@@ -47,6 +47,7 @@ READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches since stop 23)
 # cost other runs' steps 1.01-1.09x at the median, 1.00-1.29x at p95; the same gates as 50 runs of one
 # gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (README, stop 23).
+# Since stop 24 readings take a tenth of the pace while the worker runs steps (runtime/step_load.py).
 _READINGS_PER_SECOND = 10.0
 # Readings in flight wait for their slots inside their activity: at most what the slowest pace (a
 # tenth, while steps run) takes in half of telemetry.read_many's 60 s, so none times out waiting;
