@@ -90,8 +90,9 @@ def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool =
     from workflows.loader import RunbookInvalid, plan_run
 
     inventory = _inventory(target)
+    notes: list[str] = []
     try:
-        return plan_run(
+        planned = plan_run(
             file,
             registry=load_registry(),
             params=_params(params),
@@ -100,11 +101,20 @@ def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool =
             initiator=_whoami(),
             drill=drill,
             placeholders=placeholders,
+            notes=notes,
         )
     except RunbookInvalid as exc:
         for line in exc.errors:
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         raise CliError("", EXIT_INVALID) from None
+    for line in notes:
+        if line not in _NOTED:  # a fleet plans one run per target: say it once
+            _NOTED.add(line)
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+    return planned
+
+
+_NOTED: set[str] = set()
 
 
 async def _client():
@@ -142,18 +152,19 @@ def validate(
     results = []
     inventory = _inventory(target)
     for file in files:
+        notes: list[str] = []
         try:
-            plan_run(file, registry=registry, inventory=inventory, placeholders=True)
-            results.append({"file": str(file), "ok": True, "errors": []})
+            plan_run(file, registry=registry, inventory=inventory, placeholders=True, notes=notes)
+            results.append({"file": str(file), "ok": True, "errors": [], "notes": notes})
         except RunbookInvalid as exc:
-            results.append({"file": str(file), "ok": False, "errors": exc.errors})
+            results.append({"file": str(file), "ok": False, "errors": exc.errors, "notes": []})
     if json_output:
         _print_json(results)
     else:
         for result in results:
             if result["ok"]:
                 out.print(f"{result['file']}: ok", highlight=False)
-            for line in result["errors"]:
+            for line in result["errors"] + result["notes"]:
                 err.print(line, markup=False, highlight=False, soft_wrap=True)
     if not all(r["ok"] for r in results):
         raise typer.Exit(EXIT_INVALID)

@@ -176,6 +176,38 @@ def test_cli_validate_exit_codes(tmp_path):
     assert missing.returncode == 2 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_a_gate_interval_under_a_second_is_noted_where_written_and_still_valid(tmp_path):
+    book = tmp_path / "fast.yaml"
+    book.write_text("""metadata: {name: fast}
+target: t
+steps:
+  - id: quick
+    gate: {endpoint: "http://x", query: up, comparator: ">=", threshold: 1, interval: 0.25s}
+  - id: both
+    parallel:
+      - id: steady
+        gate: {endpoint: "http://x", query: up, comparator: ">=", threshold: 1, interval: 1s}
+      - id: ramp
+        ramp:
+          action: core.note
+          with: {message: ramping}
+          start: 50
+          stop: 100
+          step: 50
+          gates:
+            - {name: a, endpoint: "http://x", query: up, comparator: ">=", threshold: 1, interval: 2s}
+            - {name: b, endpoint: "http://x", query: up, comparator: ">=", threshold: 1,
+               interval: 500ms}
+""")
+    notes: list[str] = []
+    plan_run(book, registry=support.registry(), notes=notes)
+    assert [n.split(": note: ")[0] for n in notes] == [f"{book}:5:87", f"{book}:20:26"], notes
+    assert "step quick: gate interval 0.25s is under a second" in notes[0] and "step ramp: gate interval 0.5s" in notes[1]
+    result = _cli("validate", str(book))
+    assert result.returncode == 0 and result.stderr.strip().splitlines() == notes, result.stderr
+    assert _cli("validate", "runbooks/demo.yaml").stderr == ""  # 1 s gates: nothing to say
+
+
 yaml_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, width=16) | st.text(max_size=12),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(

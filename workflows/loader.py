@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Iterable
 
@@ -70,6 +71,7 @@ class _Source:
     values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     errors: list[tuple[tuple[int, int], str]] = field(default_factory=list)
+    notes: list[tuple[tuple[int, int], str]] = field(default_factory=list)  # worth saying, not wrong
 
     def at(self, path: Path_, *, key: bool = False) -> tuple[int, int]:
         path = tuple(path)
@@ -88,14 +90,17 @@ class _Source:
     def error_at(self, line_col: tuple[int, int], message: str) -> None:
         self.errors.append((line_col, message))
 
-    def formatted(self) -> list[str]:
+    def note(self, path: Path_, message: str) -> None:
+        self.notes.append((self.at(path), message))
+
+    def formatted(self, entries: list[tuple[tuple[int, int], str]] | None = None, prefix: str = "") -> list[str]:
         # One message per location: union branches otherwise repeat the same problem.
         seen: set[tuple[int, int]] = set()
         lines = []
-        for (line, col), message in sorted(self.errors, key=lambda e: e[0]):
+        for (line, col), message in sorted(self.errors if entries is None else entries, key=lambda e: e[0]):
             if (line, col) not in seen:
                 seen.add((line, col))
-                lines.append(f"{self.file}:{line}:{col}: {' '.join(str(message).split())}")
+                lines.append(f"{self.file}:{line}:{col}: {prefix}{' '.join(str(message).split())}")
         return lines
 
 
@@ -293,11 +298,13 @@ def plan_run(
     drill: bool = False,
     placeholders: bool = False,
     text: str | None = None,
+    notes: list[str] | None = None,
 ) -> RunInput:
     """Validate a runbook completely and return the workflow input, or raise RunbookInvalid.
 
     Parameters and target references are resolved here, before anything starts; step
-    outputs resolve inside the workflow as steps complete.
+    outputs resolve inside the workflow as steps complete. notes: gets a file:line:col line for
+    each thing worth saying that is not an error (a gate interval under a second).
     """
     source = _read_source(str(file), text)
     try:
@@ -332,6 +339,9 @@ def plan_run(
     _pin_gate_reads(runbook, source, registry, actions)
     if source.errors:
         raise RunbookInvalid(source.formatted())
+    if notes is not None:
+        _note_fast_gates(runbook, source)
+        notes.extend(source.formatted(source.notes, prefix="note: "))
     return RunInput(
         runbook=runbook,
         source=str(file),
@@ -565,6 +575,26 @@ def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: d
             source.error(path, f"gates read through the {name} action, which this worker lacks")
             return
         actions[spec.name] = _pinned_defaults(spec)
+
+
+def _note_fast_gates(runbook: Runbook, source: _Source) -> None:
+    """Temporal fires a timer of under a second about a second late (README, stop 23), so a gate reads
+    at most about once a second whatever its interval says: say so where it is written."""
+    def walk(steps: list[Any], base: Path_) -> None:
+        for i, step in enumerate(steps):
+            gates = ([(base + (i, "gate"), step.gate)] if isinstance(step, GateStep) else
+                     [(base + (i, "ramp", "gates", k), g) for k, g in enumerate(step.ramp.gates)] if isinstance(step, RampStep)
+                     else [])
+            for path, gate in gates:
+                if gate.interval < timedelta(seconds=1):
+                    source.note(path + ("interval",), f"step {step.id}: gate interval {gate.interval.total_seconds():g}s "
+                                                      "is under a second; it will read about once a second (Temporal "
+                                                      "timers are not sub-second accurate)")
+            if isinstance(step, ParallelStep):
+                walk(step.parallel, base + (i, "parallel"))
+
+    walk(runbook.steps, ("steps",))
+    walk(runbook.deadline.on_miss if runbook.deadline else [], ("deadline", "on_miss"))
 
 
 def _first_gate(steps: list[Any], base: Path_) -> Path_ | None:
