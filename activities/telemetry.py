@@ -20,8 +20,8 @@ from activities.retry import Retry
 __all__ = ["MAX_READS_PER_BATCH", "READ_ACTION", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
            "read", "read_many"]
 
-# A batch waits for its slots inside its activity: 20 readings of each of a worker's 8 in flight at
-# 10 a second is 16 s, well inside read_many's timeout.
+# A batch waits for its slots inside its activity: runtime/worker.py keeps no more in flight than the
+# slowest pace reads in half of read_many's timeout (and at least 3).
 MAX_READS_PER_BATCH = 20
 # The actions gates read through: read_many takes the reads a run asked for together (batched
 # readings); read, one a call, is what runs from before batched readings still schedule.
