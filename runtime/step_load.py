@@ -28,10 +28,9 @@ class StepLoad:
 
     def __init__(self, *, window: float = 1.0, share: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window
-        self._share = share
+        self.slowest_share = share  # what share() gives while steps run
         self._clock = clock
         self._last = float("-inf")
-        self.slowest_share = share
 
     def note(self) -> None:
         """A step's activity started or finished now."""
@@ -41,7 +40,7 @@ class StepLoad:
         """The part of the pace a reading granted now may take."""
         if self._clock() - self._last < self._window:
             READINGS_SLOWED.add("steps_running")
-            return self._share
+            return self.slowest_share
         return 1.0
 
 

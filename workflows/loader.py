@@ -21,6 +21,7 @@ from workflows.spec import (
     ActionStep,
     ApprovalStep,
     ForEachStep,
+    GateSpec,
     GateStep,
     Param,
     ParallelStep,
@@ -566,7 +567,7 @@ IDENTITY_KEYS_ACTION = "vault.identity_keys"
 def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
     """Gates read their samples through telemetry.read_many (telemetry.read in runs from before it):
     pinned like any action when the runbook has a gate."""
-    path = _first_gate(runbook.steps, ("steps",))
+    path = next((where for where, _, _ in _gates(runbook.steps, ("steps",))), None)
     if path is None:
         return
     for name in READ_ACTIONS:
@@ -580,32 +581,27 @@ def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: d
 def _note_fast_gates(runbook: Runbook, source: _Source) -> None:
     """Temporal fires a timer of under a second about a second late (README, stop 23), so a gate reads
     at most about once a second whatever its interval says: say so where it is written."""
-    def walk(steps: list[Any], base: Path_) -> None:
-        for i, step in enumerate(steps):
-            gates = ([(base + (i, "gate"), step.gate)] if isinstance(step, GateStep) else
-                     [(base + (i, "ramp", "gates", k), g) for k, g in enumerate(step.ramp.gates)] if isinstance(step, RampStep)
-                     else [])
+    on_miss = runbook.deadline.on_miss if runbook.deadline else []
+    for steps, base in ((runbook.steps, ("steps",)), (on_miss, ("deadline", "on_miss"))):
+        for _, step, gates in _gates(steps, base):
             for path, gate in gates:
                 if gate.interval < timedelta(seconds=1):
                     source.note(path + ("interval",), f"step {step.id}: gate interval {gate.interval.total_seconds():g}s "
                                                       "is under a second; it will read about once a second (Temporal "
                                                       "timers are not sub-second accurate)")
-            if isinstance(step, ParallelStep):
-                walk(step.parallel, base + (i, "parallel"))
-
-    walk(runbook.steps, ("steps",))
-    walk(runbook.deadline.on_miss if runbook.deadline else [], ("deadline", "on_miss"))
 
 
-def _first_gate(steps: list[Any], base: Path_) -> Path_ | None:
+def _gates(steps: list[Any], base: Path_) -> Iterable[tuple[Path_, Any, list[tuple[Path_, GateSpec]]]]:
+    """Each step with gates, depth first through parallel groups: where its gates are written, the
+    step, and each gate with its own path."""
     for i, step in enumerate(steps):
         if isinstance(step, GateStep):
-            return base + (i, "gate")
-        if isinstance(step, RampStep) and step.ramp.gates:
-            return base + (i, "ramp", "gates")
-        if isinstance(step, ParallelStep) and (inner := _first_gate(step.parallel, base + (i, "parallel"))):
-            return inner
-    return None
+            yield base + (i, "gate"), step, [(base + (i, "gate"), step.gate)]
+        elif isinstance(step, RampStep) and step.ramp.gates:
+            where = base + (i, "ramp", "gates")
+            yield where, step, [(where + (k,), gate) for k, gate in enumerate(step.ramp.gates)]
+        elif isinstance(step, ParallelStep):
+            yield from _gates(step.parallel, base + (i, "parallel"))
 
 
 def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
