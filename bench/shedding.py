@@ -1,6 +1,6 @@
 """Shedding, not blocking: a run's per-step time with no load and under each flood, on the local dev server.
 
-Runs the real worker (`worker.py`'s code path, in its own process) and, per scenario, RUNS runs of
+Runs the real worker (`worker.py`'s code path, in its own process, its metrics endpoint on) and, per scenario, RUNS runs of
 STEPS do-nothing steps; per-step time is the gap between consecutive activity completions in
 each run's history (server timestamps). Scenarios: none; a log flood with the worker's stderr a
 pipe nobody reads (the sink blocked; sampling off, so the bounded queue is what sheds); the same
@@ -10,7 +10,9 @@ since no coldstart client does it now, and the worker cannot refuse a Query befo
 replayed the run for it); a gate-reading flood (another run's 50 parallel gates reading as fast as
 the server's timers allow, which the run reads in one activity a tick); the same 50 gates as 50 runs
 of one gate each (a reading an activity, as no run has two gates to read together); and, as a control, no flood at all, measured as a scenario (how far two
-no-load measurements differ: the noise floor of the figures). The views and pollers run in a
+no-load measurements differ: the noise floor of the figures). Each flood is measured once it is what
+it names: the log floods once the worker's metrics count drops (the queue full, or the flood sampled),
+the gate floods once every flooding run has asked for a reading. The views and pollers run in a
 process of their own at nice 19, as operators' CLIs run on their own machines. Goal: every flood
 within 10 % of no load (median and p95). A no-load measurement runs right before every
 scenario in every round, so the baseline sees the same machine the floods do; the ratios are given
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +38,9 @@ from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -117,14 +122,16 @@ def _read_cpu(process: subprocess.Popen, into: list[float] = WORKER_CPU) -> None
 
 @asynccontextmanager
 async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False, sampled: bool = True):
+    port = _free_port()  # its metrics endpoint, on as `coldstart worker` has it by default
     process = subprocess.Popen(
         [sys.executable, __file__, "--worker", str(flood_per_s)], cwd=ROOT,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE if blocked_sink else subprocess.DEVNULL,  # a pipe this process never reads
-        env={**os.environ, "TEMPORAL_ADDRESS": address, TASK_QUEUE_ENV: queue, "COLDSTART_METRICS": "",
+        env={**os.environ, "TEMPORAL_ADDRESS": address, TASK_QUEUE_ENV: queue, "COLDSTART_METRICS": f"127.0.0.1:{port}",
              "COLDSTART_JOURNAL": str(Path(tempfile.mkdtemp()) / "journal.jsonl"),
              **({} if sampled else {LOG_SAMPLE_ENV: "0"})},
     )
+    process.metrics_port = port
     watchdog = asyncio.ensure_future(_exits(process, queue))
     try:
         yield process
@@ -140,6 +147,33 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
             process.wait()
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def _shedding(worker: subprocess.Popen, reason: str, timeout: float = 60.0) -> float:
+    """Wait until the worker's metrics count records dropped for `reason`; returns the seconds since it started.
+
+    The flood is then what the scenario names: a sink that stopped reading with the worker shedding
+    ("queue_full"), or a flood being sampled ("sampled"). A fixed wait measured some rounds while the
+    bounded queue was still filling (10,000 records, 2 s at 5,000 a second, from when the worker has
+    imported), where every record is still built and queued (README stop 25)."""
+    began = time.monotonic()
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() - began < timeout:
+            await asyncio.sleep(0.25)
+            try:
+                text = (await client.get(f"http://127.0.0.1:{worker.metrics_port}/metrics")).text
+            except httpx.HTTPError:
+                continue  # not listening yet
+            if any(sample.name == "coldstart_log_records_dropped_total" and sample.labels.get("reason") == reason
+                   and sample.value > 0 for family in text_string_to_metric_families(text) for sample in family.samples):
+                return time.monotonic() - began
+    sys.exit(f"worker counted no {reason} drops within {timeout:.0f} s")
+
+
 async def _exits(process: subprocess.Popen, queue: str) -> None:
     """A worker that dies before its scenario stops it would leave the measured runs waiting forever."""
     while process.poll() is None:
@@ -149,6 +183,24 @@ async def _exits(process: subprocess.Popen, queue: str) -> None:
     print(f"worker {queue} exited (code {process.returncode}) before its scenario ended", file=sys.stderr)
     sys.stderr.flush()
     os._exit(1)
+
+
+async def _at_their_gates(handles, timeout: float = 120.0) -> float:
+    """Wait until every flood run has asked for a reading; returns the seconds since the first started.
+
+    Before that the flood is its runs starting (each run's first workflow task, markers and search
+    attributes), not readings: 50 starts took about 3 s on 2 cores, and a fixed 3 s wait let the first
+    measured steps land among the last starts in some rounds (the slowest gaps, run 0's first three)."""
+    began = (await handles[0].describe()).start_time.timestamp()
+    waiting = list(handles)
+    deadline = time.monotonic() + timeout
+    while waiting:
+        if time.monotonic() > deadline:
+            sys.exit(f"{len(waiting)} flood runs asked for no reading within {timeout:.0f} s")
+        await asyncio.sleep(0.25)
+        described = await asyncio.gather(*(handle.describe() for handle in waiting))
+        waiting = [handle for handle, d in zip(waiting, described) if not d.raw_description.pending_activities]
+    return time.time() - began
 
 
 async def _measure(env, queue: str, book: Path, name: str) -> list[float]:
@@ -281,19 +333,21 @@ async def main() -> None:
     async def blocked(r: int) -> None:
         async with _worker(address, f"blocked{r}", flood_per_s=LOG_FLOOD_PER_S, blocked_sink=True,
                            sampled=False) as worker:
-            await asyncio.sleep(3)  # the pipe and the queue fill
+            shedding = await _shedding(worker, "queue_full")
+            await asyncio.sleep(1)
             gaps = await _measure(env, f"blocked{r}", book, "blocked")
             _read_cpu(worker)
             stopping = time.monotonic()
             worker.stopping = True  # for _exits: this scenario stops its worker itself
             worker.terminate()
             worker.wait(timeout=30)
-            add("blocked", gaps, f"stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
+            add("blocked", gaps, f"shedding {shedding:.1f} s after start, stopped {time.monotonic() - stopping:.1f} s after SIGTERM")
 
     async def reading(r: int) -> None:
-        async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S):
-            await asyncio.sleep(3)
-            add("reading", await _measure(env, f"reading{r}", book, "reading"))
+        async with _worker(address, f"reading{r}", flood_per_s=LOG_FLOOD_PER_S) as worker:
+            sampling = await _shedding(worker, "sampled")
+            await asyncio.sleep(1)
+            add("reading", await _measure(env, f"reading{r}", book, "reading"), f"sampling {sampling:.1f} s after start")
 
     async def follow(r: int) -> None:
         async with _worker(address, f"follow{r}"):
@@ -309,7 +363,8 @@ async def main() -> None:
             registry = load_registry()
             flooding = [await start_run(env.client, plan_run(path, registry=registry, inventory={"name": name},
                                                              initiator="bench"), f"{scenario}{r}") for path, name in runs]
-            await asyncio.sleep(3)
+            started = await _at_their_gates(flooding)
+            await asyncio.sleep(3)  # the readings at their steady pace
             before = len(prom.calls)
             gaps = await _measure(env, f"{scenario}{r}", book, scenario)
             readings = len(prom.calls) - before
@@ -318,7 +373,8 @@ async def main() -> None:
                 history = await handle.fetch_history()
                 activities += sum(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED for e in history.events)
                 await handle.terminate("bench over")
-            add(scenario, gaps, f"{readings} readings measured, {activities} activities in all")
+            add(scenario, gaps, f"at their gates {started:.1f} s after the first start; {readings} readings measured, "
+                                f"{activities} activities in all")
 
     async def gates(r: int) -> None:
         await flood_of_gates(r, "gates", [(flood, f"gate-flood-{r}")])

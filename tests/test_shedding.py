@@ -525,6 +525,42 @@ def test_a_stopped_sink_sheds_records_before_any_work_on_them():
     assert len(sink.lines) == 5 and all("flood" in line for line in sink.lines), sink.lines
 
 
+class _Meter:
+    """A metric meter recording each add its counter gets."""
+
+    def __init__(self) -> None:
+        self.adds: list[tuple[int, dict[str, str]]] = []
+
+    def create_counter(self, name: str, description: str) -> Any:
+        adds = self.adds
+
+        class _Counter:
+            def add(self, value: int, attributes: dict[str, str]) -> None:
+                adds.append((value, dict(attributes)))
+
+        return _Counter()
+
+
+def test_drop_counts_reach_the_metric_in_batches_earlier_ones_included():
+    counter = ShedCounter("test_batched", "test")
+    counter.add("queue_full", 3)
+    meter = _Meter()
+    counter.bind(meter)  # type: ignore[arg-type]
+    assert meter.adds == [(3, {"reason": "queue_full"})]
+    for _ in range(1000):
+        counter.add("queue_full")
+    counter.add("sampled", 2)
+    counter.export()
+    totals: dict[str, int] = {}
+    for value, attributes in meter.adds:
+        totals[attributes["reason"]] = totals.get(attributes["reason"], 0) + value
+    assert totals == {"queue_full": 1003, "sampled": 2}
+    # A few adds (this export's, and the exporter thread's if it ran meanwhile), not one per drop.
+    assert len(meter.adds) <= 5, meter.adds
+    counter.export()  # nothing new: nothing added
+    assert sum(value for value, _ in meter.adds) == 1005
+
+
 class _Lines(io.StringIO):
     def isatty(self) -> bool:
         return False
