@@ -7,7 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-__all__ = ["IdentityKeys"]
+__all__ = ["IDENTITY_KEYS_ACTION", "IdentityKeys"]
+
+# The action that captures them (activities/vault.identity_keys), named here for the workflow and the loader too.
+IDENTITY_KEYS_ACTION = "vault.identity_keys"
 
 
 class IdentityKeys(BaseModel):

@@ -15,7 +15,7 @@ from activities import secrets as vault_secrets
 from activities._clients import bad, unavailable
 from activities.registry import action
 from activities.retry import Retry
-from activities.oidc import IdentityKeys
+from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.secrets import VaultSecretRef
 
 __all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "health", "identity_keys",
@@ -133,7 +133,7 @@ _HOW_TO_CONFIGURE = (
     "template='{\"name\": {{identity.entity.name}}}'`")
 
 
-@action("vault.identity_keys", timeout=60, retry=Retry(max_attempts=5))
+@action(IDENTITY_KEYS_ACTION, timeout=60, retry=Retry(max_attempts=5))
 def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
     """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
     # token="" : these endpoints are public, and the worker's own token (VAULT_TOKEN) must not travel.

@@ -25,8 +25,8 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
-from cli.drill import DRILL_APPROVER
 from activities.telemetry import READ_ACTIONS
+from cli.drill import DRILL_APPROVER
 from cli.lab_harness import LabHarness
 
 __all__ = ["ACTOR", "CASES", "FAULT_LAB", "CaseReport", "FaultDrills", "HistoryFact", "history_facts"]

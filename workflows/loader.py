@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from activities.inventory import Inventory
+from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.retry import parse_duration
 from activities.telemetry import READ_ACTIONS
 from workflows.contract import RunInput
@@ -561,7 +562,6 @@ def _check_deadlines(runbook: Runbook, source: _Source) -> None:
                                                       "they take no `deadline` or `needs`")
 
 
-IDENTITY_KEYS_ACTION = "vault.identity_keys"
 
 
 def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:

@@ -12,7 +12,7 @@ from temporalio.common import Priority
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.oidc import IdentityKeys
+    from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
     from activities.retry import Retry
     from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION
     from workflows.calls import READING_PRIORITY, DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
@@ -57,7 +57,6 @@ __all__ = ["RunbookWorkflow"]
 # Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
 _READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
 _READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
-IDENTITY_KEYS_ACTIVITY = "vault.identity_keys"
 _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
 
@@ -234,7 +233,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         """The keys that sign operators' identity tokens, read once so validators can check tokens offline."""
         policy = self._inp.runbook.identity
         assert policy is not None
-        action = self._inp.actions[IDENTITY_KEYS_ACTIVITY]
+        action = self._inp.actions[IDENTITY_KEYS_ACTION]
         try:
             keys = await execute_action(
                 action,
