@@ -562,8 +562,6 @@ def _check_deadlines(runbook: Runbook, source: _Source) -> None:
                                                       "they take no `deadline` or `needs`")
 
 
-
-
 def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
     """Gates read their samples through telemetry.read_many (telemetry.read in runs from before it):
     pinned like any action when the runbook has a gate."""
