@@ -125,7 +125,7 @@ def _shedding_logger(records: queue.Queue, dropped: ShedCounter,
 
     class SheddingBoundLogger(structlog.stdlib.BoundLogger):
         def _proxy_to_logger(self, method_name: str, event: str | None = None, *event_args: Any, **event_kw: Any) -> Any:
-            if not self._logger.isEnabledFor(_LEVELS.get(method_name, logging.CRITICAL)):
+            if not self._logger.isEnabledFor(structlog.stdlib.NAME_TO_LEVEL.get(method_name, logging.CRITICAL)):
                 return None
             # Read without the queue's lock: a record let through by a stale length is still refused by
             # put_nowait (and counted) on the way in.
@@ -137,10 +137,6 @@ def _shedding_logger(records: queue.Queue, dropped: ShedCounter,
             return super()._proxy_to_logger(method_name, event, *event_args, **event_kw)
 
     return SheddingBoundLogger
-
-
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
-           "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL, "fatal": logging.CRITICAL}
 
 
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
