@@ -60,7 +60,7 @@ async def read_full_status(handle: WorkflowHandle, *, attempts: int = 6) -> RunS
     description = await _retrying(attempts, asyncio.sleep)(handle.describe)
     if description.status in (None, WorkflowExecutionStatus.RUNNING):
         return await read_status(handle, attempts=attempts)  # the memo keeps no step outputs
-    watch = RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False, described=description)
+    watch = RunWatch(handle, interval=0.2, attempts=attempts, spread_first=False, described=description, close_event=True)
     status = await watch.next()
     if watch.closed_with_result or watch.queried:
         return status
@@ -77,7 +77,11 @@ class RunWatch:
     status the run keeps in its memo (workflows/contract.status_memo), and the run's close event
     (its RunResult) says how it ended. Neither reaches the worker. Only a run started before the
     memo was kept is Queried, when its history has grown since the last Query (its status cannot
-    have changed otherwise) and at most once per `query_every`, jittered. The first call waits a random part of
+    have changed otherwise) and at most once per `query_every`, jittered. A run that ended itself put
+    its last status in the memo in the workflow task that closed it, so a view ends on one describe;
+    `close_event` reads the close event after it too, for what the memo leaves out (step outputs, all
+    readings): about 2 ms of the server's CPU a read, as much as a describe, and fifty views ending
+    at once each made one (bench/shedding.py, README stop 26). The first call waits a random part of
     `interval`, so a reconnect storm of views does not reach the worker in the same instant. Refusals
     back off exponentially with full jitter (at most 10 s apart) and give up, raising, after
     `attempts` calls in a row were refused.
@@ -85,7 +89,8 @@ class RunWatch:
 
     def __init__(self, handle: WorkflowHandle, *, interval: float = 0.5, query_every: float = 1.0,
                  attempts: int = 30, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic,
-                 spread_first: bool = True, described: WorkflowExecutionDescription | None = None) -> None:
+                 spread_first: bool = True, described: WorkflowExecutionDescription | None = None,
+                 close_event: bool = False) -> None:
         self._handle = handle
         self._interval = interval
         self._query_every = query_every
@@ -103,6 +108,7 @@ class RunWatch:
         # Whether the last status was the run's status Query (a run from before the memo), outputs and all.
         self.queried = False
         self._described = described  # a description already read: the first call's
+        self._close_event = close_event
 
     async def next(self) -> RunStatus:
         """The run's status once it may have changed since the previous call."""
@@ -120,7 +126,7 @@ class RunWatch:
             closed = description.status not in (None, WorkflowExecutionStatus.RUNNING)
             moved = length != self._length
             kept = None
-            if moved and not (closed and self._last is not None):
+            if moved and not (closed and self._last is not None and self._close_event):
                 kept = status_from_memo(await description.memo())
                 if kept is not None:
                     self._last, self._length = kept, length
@@ -142,16 +148,20 @@ class RunWatch:
             await self._sleep(self._interval * random.uniform(0.5, 1.5))
 
     async def _closed(self, description: WorkflowExecutionDescription) -> RunStatus:
-        """A closed run's status from its close event, read from the server: a Query on a closed run
-        has the worker replay all of it, and fifty views doing so as a run ends delayed the next run."""
+        """A closed run's status: the last its memo kept, if the run ended itself and the close event
+        is not asked for; else from the close event, read from the server. Never a Query: on a closed
+        run it has the worker replay all of it, and fifty views doing so as a run ends delayed the next run."""
         assert self._last is not None
+        over = {"current_step": None, "awaiting_approval": [], "held": []}
+        self.closed_with_result = False
+        if not self._close_event and self._last.state not in ("running", "paused"):
+            return self._last.model_copy(update={**over, "ended_at": self._last.ended_at or description.close_time})
         if description.status == WorkflowExecutionStatus.COMPLETED:
             result = _run_result(await self._retry(self._handle.result, follow_runs=False, rpc_timeout=_QUERY_TIMEOUT))
         elif description.status == WorkflowExecutionStatus.FAILED:
             result = await self._retry(self._failure)
         else:
             result = None
-        over = {"current_step": None, "awaiting_approval": [], "held": []}
         self.closed_with_result = result is not None
         if result is None:
             # Closed from outside (terminated, timed out, cancelled): the run's own status never says so.
