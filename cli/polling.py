@@ -25,6 +25,9 @@ _REFUSALS = frozenset({RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILAB
 # A Query runs on the worker (on a closed run it replays the whole history there): bound each one.
 _QUERY_TIMEOUT = timedelta(seconds=30)
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.5, 10.0
+# A run that does not move (an approval, a hold) is read less often: each unchanged describe stretches
+# the next wait by half, up to three intervals (a view of a waiting run, 6 s at follow's 2 s).
+_IDLE_GROWTH, _IDLE_INTERVALS = 1.5, 3.0
 
 
 def refused(exc: BaseException) -> bool:
@@ -84,15 +87,19 @@ class RunWatch:
     at once each made one (bench/shedding.py, README stop 26). The first call waits a random part of
     `interval`, so a reconnect storm of views does not reach the worker in the same instant. Refusals
     back off exponentially with full jitter (at most 10 s apart) and give up, raising, after
-    `attempts` calls in a row were refused.
+    `attempts` calls in a row were refused. While the run does not move (its history length
+    unchanged: waiting on an approval, held), each describe waits half as long again as the one
+    before, up to `idle_max` (three intervals unless given): fifty views of a run waiting for its
+    approver make a third of the describes, and see it move again within that.
     """
 
     def __init__(self, handle: WorkflowHandle, *, interval: float = 0.5, query_every: float = 1.0,
                  attempts: int = 30, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic,
                  spread_first: bool = True, described: WorkflowExecutionDescription | None = None,
-                 close_event: bool = False) -> None:
+                 close_event: bool = False, idle_max: float | None = None) -> None:
         self._handle = handle
         self._interval = interval
+        self._idle_max = max(interval, idle_max if idle_max is not None else interval * _IDLE_INTERVALS)
         self._query_every = query_every
         self._retry = _retrying(attempts, sleep)
         self._sleep = sleep
@@ -119,6 +126,7 @@ class RunWatch:
         elif self._spread_first:
             await self._sleep(self._interval * random.random())
         self._calls += 1
+        unmoved = 0  # describes in a row that found the run where it was
         while True:
             description, self._described = self._described or await self._retry(self._handle.describe), None
             self.queried = False
@@ -145,7 +153,12 @@ class RunWatch:
                 self._next_query_after = self._query_every * random.uniform(0.5, 1.5)
                 self.queried = True
                 return self._last
-            await self._sleep(self._interval * random.uniform(0.5, 1.5))
+            unmoved = 0 if moved else unmoved + 1
+            await self._sleep(self._idle_wait(unmoved))
+
+    def _idle_wait(self, unmoved: int) -> float:
+        """The wait before the next describe, jittered: `interval`, stretched while the run does not move."""
+        return min(self._interval * _IDLE_GROWTH ** unmoved, self._idle_max) * random.uniform(0.5, 1.5)
 
     async def _closed(self, description: WorkflowExecutionDescription) -> RunStatus:
         """A closed run's status: the last its memo kept, if the run ended itself and the close event

@@ -160,7 +160,8 @@ async def follow(client: Any, workflow_id: str, console: Console, *, interval: f
     cores beside it; every 2 s, 1.02x / 0.98x (bench/shedding.py, stop 22). Measured once the views
     were all running (stop 26), that was 1.13x / 1.24x while each view also read the close event of
     every run it saw end; ending on the memo's last status instead, 1.01x / 1.06x over 20 rounds
-    (paired). Every 3 s read no better than every 2 s (1.04x / 1.06x, 10 rounds)."""
+    (paired). Every 3 s read no better than every 2 s (1.04x / 1.06x, 10 rounds). While the run stands
+    still (waiting on an approver, held) a view reads it less often, up to every 6 s (RunWatch)."""
     watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, query_every=query_every, sleep=sleep)
     last_line = ""
     live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal else None

@@ -37,7 +37,7 @@ from tests import support
 from tests.conftest import free_port
 from workflows.calls import READING_PRIORITY
 from workflows.contract import (ApproveRequest, ControlRequest, GateReading, RunStatus, StatusMemo, StepState,
-                                status_from_memo, readings_queue)
+                                status_from_memo, status_memo, readings_queue)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,8 @@ async def test_a_storm_of_followers_reads_the_server_never_the_worker(env, task_
         # Describes only: the running run's status and its last (the run put it there as it ended) came
         # from its memo. Not one Query, nor a read of the close event.
         assert {kind for kind, _ in follower.calls} == {"describe"}, follower.calls
-        assert follower.calls[-1] == ("describe", final) and len(follower.calls) > 10, follower.calls
+        # It watched through the quiet 3 s, less often as the run stood still (up to 0.6 s apart, not 0.2).
+        assert follower.calls[-1] == ("describe", final) and len(follower.calls) >= 5, follower.calls
 
 
 async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_status_query(env, task_queue, tmp_path):
@@ -490,6 +491,88 @@ async def test_a_watch_spreads_a_reconnect_storm_and_its_queries():
     assert all(0 <= first < 1.0 for first in firsts) and len(set(firsts)) > 1, firsts
     # Every view waits 1 to 3 s (query_every 2 s, jittered) before its next Query, each its own.
     assert all(1.0 <= gap <= 3.0 + 1.5 for gap in gaps) and len(set(gaps)) > 1, gaps
+
+
+class _Waiting:
+    """describe() results for RunWatch: a running run that keeps its status in its memo and stands still
+    (an approval) for `still` describes after each move."""
+
+    def __init__(self, still: int) -> None:
+        self.still = still
+        self.length = 10
+        self.describes = 0
+        self._left = 0  # the first describe sees it move
+        self.status = RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
+                                started_at=datetime.now(timezone.utc), steps=[])
+
+    async def describe(self) -> Any:
+        from temporalio.client import WorkflowExecutionStatus
+
+        self.describes += 1
+        if self._left:
+            self._left -= 1
+        else:  # it moves: an approver approved, a step ended
+            self.length += 3
+            self._left = self.still
+        info = type("Info", (), {"history_length": self.length})()
+        raw = type("Raw", (), {"workflow_execution_info": info})()
+        memo = status_memo(self.status)
+
+        async def kept(_: Any) -> dict[str, Any]:
+            return memo
+
+        return type("Description", (), {"raw_description": raw, "status": WorkflowExecutionStatus.RUNNING, "memo": kept,
+                                        "typed_search_attributes": TypedSearchAttributes([])})()
+
+
+async def test_a_view_of_a_run_that_stands_still_reads_it_less_often_up_to_three_intervals():
+    """Fifty views of a run waiting on its approver describe it a third as often, and each view's waits
+    grow by half while it stands still, start again at one interval when it moves, and never pass
+    three intervals (jitter aside)."""
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    handle = _Waiting(still=12)
+    watch = RunWatch(handle, interval=2.0, sleep=sleep, spread_first=False)  # type: ignore[arg-type]
+    await watch.next()  # the first read: the run as it is
+    for _ in range(3):
+        sleeps.clear()
+        await watch.next()  # 12 describes find it where it was, the 13th sees it move
+        assert handle.describes % 13 == 1
+        between, *idle = sleeps
+        assert len(idle) == 12
+        assert 1.0 <= between <= 3.0  # one interval, jittered, after a move
+        # Each wait is at most 1.5 times the base (jitter), the base 3, 4.5, then 6 s (three intervals) and no more.
+        for unmoved, wait in enumerate(idle, start=1):
+            base = min(2.0 * 1.5 ** unmoved, 6.0)
+            assert 0.5 * base <= wait <= 1.5 * base, (unmoved, wait)
+    # Over a long wait, about one describe per 6 s instead of per 2 s: a third of the calls.
+    standing = await _describes_over(still=10_000, seconds=1800.0)
+    assert 1800 / 6 * 0.8 <= standing <= 1800 / 6 * 1.25, standing
+
+
+async def _describes_over(*, still: int, seconds: float) -> int:
+    """How many describes one view of a run standing still makes in `seconds` (its clock the sleeps')."""
+    now = [0.0]
+
+    class _Over(Exception):
+        pass
+
+    async def sleep(wait: float) -> None:
+        now[0] += wait
+        if now[0] > seconds:
+            raise _Over
+
+    handle = _Waiting(still=still)
+    watch = RunWatch(handle, interval=2.0, sleep=sleep, spread_first=False)  # type: ignore[arg-type]
+    await watch.next()
+    try:
+        await watch.next()
+    except _Over:
+        pass
+    return handle.describes
 
 
 class _StuckSink:
