@@ -21,7 +21,7 @@ against all no-load runs pooled and against each scenario's own, and the goal ne
 since one machine's p95 moves by more than 10 % from run to run, each paired ratio's 90 % interval
 over the rounds resampled (bootstrap): "not resolved" where it holds the goal. Prints the figures and the CPU each process spent per scenario; never asserts.
 
-    .venv/bin/python bench/shedding.py [--only=gates,follow,idle,...] [--rounds=5]
+    .venv/bin/python bench/shedding.py [--only=gates,follow,idle,...] [--rounds=5] [--steps=30]
 """
 
 from __future__ import annotations
@@ -512,6 +512,8 @@ if __name__ == "__main__":
     else:
         ONLY = [name for arg in sys.argv[1:] if arg.startswith("--only=") for name in arg[7:].split(",")]
         ROUNDS = next((int(arg[9:]) for arg in sys.argv[1:] if arg.startswith("--rounds=")), ROUNDS)
+        # More steps a run: each round's p95 from more gaps (30 steps x 3 runs: the 4th slowest of 87).
+        STEPS = next((int(arg[8:]) for arg in sys.argv[1:] if arg.startswith("--steps=")), STEPS)
         asyncio.run(main())
         # As the CLI does: Temporal's native threads can abort the interpreter's finalization (SIGABRT,
         # "PyGILState_Release ... finalizing"), which turned a finished bench into exit 134.
