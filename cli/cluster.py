@@ -25,7 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from activities.inventory import Inventory
 from cli.cluster_db import ClusterDatabase
-from lab.hosts.processes import kill_pid, pid_alive, process_starttime
+from runtime.processes import kill_pid, pid_alive, process_starttime
 from runtime.connection import connect
 from runtime.independence import violations
 from runtime.server_config import dynamic_config_file

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from lab.postgres import PG_BIN, as_postgres
+from runtime.postgres import PG_BIN, as_postgres
 
 __all__ = ["ClusterDatabase", "DatabaseError"]
 

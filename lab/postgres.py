@@ -9,21 +9,9 @@ import shutil
 from pathlib import Path
 
 from lab.hosts.shell import LabError, sh
+from runtime.postgres import PG_BIN, PG_USER, as_postgres
 
 __all__ = ["PG_BIN", "as_postgres", "initdb", "postgres_argv", "seed"]
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-PG_USER = "postgres"
-
-
-def as_postgres(argv: list[str]) -> list[str]:
-    """Run argv as the postgres user (postgres refuses root).
-
-    CAP_DAC_READ_SEARCH is kept as an ambient capability so the server can traverse the
-    root-only state dir (0700, it holds keys) down to its own data dir without opening it up.
-    """
-    return ["setpriv", f"--reuid={PG_USER}", f"--regid={PG_USER}", "--clear-groups",
-            "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", *argv]
 
 
 def initdb(data_dir: Path, subnet: str) -> bool:

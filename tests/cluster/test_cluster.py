@@ -15,7 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from activities.inventory import Endpoints, Host, Inventory, Telemetry
 from cli.cluster import Cluster, ClusterError
 from lab.hashistack.binaries import Backends
-from lab.hosts.processes import pid_alive
+from runtime.processes import pid_alive
 from lab.inventory import write_inventory
 from lab.lifecycle import build_inventory
 from lab.services import Secrets

@@ -1,0 +1,73 @@
+"""Local daemons by PID and start time: alive, stopped, reaped; a recycled PID is never signalled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import psutil
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+__all__ = ["adopt", "kill_pid", "pid_alive", "process_starttime"]
+
+# Popen objects of daemons this process started, kept so they can be reaped (no zombies,
+# no "subprocess still running" warnings).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def adopt(process: subprocess.Popen[bytes]) -> None:
+    """Keep a daemon this process started, to reap it once it is stopped or found gone."""
+    _CHILDREN[process.pid] = process
+
+
+def process_starttime(pid: int) -> float | None:
+    """When the process started (psutil's create_time); None if it is gone or a zombie."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            _reap(pid)
+            return None
+        return process.create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def pid_alive(pid: int, starttime: float | None = None) -> bool:
+    """The PID runs, and is still the process started at `starttime` (a recycled PID is not)."""
+    current = process_starttime(pid)
+    return current is not None and (starttime is None or abs(current - starttime) < 0.01)
+
+
+def kill_pid(pid: int, starttime: float | None = None, *, grace: float = 3.0) -> bool:
+    """SIGTERM, then SIGKILL after `grace`; only if the PID still names the same process."""
+    if not pid_alive(pid, starttime):
+        _reap(pid)
+        return False
+    try:
+        process = psutil.Process(pid)
+        process.terminate()
+        if not _gone(pid, starttime, grace):
+            process.kill()
+            _gone(pid, starttime, 2.0)
+    except psutil.NoSuchProcess:
+        pass
+    _reap(pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    proc = _CHILDREN.pop(pid, None)
+    if proc is not None:
+        proc.poll()
+        return
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: its parent reaps it
+
+
+def _gone(pid: int, starttime: float | None, timeout: float) -> bool:
+    # pid_alive, not psutil's wait: it reaps our own children and counts a zombie as gone.
+    waiting = Retrying(retry=retry_if_result(bool), stop=stop_after_delay(timeout), wait=wait_fixed(0.05),
+                       retry_error_callback=lambda state: state.outcome.result())
+    return not waiting(pid_alive, pid, starttime)
