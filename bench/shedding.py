@@ -74,7 +74,7 @@ DRAWS, INTERVAL = 2000, 0.90  # the resampled rounds behind each ratio's interva
 IDLE = "control: no flood (noise floor)"
 QUERIES = f"{POLLERS} pollers, Query every 0.5 s"
 LABELS = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
-          "follow": f"{POLLERS} follow views", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)",
+          "follow": f"{POLLERS} follow views", "follow3": f"{POLLERS} follow views, every 3 s", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)",
           "spread": f"gate flood ({GATES} runs of 1 gate)", "idle": IDLE}
 ONLY: list[str] = []
 WORKER_CPU: list[float] = []  # CPU seconds of each worker process, read as it is stopped
@@ -239,13 +239,13 @@ async def _measure(env, queue: str, book: Path, name: str) -> list[float]:
     return gaps
 
 
-async def _storm(env, queue: str, book: Path, name: str, *, naive: bool) -> tuple[list[float], str]:
+async def _storm(env, queue: str, book: Path, name: str, *, kind: str) -> tuple[list[float], str]:
     """Measured runs with POLLERS pollers on the current one all along: follow views, or the old loop
     (a status Query every 0.5 s, what follow did before). The pollers are operators' CLIs, so they run in
     a process of their own (see _storm_main). Returns the gaps and what the pollers asked the server."""
     registry = load_registry()
     storm = subprocess.Popen([sys.executable, __file__, "--storm", env.client.service_client.config.target_host,
-                              "naive" if naive else "follow"], cwd=ROOT, stdin=subprocess.PIPE,
+                              kind], cwd=ROOT, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     gaps: list[float] = []
     started = None
@@ -321,8 +321,9 @@ def _storm_main(address: str, kind: str) -> None:
                     await asyncio.sleep(0.1)
                     continue
                 watched.add(current[-1])
-                if kind == "follow":
-                    await render.follow(client, current[-1], Console(file=io.StringIO()))
+                if kind.startswith("follow"):  # "follow3": every 3 s instead of follow's 2
+                    await render.follow(client, current[-1], Console(file=io.StringIO()),
+                                        **({"interval": 3.0} if kind == "follow3" else {}))
                     continue
                 handle = client.get_workflow_handle(current[-1])
                 while True:
@@ -414,11 +415,15 @@ async def main() -> None:
 
     async def follow(r: int) -> None:
         async with _worker(address, f"follow{r}"):
-            add("follow", *await _storm(env, f"follow{r}", book, "follow", naive=False))
+            add("follow", *await _storm(env, f"follow{r}", book, "follow", kind="follow"))
+
+    async def follow3(r: int) -> None:
+        async with _worker(address, f"follow3{r}"):
+            add("follow3", *await _storm(env, f"follow3{r}", book, "follow3", kind="follow3"))
 
     async def naive(r: int) -> None:
         async with _worker(address, f"naive{r}"):
-            gaps, asked = await _storm(env, f"naive{r}", book, "naive", naive=True)
+            gaps, asked = await _storm(env, f"naive{r}", book, "naive", kind="naive")
             add("naive", gaps, asked)
 
     async def flood_of_gates(r: int, scenario: str, runs: list[tuple[Path, str]]) -> None:
@@ -446,7 +451,7 @@ async def main() -> None:
         await flood_of_gates(r, "spread", [(lone, f"gate-{r}-{i}") for i in range(GATES)])
 
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
-        "blocked": blocked, "reading": reading, "follow": follow, "naive": naive, "gates": gates, "spread": spread,
+        "blocked": blocked, "reading": reading, "follow": follow, "follow3": follow3, "naive": naive, "gates": gates, "spread": spread,
         "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
