@@ -266,7 +266,7 @@ class DrainDrill(LabHarness):
 
         async def finished() -> bool:
             # From the server: ten Queries a second would cost the worker whose drain is being timed.
-            return (await read_kept_status(run, attempts=1)).state not in ("running", "paused")
+            return (await read_kept_status(run, attempts=1)).over
 
         await self.wait_for("the drain run to end", finished, timeout=timeout, every=0.1)
         status = await run.query("status", result_type=RunStatus)  # once, with the steps' outputs

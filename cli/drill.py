@@ -110,7 +110,7 @@ async def _auto_approve(client, workflow_id: str, console: Console,
         except Exception:  # noqa: BLE001 - server busy or restarting; try again
             await asyncio.sleep(0.5)
             continue
-        if current.state not in ("running", "paused"):
+        if current.over:
             return
         for step in current.awaiting_approval:
             try:

@@ -241,7 +241,7 @@ class FaultDrills(LabHarness):
 
         async def done() -> Any:
             current = await self.status(handle)
-            return current if current.state not in ("running", "paused") else None
+            return current if current.over else None
 
         report.status = await self.wait_for(f"{report.name}: run to end", done, timeout, every=0.25)
         report.state = report.status.state

@@ -85,7 +85,7 @@ async def _abort_when_held(client: Any, workflow_id: str, console: Console, grac
             current = await read_kept_status(handle, attempts=1)
         except Exception:  # noqa: BLE001 - server busy or restarting; try again
             continue
-        if current.state not in ("running", "paused"):
+        if current.over:
             return
         held = {s.id: s for s in current.steps if s.status == "held"}
         held_since = {k: v for k, v in held_since.items() if k in held}

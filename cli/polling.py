@@ -165,10 +165,10 @@ class RunWatch:
         is not asked for; else from the close event, read from the server. Never a Query: on a closed
         run it has the worker replay all of it, and fifty views doing so as a run ends delayed the next run."""
         assert self._last is not None
-        over = {"current_step": None, "awaiting_approval": [], "held": []}
+        at_end = {"current_step": None, "awaiting_approval": [], "held": []}
         self.closed_with_result = False
-        if not self._close_event and self._last.state not in ("running", "paused"):
-            return self._last.model_copy(update={**over, "ended_at": self._last.ended_at or description.close_time})
+        if not self._close_event and self._last.over:
+            return self._last.model_copy(update={**at_end, "ended_at": self._last.ended_at or description.close_time})
         if description.status == WorkflowExecutionStatus.COMPLETED:
             result = _run_result(await self._retry(self._handle.result, follow_runs=False, rpc_timeout=_QUERY_TIMEOUT))
         elif description.status == WorkflowExecutionStatus.FAILED:
@@ -179,10 +179,10 @@ class RunWatch:
         if result is None:
             # Closed from outside (terminated, timed out, cancelled): the run's own status never says so.
             return self._last.model_copy(update={
-                **over, "state": "failed", "error": f"the run was {description.status.name.lower()}",
+                **at_end, "state": "failed", "error": f"the run was {description.status.name.lower()}",
                 "ended_at": self._last.ended_at or description.close_time})
         return self._last.model_copy(update={
-            **over, "state": result.state, "steps": result.steps, "error": result.error,
+            **at_end, "state": result.state, "steps": result.steps, "error": result.error,
             "ended_at": result.ended_at or description.close_time, "controls": result.controls or self._last.controls})
 
     async def _failure(self) -> RunResult | None:

@@ -178,7 +178,7 @@ async def follow(client: Any, workflow_id: str, console: Console, *, interval: f
                 if line != last_line:
                     console.print(line, highlight=False, markup=False)
                     last_line = line
-            if current.state not in ("running", "paused"):
+            if current.over:
                 return 0 if current.state == "succeeded" else 1
     finally:
         if live:

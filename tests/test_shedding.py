@@ -168,7 +168,7 @@ async def test_a_closed_runs_view_comes_from_its_close_event_and_matches_its_sta
             else:
                 flag.touch() if end == "succeeded" else flag.unlink(missing_ok=True)
                 await handle.execute_update("approve", ApproveRequest(step="ok", approver="alice"))
-            while (final := await watch.next()).state in ("running", "paused"):
+            while not (final := await watch.next()).over:
                 pass
             # The view's last status from the memo, for every end: terminated, it still says running and the
             # description says how it ended. No Query, no read of the close event.

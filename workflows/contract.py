@@ -166,6 +166,11 @@ class RunStatus(BaseModel):
     controls: list[ControlRecord] = Field(default_factory=list)
     identity_required: list[str] = Field(default_factory=list)
 
+    @property
+    def over(self) -> bool:
+        """The run has ended (succeeded, failed, aborted, rolled back); a paused run has not."""
+        return self.state not in ("running", "paused")
+
 
 # A running run's status, kept in its memo (one key for the run, one per step, so an upsert carries
 # only what changed): a live view reads it with describe(), from the server, and never Queries the
