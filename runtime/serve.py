@@ -26,8 +26,13 @@ def serve(
     log_level: str = typer.Option("INFO", envvar="COLDSTART_LOG_LEVEL"),
 ) -> None:
     """Run a worker: the runbook workflows and every registered action."""
-    from runtime.worker import run_worker  # the worker's imports stay off the CLI's start-up path
+    from runtime.worker import reading_settings, run_worker  # the worker's imports stay off the CLI's start-up path
 
+    try:
+        reading_settings()
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     configure_logging(log_level)
     asyncio.run(run_worker(task_queue, metrics or None, journal or None))
     leave()

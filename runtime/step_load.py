@@ -26,7 +26,9 @@ class StepLoad:
     Readings are what can wait: a gate's interval is its fastest cadence, and a gate fails closed on
     its own timeout, never on a late reading."""
 
-    def __init__(self, *, window: float = 1.0, share: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+    SHARE = 0.1  # the default: $COLDSTART_READINGS_SHARE sets it for a worker (runtime/worker.py)
+
+    def __init__(self, *, window: float = 1.0, share: float = SHARE, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window
         self.slowest_share = share  # what share() gives while steps run
         self._clock = clock

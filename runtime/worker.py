@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -27,7 +29,7 @@ from workflows.contract import readings_queue
 from workflows.fleet import FleetWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 
-__all__ = ["READINGS_PER_SECOND_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "run_worker"]
+__all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "run_worker"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -42,6 +44,8 @@ UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
 
 
 READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
+# The part of that pace readings take while the worker runs steps (runtime/step_load.py).
+READINGS_SHARE_ENV = "COLDSTART_READINGS_SHARE"
 # A gate reads every few seconds; 10 a second per worker serves dozens of concurrent ramps (the drain
 # runbook's two 0.25 s gates take 8), and caps what a flood of readings takes from the steps. On 2
 # cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches since stop 23)
@@ -89,6 +93,7 @@ def build_worker(
     max_concurrent_activities: int = 100,
     journal: str | os.PathLike[str] | None = None,
     readings_per_second: float | None = None,
+    readings_share: float | None = None,
     sandboxed: bool = False,
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
@@ -96,6 +101,8 @@ def build_worker(
     journal: append a line per action attempt to this file (activities/journal.py).
     readings_per_second: the gate readings this worker takes a second ($COLDSTART_READINGS_PER_SECOND,
     else 10); beyond it they wait in the server, fairly per run, and every other task goes first.
+    readings_share: the part of that pace readings take for a second after a step's activity started
+    or ended ($COLDSTART_READINGS_SHARE, else 0.1).
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER)."""
     registry = registry or load_registry()
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
@@ -103,7 +110,8 @@ def build_worker(
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
         interceptors.append(JournalInterceptor(ActionJournal(
             journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
-    load = StepLoad()
+    rate, share = reading_settings()
+    load = StepLoad(share=readings_share or share)
     runs = Worker(
         client,
         task_queue=queue,
@@ -115,7 +123,7 @@ def build_worker(
         interceptors=[*interceptors, StepLoadInterceptor(load)],
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
     )
-    rate = readings_per_second or float(os.environ.get(READINGS_PER_SECOND_ENV) or _READINGS_PER_SECOND)
+    rate = readings_per_second or rate
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
     # a tenth of it while the worker runs steps; the activities themselves are also limited to `rate`
     # a second, so single reads wait in the server.
@@ -130,6 +138,28 @@ def build_worker(
         interceptors=interceptors,
     )
     return ControllerWorker(runs, readings)
+
+
+def reading_settings(environ: Mapping[str, str] = os.environ) -> tuple[float, float]:
+    """The readings' pace and their share of it while steps run, from the environment or the defaults;
+    ValueError naming the variable when one is not a number in range."""
+    return (_setting(environ, READINGS_PER_SECOND_ENV, _READINGS_PER_SECOND),
+            _setting(environ, READINGS_SHARE_ENV, StepLoad.SHARE, at_most=1.0))
+
+
+def _setting(environ: Mapping[str, str], name: str, default: float, *, at_most: float | None = None) -> float:
+    """A positive number from the environment (at most `at_most`), else `default`; a clear error otherwise."""
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and 0 < value <= (at_most if at_most is not None else value)):
+        bound = f"in (0, {at_most:g}]" if at_most is not None else "above 0"
+        raise ValueError(f"${name} must be a number {bound}, not {raw!r}")
+    return value
 
 
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.pacing import FairPace
 from activities.telemetry import GateRead, ReadManyInput, pace_readings, read_many
 from runtime.shedding import READINGS_SLOWED
 from runtime.step_load import StepLoad
+from runtime.worker import READINGS_PER_SECOND_ENV, READINGS_SHARE_ENV, reading_settings
 
 
 async def _take(pace: FairPace, key: str, order: list[str]) -> None:
@@ -107,3 +109,12 @@ def test_step_load_gives_readings_a_tenth_for_a_second_after_a_step_and_counts_t
     assert load.share() == 0.1 and READINGS_SLOWED.value("steps_running") == slowed + 1
     now[0] = 101.0
     assert load.share() == 1.0 and READINGS_SLOWED.value("steps_running") == slowed + 1
+
+
+def test_the_readings_pace_and_share_come_from_the_environment_and_bad_values_are_named():
+    assert reading_settings({}) == (10.0, 0.1)
+    assert reading_settings({READINGS_PER_SECOND_ENV: "4", READINGS_SHARE_ENV: "0.05"}) == (4.0, 0.05)
+    for name, raw in [(READINGS_SHARE_ENV, "0"), (READINGS_SHARE_ENV, "1.5"), (READINGS_PER_SECOND_ENV, "-1"),
+                      (READINGS_PER_SECOND_ENV, "fast"), (READINGS_PER_SECOND_ENV, "inf"), (READINGS_SHARE_ENV, "nan")]:
+        with pytest.raises(ValueError, match=rf"^\${name} must be a number (in \(0, 1\]|above 0), not '{raw}'$"):
+            reading_settings({name: raw})
