@@ -61,6 +61,7 @@ from cli.runs import start_run  # noqa: E402
 from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
 from runtime.logs import LOG_SAMPLE_ENV  # noqa: E402
 from runtime.server_config import dynamic_config_flags  # noqa: E402
+from runtime.worker import READINGS_SHARE_ENV  # noqa: E402
 from tests import support  # noqa: E402
 from workflows import search  # noqa: E402
 from workflows.contract import RunStatus  # noqa: E402
@@ -75,7 +76,8 @@ IDLE = "control: no flood (noise floor)"
 QUERIES = f"{POLLERS} pollers, Query every 0.5 s"
 LABELS = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
           "follow": f"{POLLERS} follow views", "follow3": f"{POLLERS} follow views, every 3 s", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)",
-          "spread": f"gate flood ({GATES} runs of 1 gate)", "idle": IDLE}
+          "spread": f"gate flood ({GATES} runs of 1 gate)",
+          "spread20": f"gate flood ({GATES} runs of 1 gate), share 1/20", "idle": IDLE}
 ONLY: list[str] = []
 WORKER_CPU: list[float] = []  # CPU seconds of each worker process, read as it is stopped
 STORM_CPU: list[float] = []  # and of each process of pollers
@@ -146,7 +148,8 @@ def _read_cpu(process: subprocess.Popen, into: list[float] = WORKER_CPU) -> None
 
 
 @asynccontextmanager
-async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False, sampled: bool = True):
+async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False, sampled: bool = True,
+                  settings: dict[str, str] | None = None):
     port = _free_port()  # its metrics endpoint, on as `coldstart worker` has it by default
     process = subprocess.Popen(
         [sys.executable, __file__, "--worker", str(flood_per_s)], cwd=ROOT,
@@ -154,7 +157,7 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
         stderr=subprocess.PIPE if blocked_sink else subprocess.DEVNULL,  # a pipe this process never reads
         env={**os.environ, "TEMPORAL_ADDRESS": address, TASK_QUEUE_ENV: queue, "COLDSTART_METRICS": f"127.0.0.1:{port}",
              "COLDSTART_JOURNAL": str(Path(tempfile.mkdtemp()) / "journal.jsonl"),
-             **({} if sampled else {LOG_SAMPLE_ENV: "0"})},
+             **({} if sampled else {LOG_SAMPLE_ENV: "0"}), **(settings or {})},
     )
     process.metrics_port = port
     watchdog = asyncio.ensure_future(_exits(process, queue))
@@ -426,8 +429,8 @@ async def main() -> None:
             gaps, asked = await _storm(env, f"naive{r}", book, "naive", kind="naive")
             add("naive", gaps, asked)
 
-    async def flood_of_gates(r: int, scenario: str, runs: list[tuple[Path, str]]) -> None:
-        async with _worker(address, f"{scenario}{r}"):
+    async def flood_of_gates(r: int, scenario: str, runs: list[tuple[Path, str]], settings: dict[str, str] | None = None) -> None:
+        async with _worker(address, f"{scenario}{r}", settings=settings):
             registry = load_registry()
             flooding = [await start_run(env.client, plan_run(path, registry=registry, inventory={"name": name},
                                                              initiator="bench"), f"{scenario}{r}") for path, name in runs]
@@ -450,8 +453,11 @@ async def main() -> None:
     async def spread(r: int) -> None:
         await flood_of_gates(r, "spread", [(lone, f"gate-{r}-{i}") for i in range(GATES)])
 
+    async def spread20(r: int) -> None:  # the same, readings at a twentieth of the pace while steps run (not a tenth)
+        await flood_of_gates(r, "spread20", [(lone, f"gate20-{r}-{i}") for i in range(GATES)], {READINGS_SHARE_ENV: "0.05"})
+
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
-        "blocked": blocked, "reading": reading, "follow": follow, "follow3": follow3, "naive": naive, "gates": gates, "spread": spread,
+        "blocked": blocked, "reading": reading, "follow": follow, "follow3": follow3, "naive": naive, "gates": gates, "spread": spread, "spread20": spread20,
         "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
