@@ -75,7 +75,7 @@ DRAWS, INTERVAL = 2000, 0.90  # the resampled rounds behind each ratio's interva
 IDLE = "control: no flood (noise floor)"
 QUERIES = f"{POLLERS} pollers, Query every 0.5 s"
 LABELS = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "reading": "log flood, sink reading",
-          "follow": f"{POLLERS} follow views", "follow3": f"{POLLERS} follow views, every 3 s", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)",
+          "follow": f"{POLLERS} follow views", "follow2": f"{POLLERS} follow views, every 2 s", "naive": QUERIES, "gates": f"gate flood ({GATES} gates)",
           "spread": f"gate flood ({GATES} runs of 1 gate)",
           "spread20": f"gate flood ({GATES} runs of 1 gate), share 1/20", "idle": IDLE}
 ONLY: list[str] = []
@@ -324,9 +324,9 @@ def _storm_main(address: str, kind: str) -> None:
                     await asyncio.sleep(0.1)
                     continue
                 watched.add(current[-1])
-                if kind.startswith("follow"):  # "follow3": every 3 s instead of follow's 2
+                if kind.startswith("follow"):  # "follow2": every 2 s (until stop 27) instead of follow's 3
                     await render.follow(client, current[-1], Console(file=io.StringIO()),
-                                        **({"interval": 3.0} if kind == "follow3" else {}))
+                                        **({"interval": 2.0} if kind == "follow2" else {}))
                     continue
                 handle = client.get_workflow_handle(current[-1])
                 while True:
@@ -420,9 +420,9 @@ async def main() -> None:
         async with _worker(address, f"follow{r}"):
             add("follow", *await _storm(env, f"follow{r}", book, "follow", kind="follow"))
 
-    async def follow3(r: int) -> None:
-        async with _worker(address, f"follow3{r}"):
-            add("follow3", *await _storm(env, f"follow3{r}", book, "follow3", kind="follow3"))
+    async def follow2(r: int) -> None:
+        async with _worker(address, f"follow2{r}"):
+            add("follow2", *await _storm(env, f"follow2{r}", book, "follow2", kind="follow2"))
 
     async def naive(r: int) -> None:
         async with _worker(address, f"naive{r}"):
@@ -457,7 +457,7 @@ async def main() -> None:
         await flood_of_gates(r, "spread20", [(lone, f"gate20-{r}-{i}") for i in range(GATES)], {READINGS_SHARE_ENV: "0.05"})
 
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
-        "blocked": blocked, "reading": reading, "follow": follow, "follow3": follow3, "naive": naive, "gates": gates, "spread": spread, "spread20": spread20,
+        "blocked": blocked, "reading": reading, "follow": follow, "follow2": follow2, "naive": naive, "gates": gates, "spread": spread, "spread20": spread20,
         "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}

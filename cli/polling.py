@@ -26,8 +26,8 @@ _REFUSALS = frozenset({RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILAB
 _QUERY_TIMEOUT = timedelta(seconds=30)
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.5, 10.0
 # A run that does not move (an approval, a hold) is read less often: each unchanged describe stretches
-# the next wait by half, up to three intervals (a view of a waiting run, 6 s at follow's 2 s).
-_IDLE_GROWTH, _IDLE_INTERVALS = 1.5, 3.0
+# the next wait by half, up to 6 s (or the interval, if longer), so a view sees it move within seconds.
+_IDLE_GROWTH, _IDLE_MAX = 1.5, 6.0
 
 
 def refused(exc: BaseException) -> bool:
@@ -89,8 +89,8 @@ class RunWatch:
     back off exponentially with full jitter (at most 10 s apart) and give up, raising, after
     `attempts` calls in a row were refused. While the run does not move (its history length
     unchanged: waiting on an approval, held), each describe waits half as long again as the one
-    before, up to `idle_max` (three intervals unless given): fifty views of a run waiting for its
-    approver make a third of the describes, and see it move again within that.
+    before, up to `idle_max` (6 s unless given, never under `interval`): fifty views of a run waiting
+    for its approver, reading every 3 s, make half the describes, and see it move again within that.
     """
 
     def __init__(self, handle: WorkflowHandle, *, interval: float = 0.5, query_every: float = 1.0,
@@ -99,7 +99,7 @@ class RunWatch:
                  close_event: bool = False, idle_max: float | None = None) -> None:
         self._handle = handle
         self._interval = interval
-        self._idle_max = max(interval, idle_max if idle_max is not None else interval * _IDLE_INTERVALS)
+        self._idle_max = max(interval, idle_max if idle_max is not None else _IDLE_MAX)
         self._query_every = query_every
         self._retry = _retrying(attempts, sleep)
         self._sleep = sleep

@@ -148,20 +148,19 @@ def _live_view(current: RunStatus) -> Group:
     return Group(*parts)
 
 
-async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 2.0,
+async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 3.0,
                  query_every: float = 2.0, sleep: Sleep = asyncio.sleep) -> int:
     """Show the run live until it ends; the exit code is 0 only if it succeeded.
 
     Polls through RunWatch (cli/polling.py): the server every `interval`, jittered, the worker's
     status Query (runs older than the status memo only) when the run moved and at most every
     `query_every`, backing off with jitter while Temporal refuses. A recovery's steps take seconds
-    to minutes, so a view refreshes every 2 s: fifty views reading every second cost the server 50
-    describe() calls a second, and the run they watched 1.12x / 1.32x a step (median / p95) on two
-    cores beside it; every 2 s, 1.02x / 0.98x (bench/shedding.py, stop 22). Measured once the views
-    were all running (stop 26), that was 1.13x / 1.24x while each view also read the close event of
-    every run it saw end; ending on the memo's last status instead, 1.01x / 1.06x over 20 rounds
-    (paired). Every 3 s read no better than every 2 s (1.04x / 1.06x, 10 rounds). While the run stands
-    still (waiting on an approver, held) a view reads it less often, up to every 6 s (RunWatch)."""
+    to minutes, so a view refreshes every 3 s. What fifty views cost the run they watch, on two cores
+    beside the dev server, is the server's CPU per describe (about 1.7 ms, and 3.3 ms on a 90-step run:
+    the memo is in every answer): every second 1.12x / 1.32x a step (median / p95; stop 22); every 2 s,
+    ending on the memo's last status, 1.07x / 1.16x on 90-step runs (p95 interval 1.11x to 1.21x, 10
+    rounds, stop 27); every 3 s 1.05x / 1.11x (1.06x to 1.17x). While the run stands still (waiting on
+    an approver, held) a view reads it less often, up to every 6 s (RunWatch)."""
     watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, query_every=query_every, sleep=sleep)
     last_line = ""
     live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal else None
