@@ -525,10 +525,10 @@ class _Waiting:
                                         "typed_search_attributes": TypedSearchAttributes([])})()
 
 
-async def test_a_view_of_a_run_that_stands_still_reads_it_less_often_up_to_three_intervals():
+async def test_a_view_of_a_run_that_stands_still_reads_it_less_often_up_to_6_s():
     """Fifty views of a run waiting on its approver describe it a third as often, and each view's waits
     grow by half while it stands still, start again at one interval when it moves, and never pass
-    three intervals (jitter aside)."""
+    6 s (jitter aside)."""
     sleeps: list[float] = []
 
     async def sleep(seconds: float) -> None:
@@ -544,7 +544,7 @@ async def test_a_view_of_a_run_that_stands_still_reads_it_less_often_up_to_three
         between, *idle = sleeps
         assert len(idle) == 12
         assert 1.0 <= between <= 3.0  # one interval, jittered, after a move
-        # Each wait is at most 1.5 times the base (jitter), the base 3, 4.5, then 6 s (three intervals) and no more.
+        # Each wait is at most 1.5 times the base (jitter), the base 3, 4.5, then 6 s (the cap) and no more.
         for unmoved, wait in enumerate(idle, start=1):
             base = min(2.0 * 1.5 ** unmoved, 6.0)
             assert 0.5 * base <= wait <= 1.5 * base, (unmoved, wait)
