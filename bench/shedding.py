@@ -416,13 +416,11 @@ async def main() -> None:
             await asyncio.sleep(1)
             add("reading", await _measure(env, f"reading{r}", book, "reading"), f"sampling {sampling:.1f} s after start")
 
-    async def follow(r: int) -> None:
-        async with _worker(address, f"follow{r}"):
-            add("follow", *await _storm(env, f"follow{r}", book, "follow", kind="follow"))
-
-    async def follow2(r: int) -> None:
-        async with _worker(address, f"follow2{r}"):
-            add("follow2", *await _storm(env, f"follow2{r}", book, "follow2", kind="follow2"))
+    def views(kind: str) -> Callable[[int], Awaitable[None]]:  # "follow", or "follow2": every 2 s
+        async def scenario(r: int) -> None:
+            async with _worker(address, f"{kind}{r}"):
+                add(kind, *await _storm(env, f"{kind}{r}", book, kind, kind=kind))
+        return scenario
 
     async def naive(r: int) -> None:
         async with _worker(address, f"naive{r}"):
@@ -457,7 +455,7 @@ async def main() -> None:
         await flood_of_gates(r, "spread20", [(lone, f"gate20-{r}-{i}") for i in range(GATES)], {READINGS_SHARE_ENV: "0.05"})
 
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
-        "blocked": blocked, "reading": reading, "follow": follow, "follow2": follow2, "naive": naive, "gates": gates, "spread": spread, "spread20": spread20,
+        "blocked": blocked, "reading": reading, "follow": views("follow"), "follow2": views("follow2"), "naive": naive, "gates": gates, "spread": spread, "spread20": spread20,
         "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
