@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import httpx
@@ -17,8 +18,8 @@ from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
 
-__all__ = ["MAX_READS_PER_BATCH", "READ_ACTION", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
-           "read", "read_many"]
+__all__ = ["MAX_READS_PER_BATCH", "READ_ACTION", "WAITED_IN_READING", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
+           "read", "read_many", "wait_before"]
 
 # A batch waits for its slots inside its activity: runtime/worker.py keeps no more in flight than the
 # slowest pace reads in half of read_many's timeout (and at least 3).
@@ -29,6 +30,11 @@ READ_ACTION = "telemetry.read"
 READ_MANY_ACTION = "telemetry.read_many"
 READ_ACTIONS = (READ_ACTION, READ_MANY_ACTION)
 _DEFAULT_PER_SECOND = 10.0
+# A gate's wait for its next reading shorter than this is waited here, in the reading, not on a server
+# timer: Temporal fires a sub-second timer about a second late (README, stop 23), and a timer costs the
+# server two workflow tasks a reading that the worker's pace does not govern, so after a burst of
+# readings the server still works through their timers while the worker's steps run (README, stop 28).
+WAITED_IN_READING = timedelta(seconds=1)
 # One pace per worker, found by the task queue a reading came from: two workers in one process keep
 # their own rates.
 _PACES: dict[str, FairPace] = {}
@@ -70,6 +76,8 @@ class GateRead(ReadInput):
     step: str
     gate: str
     percent: int | None = None
+    # Read no earlier than this (the gate's previous reading plus its interval, under WAITED_IN_READING).
+    not_before: datetime | None = None
 
 
 class ReadManyInput(BaseModel):
@@ -91,14 +99,23 @@ async def read(inp: ReadInput) -> Reading:
 
 @action(READ_MANY_ACTION, timeout=60, retry=Retry(max_attempts=1))
 async def read_many(inp: ReadManyInput) -> Readings:
-    """Read several gates' samples, in the order given, each as telemetry.read would, at the worker's pace."""
+    """Read several gates' samples, in the order given, each as telemetry.read would, at the worker's pace
+    and none before its `not_before`."""
     key, pace = _run_key(), _pace()
 
     async def paced(one: GateRead) -> Reading:
+        if one.not_before is not None:
+            await asyncio.sleep(wait_before(one.not_before, datetime.now(UTC)))
         await pace.slot(key)
         return await _sample(one)
 
     return Readings(readings=list(await asyncio.gather(*(paced(one) for one in inp.reads))))
+
+
+def wait_before(not_before: datetime, now: datetime) -> float:
+    """Seconds from `now` to `not_before`, never below 0 nor past WAITED_IN_READING (this worker's clock
+    may be behind the server's that set it)."""
+    return max(0.0, min((not_before - now).total_seconds(), WAITED_IN_READING.total_seconds()))
 
 
 def _run_key() -> str:

@@ -21,7 +21,9 @@ against all no-load runs pooled and against each scenario's own, and the goal ne
 since one machine's p95 moves by more than 10 % from run to run, each paired ratio's 90 % interval
 over the rounds resampled (bootstrap): "not resolved" where it holds the goal. Prints the figures and the CPU each process spent per scenario; never asserts.
 
-    .venv/bin/python bench/shedding.py [--only=gates,follow,idle,...] [--rounds=5] [--steps=30]
+    .venv/bin/python bench/shedding.py [--only=gates,follow,idle,...] [--rounds=5] [--steps=30] [--gaps=FILE]
+
+--gaps writes every measured gap, in order, per scenario and round with its baseline's, as JSON.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ LABELS = {"none": "none", "blocked": "log flood, sink blocked, unsampled", "read
           "spread": f"gate flood ({GATES} runs of 1 gate)",
           "spread20": f"gate flood ({GATES} runs of 1 gate), share 1/20", "idle": IDLE}
 ONLY: list[str] = []
+GAPS_FILE: Path | None = None
 WORKER_CPU: list[float] = []  # CPU seconds of each worker process, read as it is stopped
 STORM_CPU: list[float] = []  # and of each process of pollers
 
@@ -509,6 +512,10 @@ async def main() -> None:
     print("CPU seconds spent during each scenario's measured runs, by process:")
     for name, spent in cpu.items():
         print(f"  {name:<36} " + ", ".join(f"{role} {sec:.1f}" for role, sec in sorted(spent.items(), key=lambda kv: -kv[1])))
+    if GAPS_FILE:  # every gap in order (RUNS runs of STEPS - 1 a round), to find where the slow ones fall
+        GAPS_FILE.write_text(json.dumps({"steps": STEPS, "runs": RUNS, "rounds": {
+            name: [{"gaps": gaps, "baseline": baseline} for gaps, baseline in rounds] for name, rounds in by_round.items()}}))
+        print(f"gaps written to {GAPS_FILE}")
 
 
 if __name__ == "__main__":
@@ -523,6 +530,7 @@ if __name__ == "__main__":
         ROUNDS = next((int(arg[9:]) for arg in sys.argv[1:] if arg.startswith("--rounds=")), ROUNDS)
         # More steps a run: each round's p95 from more gaps (30 steps x 3 runs: the 4th slowest of 87).
         STEPS = next((int(arg[8:]) for arg in sys.argv[1:] if arg.startswith("--steps=")), STEPS)
+        GAPS_FILE = next((Path(arg[7:]) for arg in sys.argv[1:] if arg.startswith("--gaps=")), None)
         asyncio.run(main())
         # As the CLI does: Temporal's native threads can abort the interpreter's finalization (SIGABRT,
         # "PyGILState_Release ... finalizing"), which turned a finished bench into exit 134.

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.pacing import FairPace
-from activities.telemetry import GateRead, ReadManyInput, pace_readings, read_many
+from activities.telemetry import WAITED_IN_READING, GateRead, ReadManyInput, pace_readings, read_many, wait_before
 from runtime.shedding import READINGS_SLOWED
 from runtime.step_load import StepLoad
 from runtime.worker import READINGS_PER_SECOND_ENV, READINGS_SHARE_ENV, reading_settings
@@ -118,3 +119,11 @@ def test_the_readings_pace_and_share_come_from_the_environment_and_bad_values_ar
                       (READINGS_PER_SECOND_ENV, "fast"), (READINGS_PER_SECOND_ENV, "inf"), (READINGS_SHARE_ENV, "nan")]:
         with pytest.raises(ValueError, match=rf"^\${name} must be a number (in \(0, 1\]|above 0), not '{raw}'$"):
             reading_settings({name: raw})
+
+
+def test_a_reading_waits_until_its_not_before_at_most_the_longest_wait_kept_in_a_reading():
+    now = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    assert wait_before(now + timedelta(seconds=0.25), now) == 0.25
+    assert wait_before(now - timedelta(seconds=3), now) == 0.0  # due already (it waited in the server)
+    # A worker clock behind the server's cannot hold an activity slot past what a timer would have cost.
+    assert wait_before(now + timedelta(minutes=5), now) == WAITED_IN_READING.total_seconds() == 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -32,7 +33,7 @@ async def test_history_replays(path: Path, runner: str):
 
 
 def test_histories_exist_and_cover_the_step_kinds():
-    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates"}
+    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited"}
     text = (Path(__file__).parent / "histories" / "everything.json").read_text()
     for marker in ("ramp@30", "each[4]", "healthy/gate/healthy", "approve", "retry"):
         assert marker in text, marker
@@ -42,3 +43,10 @@ def test_histories_exist_and_cover_the_step_kinds():
     types = [e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in gates["events"]
              if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
     assert types and set(types) == {"telemetry.read_many"}, types
+    # gates.json was recorded when sub-second waits were timers, waited.json since they are waited in the readings.
+    assert "EVENT_TYPE_TIMER_STARTED" in json.dumps(gates)
+    waited = json.loads((Path(__file__).parent / "histories" / "waited.json").read_text())
+    assert "EVENT_TYPE_TIMER_STARTED" not in json.dumps(waited)
+    reads = [json.loads(base64.b64decode(e["activityTaskScheduledEventAttributes"]["input"]["payloads"][0]["data"]))["reads"]
+             for e in waited["events"] if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+    assert [{"not_before" in read for read in batch} for batch in reads][:2] == [{False}, {True}], reads

@@ -321,7 +321,7 @@ def _readings(history: Any) -> list[tuple[Any, Any]]:
             and e.activity_task_started_event_attributes.scheduled_event_id in scheduled]
 
 
-def _gates_book(tmp_path: Path, name: str, url: str, gates: int, consecutive: int) -> Path:
+def _gates_book(tmp_path: Path, name: str, url: str, gates: int, consecutive: int, interval: str = "0.01s") -> Path:
     return support.write_runbook(tmp_path, f"""
         metadata: {{name: {name}}}
         target: t
@@ -331,14 +331,15 @@ def _gates_book(tmp_path: Path, name: str, url: str, gates: int, consecutive: in
     """ + "".join(f"""
               - id: g{i}
                 gate: {{name: up{i}, endpoint: "{url}", query: up, comparator: ">=", threshold: 1,
-                        interval: 0.01s, consecutive: {consecutive}, timeout: 1h}}
+                        interval: {interval}, consecutive: {consecutive}, timeout: 1h}}
     """ for i in range(gates)), name=name)
 
 
 async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_of_their_own(env, task_queue, tmp_path):
-    """Six parallel gates due at once cost the server one telemetry.read_many and one timer a tick,
-    not six of each; the activity goes to the readings queue keyed to its run, and the worker takes
-    its readings at its pace (2 a second here), one by one."""
+    """Six parallel gates due at once cost the server one telemetry.read_many a tick, not six; their
+    10 ms wait is waited in the readings (each read's not_before), not on a timer; the activity goes to
+    the readings queue keyed to its run, and the worker takes its readings at its pace (2 a second
+    here), one by one."""
     prom = await support.ScriptedPrometheus().start()
     book = _gates_book(tmp_path, "paced", prom.url, gates=6, consecutive=2)
     try:
@@ -351,6 +352,7 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
     history = await handle.fetch_history()
     readings = _readings(history)
     assert len(readings) == 2  # two ticks of six gates each
+    waits = []
     for attributes, _ in readings:
         assert attributes.activity_type.name == READ_MANY_ACTION
         assert attributes.task_queue.name == readings_queue(task_queue)
@@ -358,7 +360,9 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
         assert attributes.priority.fairness_key == handle.id
         reads = json.loads(attributes.input.payloads[0].data)["reads"]
         assert [(r["step"], r["gate"]) for r in reads] == [(f"g{i}", f"up{i}") for i in range(6)]
-    assert sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events) == 1
+        waits.append({r.get("not_before") is not None for r in reads})
+    assert waits == [{False}, {True}]  # the first reading is due at once, the second 10 ms after
+    assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
     assert {s.id: [r.gate for r in s.readings] for s in status.steps if s.kind == "gate"} == {
         f"g{i}": [f"up{i}"] * 2 for i in range(6)}
     assert len(prom.calls) == 12
@@ -375,6 +379,41 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
     assert (max(times[e.event_id] for e in done) - first_started).total_seconds() >= 5.0
 
 
+async def _gated_run(env: Any, task_queue: str, tmp_path: Path, name: str, **book: Any) -> tuple[Any, list[str]]:
+    """A run of _gates_book(**book) to its success: its history, and the queries its gates read."""
+    prom = await support.ScriptedPrometheus().start()
+    try:
+        async with support.worker(env.client, task_queue):
+            handle = await support.start(env.client, _gates_book(tmp_path, name, prom.url, **book), task_queue)
+            assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "succeeded"
+    finally:
+        await prom.stop()
+    return await handle.fetch_history(), prom.calls
+
+
+async def test_gates_due_again_after_a_second_or_more_share_one_timer(env, task_queue, tmp_path):
+    """A wait of a second or more is a server timer (an activity slot is not held that long), one a
+    tick for the gates due together."""
+    history, calls = await _gated_run(env, task_queue, tmp_path, "ticked", gates=3, consecutive=2, interval="1s")
+    readings = _readings(history)
+    assert len(readings) == 2 and len(calls) == 6
+    assert not any("not_before" in read for attributes, _ in readings
+                   for read in json.loads(attributes.input.payloads[0].data)["reads"])
+    timers = [e.timer_started_event_attributes for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    assert [t.start_to_fire_timeout.ToTimedelta().total_seconds() for t in timers] == [1.0]
+
+
+async def test_a_sub_second_gate_interval_is_waited_in_the_reading_and_kept(env, task_queue, tmp_path):
+    """A 0.6 s interval is waited by the reading's activity (Temporal fires such a timer about a
+    second late), and no reading comes sooner than 0.6 s after the one before."""
+    history, calls = await _gated_run(env, task_queue, tmp_path, "waited", gates=1, consecutive=3, interval="0.6s")
+    assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
+    done = sorted(e.event_time.ToDatetime() for e in history.events
+                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
+    # A lower bound only, which load cannot break (the server's and the worker's clocks are this machine's).
+    assert len(done) == 3 and all((b - a).total_seconds() >= 0.59 for a, b in zip(done, done[1:])), done
+
+
 async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env, task_queue, tmp_path):
     """Fairness per run: with readings backed up behind a 24-gate flood, the other run's readings
     are taken in turn with the flood's, not after the whole backlog."""
@@ -387,6 +426,9 @@ async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env,
             await asyncio.sleep(3)  # the backlog forms: 24 readings wanted at once, 4 taken a second
             other = await support.start(env.client, quiet, task_queue, target={"name": f"other-{task_queue}"})
             assert (await asyncio.wait_for(other.result(), timeout=120)).state == "succeeded"
+            # The other run's 10 ms waits are waited in its readings, so it may end before the flood's
+            # first batch of 20 (5 s of slots): that batch's span is the one to compare with.
+            await support.wait_for(lambda: _has_reading_span(flooding), timeout=60)
             await flooding.terminate("test over")
     finally:
         await prom.stop()
@@ -430,6 +472,10 @@ async def test_a_workers_readings_yield_to_the_steps_it_runs_and_are_counted(env
 
 async def _step_started(handle: Any) -> bool:
     return (await support.status(handle)).current_step not in (None, "starting")
+
+
+async def _has_reading_span(handle: Any) -> bool:
+    return bool(_reading_spans(await handle.fetch_history()))
 
 
 def _reading_spans(history: Any) -> list[float]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.retry import parse_duration
-from activities.telemetry import READ_ACTIONS
+from activities.telemetry import READ_ACTIONS, WAITED_IN_READING
 from workflows.contract import RunInput
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
 from workflows.spec import (
@@ -577,16 +577,17 @@ def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: d
 
 
 def _note_fast_gates(runbook: Runbook, source: _Source) -> None:
-    """Temporal fires a timer of under a second about a second late (README, stop 23), so a gate reads
-    at most about once a second whatever its interval says: say so where it is written."""
+    """A gate's sub-second interval is waited by the worker, not on a Temporal timer (which fires one
+    about a second late, README stop 23), and readings go no faster than the worker's pace: say so
+    where such an interval is written."""
     on_miss = runbook.deadline.on_miss if runbook.deadline else []
     for steps, base in ((runbook.steps, ("steps",)), (on_miss, ("deadline", "on_miss"))):
         for _, step, gates in _gates(steps, base):
             for path, gate in gates:
-                if gate.interval < timedelta(seconds=1):
+                if gate.interval < WAITED_IN_READING:
                     source.note(path + ("interval",), f"step {step.id}: gate interval {gate.interval.total_seconds():g}s "
-                                                      "is under a second; it will read about once a second (Temporal "
-                                                      "timers are not sub-second accurate)")
+                                                      "is under a second; the worker waits it, and reads no faster than "
+                                                      "its pace ($COLDSTART_READINGS_PER_SECOND, shared by every gate)")
 
 
 def _gates(steps: list[Any], base: Path_) -> Iterable[tuple[Path_, Any, list[tuple[Path_, GateSpec]]]]:

@@ -14,7 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
     from activities.retry import Retry
-    from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION
+    from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
     from workflows.calls import READING_PRIORITY, DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
     from workflows.contract import (
         ApprovalRecord,
@@ -463,7 +463,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._state = "rolled_back"
         self._error = f"{self._error}; rolled back: {', '.join(undone) or 'nothing to undo'}"
 
-    async def _read(self, step_id: str, gate: GateSpec, name: str, percent: int | None) -> GateReading:
+    async def _read(self, step_id: str, gate: GateSpec, name: str, percent: int | None,
+                    not_before: datetime | None = None) -> GateReading:
         # The read's timeout and retries are what telemetry.read_many (telemetry.read before the patch)
         # declares, pinned by the loader; its single attempt means a failed read is a failed reading:
         # the gate keeps polling and fails closed.
@@ -472,7 +473,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             # Patched: before it, each reading was an activity of its own (telemetry.read); runs in
             # flight then keep reading that way.
             if workflow.patched("batched-readings"):
-                raw = await self._readings.read({**request, "step": step_id, "gate": name, "percent": percent})
+                read = {**request, "step": step_id, "gate": name, "percent": percent}
+                if not_before is not None:
+                    read["not_before"] = not_before.isoformat()
+                raw = await self._readings.read(read)
             else:
                 raw = await call_action(
                     self._inp.actions.get(READ_ACTION, _READ_UNPINNED),
@@ -532,8 +536,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         deadline = workflow.now() + gate.timeout
         streak = 0
         streak_since = None
+        not_before = None
         while True:
-            reading = await self._read(step_id, gate, name, percent)
+            reading = await self._read(step_id, gate, name, percent, not_before)
             _keep_reading(state, reading)
             if reading.passed:
                 streak += 1
@@ -550,7 +555,11 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                     f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
                     f"not held ({need}) within {gate.timeout} ({last or 'no value'})"
                 )
-            if workflow.patched("batched-readings"):
+            # Patched: before it, a sub-second wait was a timer too; runs in flight then keep those.
+            if (gate.interval < WAITED_IN_READING and workflow.patched("batched-readings")
+                    and workflow.patched("short-waits-in-reading")):
+                not_before = workflow.now() + gate.interval  # waited by the reading's activity
+            elif workflow.patched("batched-readings"):
                 await self._readings.tick(gate.interval, timer_summary(step_id, f"gate {name} and any due with it: next reading"))
             else:
                 await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))

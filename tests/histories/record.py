@@ -2,7 +2,7 @@
 
 Re-record only on purpose: a replay failure means the workflow code changed in a way that
 would break runs already in flight; guard such a change with `workflow.patched` instead. Name
-the history to record (everything, rollback, gates): the others then keep the shape of runs
+the history to record (everything, rollback, gates, waited): the others then keep the shape of runs
 recorded by older code, which is what they are there to replay.
 """
 
@@ -91,6 +91,10 @@ steps:
         gate: {{endpoint: "{prom}", query: fast, comparator: ">=", threshold: 1, interval: 0.05s, consecutive: 2, timeout: 10s}}
 """
 
+# The same gates since their sub-second waits are waited in the readings (activities/telemetry.py
+# WAITED_IN_READING): no timers, each read after the first with its not_before.
+WAITED = GATES.replace("replay-gates", "replay-waited")
+
 
 async def _record(names: set[str]) -> None:
     environment = await WorkflowEnvironment.start_local(
@@ -103,6 +107,8 @@ async def _record(names: set[str]) -> None:
         async with support.worker(environment.client, "record"):
             if "gates" in names:
                 await _record_gates(environment, prom, work)
+            if "waited" in names:
+                await _record_gates(environment, prom, work, name="waited", book=WAITED)
             if "everything" in names:
                 await _record_everything(environment, prom, work)
             if "rollback" in names:
@@ -112,14 +118,14 @@ async def _record(names: set[str]) -> None:
         await environment.shutdown()
 
 
-async def _record_gates(environment, prom, work: Path) -> None:
+async def _record_gates(environment, prom, work: Path, name: str = "gates", book: str = GATES) -> None:
     prom.script("ready", 0, 1)
     prom.script("slow", 0, 0, 1)
     prom.script("fast", 1)
-    book = support.write_runbook(work, GATES.format(prom=prom.url), "gates")
-    handle = await support.start(environment.client, book, "record", target={"name": "replay-gates"})
+    path = support.write_runbook(work, book.format(prom=prom.url), name)
+    handle = await support.start(environment.client, path, "record", target={"name": f"replay-{name}"})
     await handle.result()
-    (HERE / "gates.json").write_text((await handle.fetch_history()).to_json())
+    (HERE / f"{name}.json").write_text((await handle.fetch_history()).to_json())
 
 
 async def _record_everything(environment, prom, work: Path) -> None:
@@ -155,4 +161,4 @@ async def _held(handle):
 
 
 if __name__ == "__main__":
-    asyncio.run(_record(set(sys.argv[1:]) or {"everything", "rollback", "gates"}))
+    asyncio.run(_record(set(sys.argv[1:]) or {"everything", "rollback", "gates", "waited"}))
