@@ -477,11 +477,11 @@ async def _step_started(handle: Any) -> bool:
 async def _first_reading_span(handle: Any) -> float | None:
     """Seconds from scheduled to completed of a run's first reading activity; None while it runs."""
     history = await handle.fetch_history()
+    times = {e.event_id: e.event_time.ToDatetime() for e in history.events}
     first = next((e.event_id for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
                   and e.activity_task_scheduled_event_attributes.activity_type.name in READ_ACTIONS), None)
-    return next(((e.event_time.ToDatetime() - scheduled.event_time.ToDatetime()).total_seconds()
-                 for scheduled in history.events if scheduled.event_id == first
-                 for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+    return next(((times[e.event_id] - times[first]).total_seconds() for e in history.events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
                  and e.activity_task_completed_event_attributes.scheduled_event_id == first), None)
 
 
