@@ -104,13 +104,7 @@ async def main(repeats: int, seconds: float) -> None:
     address = env.client.service_client.config.target_host
     prom = await shedding.support.ScriptedPrometheus().start()
     work = Path(tempfile.mkdtemp())
-    lone = work / "gate.yaml"
-    lone.write_text("metadata: {name: gate}\ntarget: bench\nsteps:\n"
-                    f"  - {{id: g, gate: {{name: up, endpoint: \"{prom.url}\", query: up, comparator: \">=\", "
-                    "threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n")
-    book = work / "steps.yaml"
-    book.write_text("metadata: {name: steps}\ntarget: bench\nsteps:\n"
-                    + "".join(f"  - {{id: s{i}, action: core.wait, with: {{seconds: 0}}}}\n" for i in range(STEPS)))
+    lone, book = shedding.lone_gate_book(work, prom.url), shedding.steps_book(work, STEPS)
     figures: dict[str, list[tuple[float, float, float]]] = {}
     try:
         for r in range(repeats):

@@ -354,6 +354,23 @@ def _storm_main(address: str, kind: str) -> None:
     print(json.dumps(asyncio.run(storm())), flush=True)
 
 
+def steps_book(work: Path, steps: int) -> Path:
+    """A runbook of `steps` do-nothing steps (core.wait 0 s), written in `work`."""
+    book = work / "steps.yaml"
+    book.write_text("metadata: {name: steps}\ntarget: bench\nsteps:\n"
+                    + "".join(f"  - {{id: s{i}, action: core.wait, with: {{seconds: 0}}}}\n" for i in range(steps)))
+    return book
+
+
+def lone_gate_book(work: Path, prometheus_url: str) -> Path:
+    """A runbook of one gate reading every 10 ms for an hour (it never passes 1,000 in a row before then)."""
+    lone = work / "gate.yaml"
+    lone.write_text("metadata: {name: gate}\ntarget: bench\nsteps:\n"
+                    f"  - {{id: g, gate: {{name: up, endpoint: \"{prometheus_url}\", query: up, comparator: \">=\", "
+                    "threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n")
+    return lone
+
+
 async def main() -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.prefix) / "bin" / "temporal"),
@@ -362,18 +379,13 @@ async def main() -> None:
     )
     address = env.client.service_client.config.target_host
     work = Path(tempfile.mkdtemp())
-    book = work / "steps.yaml"
-    book.write_text("metadata: {name: steps}\ntarget: bench\nsteps:\n"
-                    + "".join(f"  - {{id: s{i}, action: core.wait, with: {{seconds: 0}}}}\n" for i in range(STEPS)))
+    book = steps_book(work, STEPS)
     prom = await support.ScriptedPrometheus().start()
     flood = work / "gates.yaml"
     flood.write_text("metadata: {name: gates}\ntarget: bench\nsteps:\n  - id: all\n    parallel:\n" + "".join(
         f"      - id: g{i}\n        gate: {{name: up{i}, endpoint: \"{prom.url}\", query: up, comparator: \">=\", "
         f"threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n" for i in range(GATES)))
-    lone = work / "gate.yaml"
-    lone.write_text("metadata: {name: gate}\ntarget: bench\nsteps:\n"
-                    f"  - {{id: g, gate: {{name: up, endpoint: \"{prom.url}\", query: up, comparator: \">=\", "
-                    "threshold: 1, interval: 0.01s, consecutive: 1000, timeout: 1h}}\n")
+    lone = lone_gate_book(work, prom.url)
     results: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
 
