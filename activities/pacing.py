@@ -29,7 +29,7 @@ class FairPace:
     def __init__(self, per_second: float, *, share: Callable[[], float] = lambda: 1.0) -> None:
         self.per_second = per_second
         # The part of the pace readings may take right now, asked at each slot (the worker's StepLoad:
-        # a tenth while it runs steps, so readings yield to them).
+        # a twentieth while it runs steps, so readings yield to them).
         self.share = share
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
 

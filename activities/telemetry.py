@@ -18,12 +18,17 @@ from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
 
-__all__ = ["MAX_READS_PER_BATCH", "READ_ACTION", "WAITED_IN_READING", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
+__all__ = ["MAX_READS_PER_BATCH", "READ_MANY_TIMEOUT", "READ_ACTION", "WAITED_IN_READING", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
            "read", "read_many", "wait_before"]
 
 # A batch waits for its slots inside its activity: runtime/worker.py keeps no more in flight than the
 # slowest pace reads in half of read_many's timeout (and at least 3).
 MAX_READS_PER_BATCH = 20
+# read_many's start-to-close timeout: three full batches in flight read at a twentieth of 10 a second
+# (while steps run) take 120 s. Its heartbeat, sent while the batch waits, still finds a lost worker
+# in READ_MANY_HEARTBEAT.
+READ_MANY_TIMEOUT = timedelta(seconds=180)
+READ_MANY_HEARTBEAT = timedelta(seconds=30)
 # The actions gates read through: read_many takes the reads a run asked for together (batched
 # readings); read, one a call, is what runs from before batched readings still schedule.
 READ_ACTION = "telemetry.read"
@@ -97,7 +102,7 @@ async def read(inp: ReadInput) -> Reading:
     return await _sample(inp)
 
 
-@action(READ_MANY_ACTION, timeout=60, retry=Retry(max_attempts=1))
+@action(READ_MANY_ACTION, timeout=READ_MANY_TIMEOUT, heartbeat=READ_MANY_HEARTBEAT, retry=Retry(max_attempts=1))
 async def read_many(inp: ReadManyInput) -> Readings:
     """Read several gates' samples, in the order given, each as telemetry.read would, at the worker's pace
     and none before its `not_before`."""
@@ -109,7 +114,22 @@ async def read_many(inp: ReadManyInput) -> Readings:
         await pace.slot(key)
         return await _sample(one)
 
-    return Readings(readings=list(await asyncio.gather(*(paced(one) for one in inp.reads))))
+    beating = asyncio.create_task(_heartbeat_while_waiting())
+    try:
+        return Readings(readings=list(await asyncio.gather(*(paced(one) for one in inp.reads))))
+    finally:
+        beating.cancel()
+
+
+async def _heartbeat_while_waiting() -> None:
+    # A batch may wait a minute or two for its slots: its heartbeats tell the server the worker is alive.
+    # None before the first interval, so a batch read at once (most are) costs the server no heartbeat.
+    if not activity.in_activity() or not activity.info().heartbeat_timeout:
+        return
+    every = activity.info().heartbeat_timeout.total_seconds() / 3
+    while True:
+        await asyncio.sleep(every)
+        activity.heartbeat()
 
 
 def wait_before(not_before: datetime, now: datetime) -> float:

@@ -19,7 +19,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
-from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, pace_readings
+from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, READ_MANY_TIMEOUT, pace_readings
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from runtime.step_load import StepLoad, StepLoadInterceptor
@@ -29,7 +29,7 @@ from workflows.contract import readings_queue
 from workflows.fleet import FleetWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 
-__all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "run_worker"]
+__all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -51,14 +51,15 @@ READINGS_SHARE_ENV = "COLDSTART_READINGS_SHARE"
 # cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches since stop 23)
 # cost other runs' steps 1.01-1.09x at the median, 1.00-1.29x at p95; the same gates as 50 runs of one
 # gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (README, stop 23).
-# Since stop 24 readings take a tenth of the pace while the worker runs steps (runtime/step_load.py).
+# Since stop 24 readings take a part of the pace while the worker runs steps (runtime/step_load.py):
+# a tenth until stop 30, a twentieth since.
 _READINGS_PER_SECOND = 10.0
 # Readings in flight wait for their slots inside their activity: at most what the slowest pace (a
-# tenth, while steps run) takes in half of telemetry.read_many's 60 s, so none times out waiting;
-# and at least 3, so that a run's lone reading is in the worker taking turns with another run's
-# batches, not in the server behind them. (At 10 a second, three full batches of 20 take 60 s at a
-# tenth of it: only under steps that never stop for a minute would the last batch time out, its
-# gates reading an error that once, and going on.)
+# twentieth, while steps run) takes in half of telemetry.read_many's timeout, so none times out
+# waiting; and at least 3, so that a run's lone reading is in the worker taking turns with another
+# run's batches, not in the server behind them. (At 10 a second, three full batches of 20 take 120 s
+# at a twentieth of it, inside read_many's 180 s; a share set much lower, under steps that never
+# stop, could time the last batch out, its gates reading an error that once, and going on.)
 _READINGS_IN_FLIGHT = (3, 8)
 
 
@@ -102,7 +103,7 @@ def build_worker(
     readings_per_second: the gate readings this worker takes a second ($COLDSTART_READINGS_PER_SECOND,
     else 10); beyond it they wait in the server, fairly per run, and every other task goes first.
     readings_share: the part of that pace readings take for a second after a step's activity started
-    or ended ($COLDSTART_READINGS_SHARE, else 0.1).
+    or ended ($COLDSTART_READINGS_SHARE, else 0.05).
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER)."""
     registry = registry or load_registry()
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
@@ -125,7 +126,7 @@ def build_worker(
     )
     rate = readings_per_second or rate
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
-    # a tenth of it while the worker runs steps; the activities themselves are also limited to `rate`
+    # a twentieth of it while the worker runs steps; the activities themselves are also limited to `rate`
     # a second, so single reads wait in the server.
     pace_readings(rate, queue, readings_queue(queue), share=load.share)
     reading_activities = [registry.specs[name].fn for name in READ_ACTIONS if name in registry.specs]
@@ -133,11 +134,17 @@ def build_worker(
         client,
         task_queue=readings_queue(queue),
         activities=reading_activities,
-        max_concurrent_activities=max(_READINGS_IN_FLIGHT[0], min(_READINGS_IN_FLIGHT[1], int(rate * load.slowest_share * 30 / MAX_READS_PER_BATCH))),
+        max_concurrent_activities=readings_in_flight(rate, load.slowest_share),
         max_activities_per_second=rate,
         interceptors=interceptors,
     )
     return ControllerWorker(runs, readings)
+
+
+def readings_in_flight(per_second: float, share: float) -> int:
+    """The reading activities a worker reading `per_second` runs at once, `share` of it while steps run."""
+    fits = int(per_second * share * READ_MANY_TIMEOUT.total_seconds() / 2 / MAX_READS_PER_BATCH)
+    return max(_READINGS_IN_FLIGHT[0], min(_READINGS_IN_FLIGHT[1], fits))
 
 
 def reading_settings(environ: Mapping[str, str] = os.environ) -> tuple[float, float]:

@@ -10,10 +10,11 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.pacing import FairPace
-from activities.telemetry import WAITED_IN_READING, GateRead, ReadManyInput, pace_readings, read_many, wait_before
+from activities.telemetry import (MAX_READS_PER_BATCH, READ_MANY_TIMEOUT, WAITED_IN_READING, GateRead, ReadManyInput,
+                                  pace_readings, read_many, wait_before)
 from runtime.shedding import READINGS_SLOWED
 from runtime.step_load import StepLoad
-from runtime.worker import READINGS_PER_SECOND_ENV, READINGS_SHARE_ENV, reading_settings
+from runtime.worker import READINGS_PER_SECOND_ENV, READINGS_SHARE_ENV, reading_settings, readings_in_flight
 
 
 async def _take(pace: FairPace, key: str, order: list[str]) -> None:
@@ -100,21 +101,21 @@ async def test_slots_are_spaced_by_the_share_of_the_pace_asked_at_each_slot():
     assert times[1] - times[0] >= 0.025 - 1e-3 and times[3] - times[1] >= 0.2 - 1e-3, times
 
 
-def test_step_load_gives_readings_a_tenth_for_a_second_after_a_step_and_counts_them():
+def test_step_load_gives_readings_a_twentieth_for_a_second_after_a_step_and_counts_them():
     now = [100.0]
     load = StepLoad(window=1.0, clock=lambda: now[0])
     slowed = READINGS_SLOWED.value("steps_running")
     assert load.share() == 1.0
     load.note()
     now[0] = 100.9
-    assert load.share() == 0.1 and READINGS_SLOWED.value("steps_running") == slowed + 1
+    assert load.share() == 0.05 and READINGS_SLOWED.value("steps_running") == slowed + 1
     now[0] = 101.0
     assert load.share() == 1.0 and READINGS_SLOWED.value("steps_running") == slowed + 1
 
 
 def test_the_readings_pace_and_share_come_from_the_environment_and_bad_values_are_named():
-    assert reading_settings({}) == (10.0, 0.1)
-    assert reading_settings({READINGS_PER_SECOND_ENV: "4", READINGS_SHARE_ENV: "0.05"}) == (4.0, 0.05)
+    assert reading_settings({}) == (10.0, 0.05)
+    assert reading_settings({READINGS_PER_SECOND_ENV: "4", READINGS_SHARE_ENV: "0.1"}) == (4.0, 0.1)
     for name, raw in [(READINGS_SHARE_ENV, "0"), (READINGS_SHARE_ENV, "1.5"), (READINGS_PER_SECOND_ENV, "-1"),
                       (READINGS_PER_SECOND_ENV, "fast"), (READINGS_PER_SECOND_ENV, "inf"), (READINGS_SHARE_ENV, "nan")]:
         with pytest.raises(ValueError, match=rf"^\${name} must be a number (in \(0, 1\]|above 0), not '{raw}'$"):
@@ -127,3 +128,33 @@ def test_a_reading_waits_until_its_not_before_at_most_the_longest_wait_kept_in_a
     assert wait_before(now - timedelta(seconds=3), now) == 0.0  # due already (it waited in the server)
     # A worker clock behind the server's cannot hold an activity slot past what a timer would have cost.
     assert wait_before(now + timedelta(minutes=5), now) == WAITED_IN_READING.total_seconds() == 1.0
+
+
+def test_the_full_batches_a_worker_holds_are_read_within_read_manys_timeout_at_the_default_share():
+    """At 10 a second and the default share while steps run, every batch in flight, each full, is read
+    before telemetry.read_many's timeout: none of their gates reads a timeout instead of a value."""
+    rate, share = reading_settings({})
+    in_flight = readings_in_flight(rate, share)
+    slowest = in_flight * MAX_READS_PER_BATCH / (rate * share)
+    assert in_flight >= 3 and slowest < READ_MANY_TIMEOUT.total_seconds(), (in_flight, slowest)
+
+
+async def test_a_batch_waiting_for_its_slots_heartbeats_and_one_read_at_once_does_not():
+    """A batch's heartbeats come every third of its heartbeat timeout while it waits (the server then
+    finds a lost worker in that timeout, not read_many's whole one); a batch read at once sends none."""
+    pace_readings(1000, "beats-fast-readings")
+    pace_readings(3, "beats-slow-readings")
+    unreachable = ReadManyInput(reads=[GateRead(source="http", endpoint="http://127.0.0.1:9/", step="s", gate=f"g{i}",
+                                                timeout_seconds=1) for i in range(6)])
+    beats = {}
+    for queue in ("beats-fast-readings", "beats-slow-readings"):
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, task_queue=queue, workflow_id=f"run-{queue}",
+                                       heartbeat_timeout=timedelta(seconds=1.5))
+        sent: list[tuple] = []
+        env.on_heartbeat = lambda *details, sent=sent: sent.append(details)
+        await env.run(read_many, unreachable)
+        beats[queue] = len(sent)
+    # Six slots at 3 a second take 1.67 s at least: heartbeats at 0.5 s, 1 s, 1.5 s (3 or more); the
+    # fast batch is read in milliseconds, long before its first 0.5 s.
+    assert beats["beats-fast-readings"] == 0 and beats["beats-slow-readings"] >= 3, beats
