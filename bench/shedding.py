@@ -466,11 +466,11 @@ async def main() -> None:
     async def spread(r: int) -> None:
         await flood_of_gates(r, "spread", [(lone, f"gate-{r}-{i}") for i in range(GATES)])
 
-    async def spread20(r: int) -> None:  # the same, readings at a twentieth of the pace while steps run (not a tenth)
-        await flood_of_gates(r, "spread20", [(lone, f"gate20-{r}-{i}") for i in range(GATES)], {READINGS_SHARE_ENV: "0.05"})
+    async def spread10(r: int) -> None:  # the same, readings at a tenth of the pace while steps run (the default until stop 30)
+        await flood_of_gates(r, "spread10", [(lone, f"gate10-{r}-{i}") for i in range(GATES)], {READINGS_SHARE_ENV: "0.1"})
 
     scenarios: dict[str, Callable[[int], Awaitable[None]]] = {
-        "blocked": blocked, "reading": reading, "follow": views("follow"), "follow2": views("follow2"), "naive": naive, "gates": gates, "spread": spread, "spread20": spread20,
+        "blocked": blocked, "reading": reading, "follow": views("follow"), "follow2": views("follow2"), "naive": naive, "gates": gates, "spread": spread, "spread10": spread10,
         "idle": idle}
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
