@@ -8,7 +8,7 @@ import json
 import os
 import logging
 import signal
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 import subprocess
 import sys
 import threading
@@ -26,7 +26,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.telemetry import READ_ACTIONS, READ_MANY_ACTION
+from activities.telemetry import READ_ACTIONS, READ_MANY_ACTION, READ_MANY_TIMEOUT
 from cli import render
 from cli.timeline import build_timeline
 from cli.polling import RunWatch, read_full_status, read_status
@@ -358,6 +358,9 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
         assert attributes.task_queue.name == readings_queue(task_queue)
         assert attributes.priority.priority_key == READING_PRIORITY
         assert attributes.priority.fairness_key == handle.id
+        # Long enough for three full batches at a twentieth of the pace; a lost worker found in 30 s.
+        assert attributes.start_to_close_timeout.ToTimedelta() == READ_MANY_TIMEOUT == timedelta(seconds=180)
+        assert attributes.heartbeat_timeout.ToTimedelta() == timedelta(seconds=30)
         reads = json.loads(attributes.input.payloads[0].data)["reads"]
         assert [(r["step"], r["gate"]) for r in reads] == [(f"g{i}", f"up{i}") for i in range(6)]
         waits.append({r.get("not_before") is not None for r in reads})
