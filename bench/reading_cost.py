@@ -92,7 +92,9 @@ async def _steps(env, address: str, queue: str, book: Path) -> tuple[float, floa
 
 
 def _server() -> psutil.Process:
-    return next(p for p in psutil.Process().children(recursive=True) if "start-dev" in " ".join(p.cmdline()))
+    server = shedding.dev_server()
+    assert server is not None, "no dev server started"
+    return server
 
 
 async def main(repeats: int, seconds: float) -> None:

@@ -99,14 +99,19 @@ def _cpu_seconds() -> dict[str, float]:
 
 # Before every measurement, no-load or flood, the dev server gets up to SETTLE_MOST seconds to finish
 # the last one's tail (a terminated flood's 50 runs), until a second of it costs under SETTLED CPU
-# seconds: without it a no-load baseline right after a flood read slow, and every paired ratio about
-# 4 % kind (the control read 0.96x at p95 over 55 rounds, README stop 30).
+# seconds, so a no-load baseline does not pay for the flood before it. (It did not remove the
+# control's low paired p95, 0.95x over 70 rounds: that is not a flood's tail, README stop 30.)
 SETTLED, SETTLE_MOST = 0.05, 30.0
 SETTLE_WAITS: list[float] = []
 
 
+def dev_server() -> psutil.Process | None:
+    """The Temporal dev server this process started, if any."""
+    return next((p for p in psutil.Process().children(recursive=True) if "start-dev" in " ".join(p.cmdline())), None)
+
+
 async def _settle() -> None:
-    server = next((p for p in psutil.Process().children(recursive=True) if "start-dev" in " ".join(p.cmdline())), None)
+    server = dev_server()
     began = time.monotonic()
     while server is not None and time.monotonic() - began < SETTLE_MOST:
         before = server.cpu_times()
