@@ -16,7 +16,8 @@ the gate floods once every flooding run has asked for a reading, the views and p
 has imported and connected. The views and pollers run in a
 process of their own under SCHED_IDLE, as operators' CLIs run on their own machines (see _storm_main). Goal: every flood
 within 10 % of no load (median and p95). Each round runs the scenarios in its own (seeded) order, and a
-no-load measurement runs right before every scenario in every round, so the baseline sees the same machine the floods do (and before each measurement the dev server settles, up to 30 s, until it idles); the ratios are given
+no-load measurement runs beside every scenario in every round (before it in even rounds, after it in odd ones,
+so an order effect cancels), so the baseline sees the same machine the floods do (and before each measurement the dev server settles, up to 30 s, until it idles); the ratios are given
 against all no-load runs pooled and against each scenario's own, and the goal needs both. Then,
 since one machine's p95 moves by more than 10 % from run to run, each paired ratio's 90 % interval
 over the rounds resampled (bootstrap): "not resolved" where it holds the goal. Prints the figures and the CPU each process spent per scenario; never asserts.
@@ -98,9 +99,9 @@ def _cpu_seconds() -> dict[str, float]:
 
 
 # Before every measurement, no-load or flood, the dev server gets up to SETTLE_MOST seconds to finish
-# the last one's tail (a terminated flood's 50 runs), until a second of it costs under SETTLED CPU
-# seconds, so a no-load baseline does not pay for the flood before it. (It did not remove the
-# control's low paired p95, 0.95x over 70 rounds: that is not a flood's tail, README stop 30.)
+# the last one's tail (a terminated flood's 50 runs): until a second of it costs under SETTLED CPU
+# seconds, or no less than the cheapest second before it (its idle, which grows with its histories:
+# under a fixed 0.05 alone, 42 of 90 waits ran to 30 s in stop 30's run M).
 SETTLED, SETTLE_MOST = 0.05, 30.0
 SETTLE_WAITS: list[float] = []
 
@@ -113,11 +114,13 @@ def dev_server() -> psutil.Process | None:
 async def _settle() -> None:
     server = dev_server()
     began = time.monotonic()
+    seconds: list[float] = []  # what each second of the wait cost the server
     while server is not None and time.monotonic() - began < SETTLE_MOST:
         before = server.cpu_times()
         await asyncio.sleep(1.0)
         after = server.cpu_times()
-        if (after.user + after.system) - (before.user + before.system) < SETTLED:
+        seconds.append((after.user + after.system) - (before.user + before.system))
+        if seconds[-1] < SETTLED or (len(seconds) >= 3 and seconds[-1] >= min(seconds[:-1])):
             break
     SETTLE_WAITS.append(time.monotonic() - began)
 
@@ -126,16 +129,19 @@ def _p95(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.95) - 1)]
 
 
+def _ratio(rounds: list[tuple[list[float], list[float]]], statistic: Callable[[list[float]], float]) -> float:
+    """A statistic of the floods' gaps over the same of their baselines', the rounds pooled."""
+    return statistic([gap for gaps, _ in rounds for gap in gaps]) / statistic([gap for _, gaps in rounds for gap in gaps])
+
+
 def _intervals(rounds: list[tuple[list[float], list[float]]]) -> tuple[tuple[float, float], tuple[float, float]]:
     """The INTERVAL bootstrap intervals of the median and p95 ratios (flood / its own baseline) over rounds."""
     draw = random.Random(7)
     medians, p95s = [], []
     for _ in range(DRAWS):
         picked = [rounds[draw.randrange(len(rounds))] for _ in rounds]
-        flood = [gap for gaps, _ in picked for gap in gaps]
-        base = [gap for _, gaps in picked for gap in gaps]
-        medians.append(statistics.median(flood) / statistics.median(base))
-        p95s.append(_p95(flood) / _p95(base))
+        medians.append(_ratio(picked, statistics.median))
+        p95s.append(_ratio(picked, _p95))
     tail = (1 - INTERVAL) / 2
 
     def bounds(values: list[float]) -> tuple[float, float]:
@@ -415,20 +421,23 @@ async def main() -> None:
     results: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
 
-    latest_none: list[float] = []
-    paired: dict[str, list[float]] = {}  # each scenario's gaps' own baselines: the no-load runs right before it
+    latest: dict[str, list[float]] = {}  # the last measurement of each step, "none" or a scenario
+    paired: dict[str, list[float]] = {}  # each scenario's gaps' own baselines: the no-load run beside it
     by_round: dict[str, list[tuple[list[float], list[float]]]] = {}  # (its gaps, its baseline's) per round
+    firsts: dict[str, list[bool]] = {}  # per round: did the baseline run first?
 
     def add(scenario: str, gaps: list[float], note: str = "") -> None:
         name = LABELS[scenario]
         results.setdefault(name, []).extend(gaps)
-        if scenario == "none":
-            latest_none[:] = gaps
-        else:
-            paired.setdefault(name, []).extend(latest_none)
-            by_round.setdefault(name, []).append((list(gaps), list(latest_none)))
+        latest[scenario] = list(gaps)
         if note:
             notes[name] = (notes[name] + "; " if name in notes else "") + note
+
+    def pair(scenario: str, baseline_first: bool) -> None:
+        name = LABELS[scenario]
+        paired.setdefault(name, []).extend(latest["none"])
+        by_round.setdefault(name, []).append((latest[scenario], latest["none"]))
+        firsts.setdefault(name, []).append(baseline_first)
 
     async def none(r: int) -> None:
         async with _worker(address, f"none{r}"):
@@ -505,14 +514,18 @@ async def main() -> None:
     chosen = ONLY or list(scenarios)
     cpu: dict[str, dict[str, float]] = {}
     try:
-        # Rounds interleave the scenarios, and a no-load measurement precedes each, so load from
-        # elsewhere on the machine (or the machine warming up) spreads over baseline and floods alike.
-        # Each round in its own order (seeded): in a fixed rotation the control's baseline always ran right
-        # after the 50 spread-flood runs were terminated, and read slow (README stop 25).
+        # Rounds interleave the scenarios, each beside a no-load measurement, so load from elsewhere on
+        # the machine (or the machine warming up) spreads over baseline and floods alike. Each round in
+        # its own order (seeded): in a fixed rotation the control's baseline always ran right after the
+        # 50 spread-flood runs were terminated, and read slow (README stop 25). And the baseline runs
+        # first in every other round of a scenario, second in the rest: always first, it ran after the
+        # last scenario's flood while its scenario ran after a no-load run, and the control (no flood
+        # against no flood) read 5 % kind at p95 over 70 rounds (README stop 30), a bias every flood had.
         turn, order = 0, random.Random(13)
-        for _ in range(ROUNDS):
+        for r in range(ROUNDS):
             for name in order.sample(chosen, len(chosen)):
-                for step in ("none", name):
+                baseline_first = r % 2 == 0
+                for step in (("none", name) if baseline_first else (name, "none")):
                     turn += 1
                     await _settle()
                     before = _cpu_seconds()
@@ -525,6 +538,7 @@ async def main() -> None:
                     spent["worker"] = spent.get("worker", 0.0) + sum(WORKER_CPU)
                     if STORM_CPU:
                         spent["pollers"] = spent.get("pollers", 0.0) + sum(STORM_CPU)
+                pair(name, baseline_first)
     finally:
         await prom.stop()
         await env.shutdown()
@@ -555,12 +569,20 @@ async def main() -> None:
         resolved = ("yes" if max(median_high, p95_high) <= GOAL else "no" if max(median_low, p95_low) > GOAL
                     else "not resolved")
         print(f"{name:<38} {median_low:7.2f}-{median_high:<7.2f} {p95_low:7.2f}-{p95_high:<7.2f}  {resolved}")
+    # The order effect the alternation cancels: each scenario's paired ratios by which ran first.
+    print("paired ratios (median / p95) by order:  baseline first | scenario first")
+    for name, rounds in by_round.items():
+        split = [[pair for pair, first in zip(rounds, firsts[name]) if first == want] for want in (True, False)]
+        print(f"  {name:<36} " + " | ".join(
+            f"{_ratio(half, statistics.median):.2f}x / {_ratio(half, _p95):.2f}x ({len(half)})" if half else "-"
+            for half in split))
     print("CPU seconds spent during each scenario's measured runs, by process:")
     for name, spent in cpu.items():
         print(f"  {name:<36} " + ", ".join(f"{role} {sec:.1f}" for role, sec in sorted(spent.items(), key=lambda kv: -kv[1])))
     if GAPS_FILE:  # every gap in order (RUNS runs of STEPS - 1 a round), to find where the slow ones fall
         GAPS_FILE.write_text(json.dumps({"steps": STEPS, "runs": RUNS, "rounds": {
-            name: [{"gaps": gaps, "baseline": baseline} for gaps, baseline in rounds] for name, rounds in by_round.items()}}))
+            name: [{"gaps": gaps, "baseline": baseline, "baseline_first": first}
+                   for (gaps, baseline), first in zip(rounds, firsts[name])] for name, rounds in by_round.items()}}))
         print(f"gaps written to {GAPS_FILE}")
 
 
