@@ -518,9 +518,9 @@ async def main() -> None:
         # the machine (or the machine warming up) spreads over baseline and floods alike. Each round in
         # its own order (seeded): in a fixed rotation the control's baseline always ran right after the
         # 50 spread-flood runs were terminated, and read slow (README stop 25). And the baseline runs
-        # first in every other round of a scenario, second in the rest: always first, it ran after the
-        # last scenario's flood while its scenario ran after a no-load run, and the control (no flood
-        # against no flood) read 5 % kind at p95 over 70 rounds (README stop 30), a bias every flood had.
+        # first in every other round of a scenario, second in the rest, so an order effect cancels
+        # (the ratios are printed by order). Always first, the control read 5 % kind at p95 over 70
+        # rounds (README stop 30); alternated, it read alike either way round (stop 31).
         turn, order = 0, random.Random(13)
         for r in range(ROUNDS):
             for name in order.sample(chosen, len(chosen)):
