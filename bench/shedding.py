@@ -572,7 +572,7 @@ async def main() -> None:
     # The order effect the alternation cancels: each scenario's paired ratios by which ran first.
     print("paired ratios (median / p95) by order:  baseline first | scenario first")
     for name, rounds in by_round.items():
-        split = [[pair for pair, first in zip(rounds, firsts[name]) if first == want] for want in (True, False)]
+        split = [[measured for measured, first in zip(rounds, firsts[name]) if first == want] for want in (True, False)]
         print(f"  {name:<36} " + " | ".join(
             f"{_ratio(half, statistics.median):.2f}x / {_ratio(half, _p95):.2f}x ({len(half)})" if half else "-"
             for half in split))
