@@ -422,7 +422,6 @@ async def main() -> None:
     notes: dict[str, str] = {}
 
     latest: dict[str, list[float]] = {}  # the last measurement of each step, "none" or a scenario
-    paired: dict[str, list[float]] = {}  # each scenario's gaps' own baselines: the no-load run beside it
     by_round: dict[str, list[tuple[list[float], list[float]]]] = {}  # (its gaps, its baseline's) per round
     firsts: dict[str, list[bool]] = {}  # per round: did the baseline run first?
 
@@ -435,7 +434,6 @@ async def main() -> None:
 
     def pair(scenario: str, baseline_first: bool) -> None:
         name = LABELS[scenario]
-        paired.setdefault(name, []).extend(latest["none"])
         by_round.setdefault(name, []).append((latest[scenario], latest["none"]))
         firsts.setdefault(name, []).append(baseline_first)
 
@@ -548,13 +546,13 @@ async def main() -> None:
     if SETTLE_WAITS:
         print(f"the server settled before each measurement in {statistics.median(SETTLE_WAITS):.1f} s (median), "
               f"{max(SETTLE_WAITS):.1f} s at most; {sum(w >= SETTLE_MOST for w in SETTLE_WAITS)} of {len(SETTLE_WAITS)} never did")
-    # Two baselines: all no-load runs pooled, and each scenario's own (the no-load runs right before
+    # Two baselines: all no-load runs pooled, and each scenario's own (the no-load run beside
     # it in each round, the same machine the flood saw: a server that slows as its history grows
     # within a round shows in the pooled ratio, not in the paired one). The verdict needs both.
     print(f"{'scenario':<38} {'median':>8} {'p95':>8} {'x median':>9} {'x p95':>7} {'paired':>8} {'':>5}  goal <= {GOAL:.2f}x")
     for name, gaps in results.items():
         median, p95 = statistics.median(gaps), _p95(gaps)
-        own = paired.get(name) or results["none"]
+        own = [gap for _, baseline in by_round.get(name, []) for gap in baseline] or results["none"]  # its own baselines
         own_median, own_p95 = median / statistics.median(own), p95 / _p95(own)
         within = max(median / base_median, p95 / base_p95, own_median, own_p95) <= GOAL
         verdict = ("" if name in ("none", IDLE) else "reference" if name in (QUERIES, LABELS["waiting"]) else "met" if within else "NOT met")
