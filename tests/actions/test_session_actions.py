@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -66,7 +68,9 @@ class Host:
         for name, proc in self.procs.items():
             proc.wait(timeout=10)
             for pid in self.processes(name):
-                os.kill(pid, 9)
+                # killing a namespace's init takes the rest of it along, so a listed pid may already be gone
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         for group in self.base.iterdir():
             if group.is_dir():
                 deadline = time.monotonic() + 5
