@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -17,12 +15,9 @@ from temporalio.exceptions import ApplicationError
 from activities.containers import KillInitsInput, ListInput, kill_inits, list_containers
 from activities.executors import HostTarget
 from activities.sessions import CordonInput, ReleaseInput, cordon, release
+from lab.containers import cgroup_root, remove_sessions_cgroup, sessions_cgroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces, cgroups and netns need root")
-
-
-def _cgroup_root() -> Path:
-    return Path("/sys/fs/cgroup") if Path("/sys/fs/cgroup/cgroup.controllers").exists() else Path("/sys/fs/cgroup/pids")
 
 
 class Host:
@@ -31,8 +26,9 @@ class Host:
     def __init__(self) -> None:
         tag = uuid.uuid4().hex[:6]
         self.netns = f"cstc-{tag}"
-        self.parent = f"coldstart-test-{tag}-sessions"
-        self.base = _cgroup_root() / self.parent
+        self._prefix = f"test-{tag}"
+        self.parent = sessions_cgroup(self._prefix)
+        self.base = cgroup_root() / self.parent
         self.procs: dict[str, subprocess.Popen] = {}
         subprocess.run(["ip", "netns", "add", self.netns], check=True)
         self.base.mkdir()
@@ -65,20 +61,11 @@ class Host:
     def close(self) -> None:
         for proc in self.procs.values():
             proc.kill()
-        for name, proc in self.procs.items():
+        for proc in self.procs.values():
             proc.wait(timeout=10)
-            for pid in self.processes(name):
-                # killing a namespace's init takes the rest of it along, so a listed pid may already be gone
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        for group in self.base.iterdir():
-            if group.is_dir():
-                deadline = time.monotonic() + 5
-                while self.processes(group.name) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                group.rmdir()
-        self.base.rmdir()
+        remove_sessions_cgroup(self._prefix)  # the lab's teardown: kills what is left, then removes the cgroups
         subprocess.run(["ip", "netns", "del", self.netns], check=False)
+        assert not self.base.exists(), f"{self.base} was left behind"
 
 
 @pytest.fixture
