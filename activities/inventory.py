@@ -70,10 +70,12 @@ class Telemetry(_Strict):
 
 
 class Inventory(_Strict):
-    """A target: `drill: true` marks a lab (drills are refused on anything else)."""
+    """A target: `drill: true` marks a lab (drills are refused on anything else); `development: true` lets
+    a run bring a runbook the controller's catalog does not hold (never mark a production target so)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     drill: bool = False
+    development: bool = False
     description: str = ""
     telemetry: Telemetry
     endpoints: Endpoints = Field(default_factory=Endpoints)

@@ -35,6 +35,7 @@ from runtime.worker import build_worker
 from workflows import search
 from workflows.contract import RunStatus
 from workflows.loader import plan_run
+from bench._targets import development_target  # noqa: E402
 
 TOKEN = "bench-consul-token"
 
@@ -168,7 +169,7 @@ async def main(count: int, concurrency: int, failing: int) -> None:
         )
         try:
             run = plan_run(book, registry=__import__("activities.catalog").catalog.load_registry(),
-                           params={"services": services}, inventory={"name": "bench"}, initiator="bench")
+                           params={"services": services}, inventory=development_target("bench"), initiator="bench")
             async with build_worker(env.client, "fanout", executor=ThreadPoolExecutor(concurrency + 10),
                                     max_concurrent_activities=concurrency + 10):
                 started, cpu_before = time.monotonic(), _cpu_seconds()

@@ -69,6 +69,7 @@ from tests import support  # noqa: E402
 from workflows import search  # noqa: E402
 from workflows.contract import RunStatus  # noqa: E402
 from workflows.loader import plan_run  # noqa: E402
+from _targets import development_target  # noqa: E402
 
 STEPS, RUNS, POLLERS, GATES = 30, 3, 50, 50
 ROUNDS = 5  # a p95 over 5 x 3 x 29 gaps is the 22nd slowest step, not the 13th of 3 rounds
@@ -270,7 +271,7 @@ async def _measure(env, queue: str, book: Path, name: str) -> list[float]:
     registry = load_registry()
     gaps: list[float] = []
     for i in range(RUNS):
-        run = plan_run(book, registry=registry, inventory={"name": f"{name}-{i}-{queue}"}, initiator="bench")
+        run = plan_run(book, registry=registry, inventory=development_target(f"{name)-{i}-{queue}"}, initiator="bench")
         handle = await start_run(env.client, run, queue)
         await handle.result()
         gaps += _gaps(await handle.fetch_history())
@@ -294,7 +295,7 @@ async def _storm(env, queue: str, book: Path, name: str, *, kind: str) -> tuple[
             sys.exit("the pollers' process did not start")
         started = psutil.Process(storm.pid).cpu_times()
         for i in range(RUNS):
-            run = plan_run(book, registry=registry, inventory={"name": f"{name}-{i}-{queue}"}, initiator="bench")
+            run = plan_run(book, registry=registry, inventory=development_target(f"{name)-{i}-{queue}"}, initiator="bench")
             handle = await start_run(env.client, run, queue)
             storm.stdin.write(handle.id + "\n")
             storm.stdin.flush()
@@ -478,7 +479,7 @@ async def main() -> None:
     async def flood_of_gates(r: int, scenario: str, runs: list[tuple[Path, str]], settings: dict[str, str] | None = None) -> None:
         async with _worker(address, f"{scenario}{r}", settings=settings):
             registry = load_registry()
-            flooding = [await start_run(env.client, plan_run(path, registry=registry, inventory={"name": name},
+            flooding = [await start_run(env.client, plan_run(path, registry=registry, inventory=development_target(name),
                                                              initiator="bench"), f"{scenario}{r}") for path, name in runs]
             started = await _at_their_gates(flooding)
             await asyncio.sleep(3)  # the readings at their steady pace

@@ -26,6 +26,7 @@ from runtime.server_config import dynamic_config_flags
 from runtime.worker import build_worker
 from workflows import search
 from workflows.loader import plan_run
+from _targets import development_target  # noqa: E402
 
 STEPS = 200
 
@@ -59,7 +60,7 @@ async def main() -> None:
             env.client, task_queue="bench-bare", workflows=[BareActivities], activities=registry.activities(),
             activity_executor=ThreadPoolExecutor(8),
         ):
-            run = plan_run(book, registry=registry, inventory={"name": "bench"}, initiator="bench")
+            run = plan_run(book, registry=registry, inventory=development_target("bench"), initiator="bench")
             started = time.monotonic()
             handle = await start_run(env.client, run, "bench")
             await handle.result()

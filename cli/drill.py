@@ -126,6 +126,7 @@ async def _auto_approve(client, workflow_id: str, console: Console,
 
 async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool = False) -> DrillReport:
     """The demo drill: a Temporal dev server, a Prometheus, a worker, and runbooks/demo.yaml."""
+    from runtime.catalog import Catalog
     from runtime.worker import build_worker
 
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +163,7 @@ async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool
         )
         queue = f"coldstart-drill-{os.getpid()}"
         async with AsyncExitStack() as stack:
-            await stack.enter_async_context(build_worker(client, queue))
+            await stack.enter_async_context(build_worker(client, queue, catalog=Catalog(Path("runbooks"), targets)))
             handle = await start_run(client, run, queue)
             console.print(f"drill run {handle.id} started", highlight=False)
             approver = None

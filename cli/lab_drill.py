@@ -167,6 +167,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     from lab import faults as lab_faults
     from lab import lifecycle
     from lab.settings import LabConfig
+    from runtime.catalog import Catalog
     from runtime.worker import build_worker
     from workflows.loader import read_inventory
     from workflows.yaml_safety import load_file
@@ -216,7 +217,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
             queue = f"coldstart-drill-{os.getpid()}"
             ramp_started = time.time()
             async with AsyncExitStack() as stack:
-                await stack.enter_async_context(build_worker(client, queue))
+                await stack.enter_async_context(build_worker(client, queue, catalog=Catalog(Path("runbooks"), targets)))
                 handle = await start_run(client, run, queue)
                 console.print(f"drill run {handle.id}; Web UI http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
                               highlight=False)

@@ -138,7 +138,7 @@ class LabHarness:
         await asyncio.to_thread(self.server.start)
         self.client = await connect(target_host=self.server.address, namespace="default", ready_within=60)
         self.worker = WorkerProcess(self.server.address, self.queue, self.journal, self.root / "worker.log",
-                                    {"VAULT_TOKEN": token})
+                                    {"VAULT_TOKEN": token, "COLDSTART_TARGETS": str(self.targets)})
         await asyncio.to_thread(self.worker.start)
 
     async def close(self) -> None:

@@ -35,7 +35,8 @@ async def schedule_drill(client: Client, run: RunInput, task_queue: str, cron: s
     """Create (or replace) the schedule; overlapping drills are skipped, never queued."""
     if not run.target.get("drill"):
         raise DrillTargetRefused(f"target {run.target_name} is not marked as a drill target (drill: true); refusing to schedule a drill")
-    run = run.model_copy(update={"drill": True})
+    request = run.request.model_copy(update={"drill": True}) if run.request else None
+    run = run.model_copy(update={"drill": True, "request": request})
     schedule_id = schedule_id_for(run.runbook.metadata.name, run.target_name)
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(

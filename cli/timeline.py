@@ -12,6 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from activities.telemetry import READ_ACTION, READ_ACTIONS
+from workflows.contract import RESOLVE_RUN_ACTIVITY
 from workflows.history_tags import ActivityTag, activity_tag, timer_step
 
 __all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
@@ -98,6 +99,16 @@ def _time(event: Any) -> datetime:
     return event.event_time.ToDatetime().replace(tzinfo=None)
 
 
+def _resolution(request: Any, result: Any) -> str:
+    """Which runbook version the controller resolved the run to, from where; or why it refused."""
+    asked = request if isinstance(request, dict) else {}
+    said = f"{asked.get('runbook', '?')} {asked.get('digest', '?')} on {asked.get('target', '?')}"
+    catalog = result.get("catalog") if isinstance(result, dict) else None
+    if isinstance(catalog, dict):
+        return f"{said} from the {catalog.get('origin')} ({catalog.get('path')})"
+    return f"{said}: {_short(result, 240)}"
+
+
 def _short(value: Any, limit: int = 160) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -174,6 +185,10 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                         timeline.entries.append(Entry(at, step, "gate reading", None, _short(detail, 240), duration,
                                                       "value" if error is None else "error"))
                         _touch(timeline, step, started_at, at, reading=error is None and reading is not None)
+                elif activity_type == RESOLVE_RUN_ACTIVITY:
+                    timeline.entries.append(Entry(at, None, "runbook resolved" if outcome == "completed" else
+                                                  f"runbook refused ({outcome})", None, _resolution(args, value),
+                                                  duration, outcome))
                 else:
                     label = "undo" if tag and tag.role == "undo" else "action"
                     detail = f"{activity_type} {_short(args or {}, 120)} -> {_short(value, 120)}"

@@ -20,6 +20,7 @@ from activities.catalog import load_registry
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, READ_MANY_TIMEOUT, pace_readings
+from runtime.catalog import Catalog, RunResolver
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from runtime.step_load import StepLoad, StepLoadInterceptor
@@ -96,6 +97,7 @@ def build_worker(
     readings_per_second: float | None = None,
     readings_share: float | None = None,
     sandboxed: bool = False,
+    catalog: Catalog | None = None,
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
@@ -104,8 +106,11 @@ def build_worker(
     else 10); beyond it they wait in the server, fairly per run, and every other task goes first.
     readings_share: the part of that pace readings take for a second after a step's activity started
     or ended ($COLDSTART_READINGS_SHARE, else 0.05).
-    sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER)."""
+    sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER).
+    catalog: the runbooks and targets this worker runs (runtime/catalog.py; default $COLDSTART_CATALOG and
+    $COLDSTART_TARGETS, else runbooks/ and targets/): every new run is resolved against it first."""
     registry = registry or load_registry()
+    resolver = RunResolver(catalog or Catalog.from_environment(), registry)
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
@@ -118,7 +123,7 @@ def build_worker(
         task_queue=queue,
         workflows=[RunbookWorkflow, FanOutWorkflow, FleetWorkflow],
         # telemetry.read stays here too: runs started before readings had their own queue read here.
-        activities=registry.activities(),
+        activities=[*registry.activities(), resolver.resolve],
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
         interceptors=[*interceptors, StepLoadInterceptor(load)],

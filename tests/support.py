@@ -22,7 +22,9 @@ from activities.catalog import load_registry
 from activities.registry import Registry, action
 from activities.retry import Retry
 from cli.runs import start_run
+from runtime.catalog import Catalog
 from runtime.worker import build_worker
+from workflows.contract import RunRequest
 from workflows.loader import plan_run
 
 test_registry = Registry()
@@ -129,10 +131,23 @@ async def start(client: Client, file: Path, task_queue: str, *, target: dict[str
     return await start_run(client, run, task_queue)
 
 
+class PlannedTargets(Catalog):
+    """The tests' catalog: the repository's runbooks, and each test's own target as a development target with
+    the inventory the test planned against. A test seam only: a production catalog never takes a target from
+    the starter (tests/test_catalog.py runs the real Catalog's refusals)."""
+
+    def target(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
+        return request.inventory, True
+
+
+CATALOG = PlannedTargets(Path(__file__).resolve().parents[1] / "runbooks", None)
+
+
 def worker(client: Client, task_queue: str, **options: Any):
     """The controller's worker with the test actions, its runs in Temporal's sandbox: production runs them
     unsandboxed (runtime/worker.py), so the tests are where a non-deterministic call fails a run."""
     options.setdefault("sandboxed", True)
+    options.setdefault("catalog", CATALOG)
     return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16,
                         **options)
 

@@ -21,7 +21,9 @@ __all__ = [
     "FanOutResult",
     "GateReading",
     "RequestError",
+    "CatalogRecord",
     "RunInput",
+    "RunRequest",
     "RunResult",
     "RunStatus",
     "StatusMemo",
@@ -32,6 +34,7 @@ __all__ = [
     "FleetMember",
     "FleetMemberState",
     "FleetStatus",
+    "RESOLVE_RUN_ACTIVITY",
     "parse_request",
     "readings_queue",
     "status_from_memo",
@@ -50,6 +53,10 @@ StepStatus = Literal[
     "rolled_back",
     "aborted",
 ]
+
+
+# The worker's activity that resolves a run request against its catalog (runtime/catalog.py).
+RESOLVE_RUN_ACTIVITY = "coldstart.resolve_run"
 
 
 def readings_queue(task_queue: str) -> str:
@@ -122,8 +129,40 @@ class StepState(BaseModel):
     skip_requested_by: str | None = None
 
 
+class RunRequest(BaseModel):
+    """What a starter asks for: a runbook (its text and content digest), a target by name, parameters and who
+    starts it. The worker resolves it against its own catalog (runtime/catalog.py) and runs only what that
+    yields: the runbook, the inventory and the policy come from the controller, never from the request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runbook: str = Field(max_length=200, description="the runbook's metadata.name")
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the runbook file's text")
+    # The text is used only on a target the catalog marks `development: true`; elsewhere the digest must
+    # name a catalogued runbook.
+    text: str = Field(max_length=1_048_576)
+    source: str = Field(max_length=1_000)
+    target: str = Field(max_length=200)
+    # The inventory the starter planned against: refused unless it is the catalog's own.
+    inventory: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+    initiator: str = Field(max_length=200)
+    drill: bool = False
+
+
+class CatalogRecord(BaseModel):
+    """Which runbook version a run executed and where the controller found it."""
+
+    digest: str
+    origin: Literal["catalog", "development"]
+    path: str = ""
+
+
 class RunInput(BaseModel):
-    """Everything a run needs, validated and with start-time references resolved."""
+    """Everything a run needs, validated and with start-time references resolved.
+
+    A starter sends it with `request` set; a new run resolves that request on the worker and replaces the
+    rest of this input with the controller's own plan (`catalog` then says which version ran)."""
 
     runbook: Runbook
     source: str
@@ -133,6 +172,8 @@ class RunInput(BaseModel):
     initiator: str
     drill: bool = False
     actions: dict[str, ActionDefaults] = Field(default_factory=dict)
+    request: RunRequest | None = None
+    catalog: CatalogRecord | None = None
     # Carried across continue-as-new.
     resume: "ResumeState | None" = None
 
@@ -165,6 +206,9 @@ class RunStatus(BaseModel):
     error: str | None = None
     controls: list[ControlRecord] = Field(default_factory=list)
     identity_required: list[str] = Field(default_factory=list)
+    # The runbook version the run executed (sha256 of its text) and where the controller found it.
+    runbook_digest: str | None = None
+    runbook_origin: str | None = None
 
     @property
     def over(self) -> bool:

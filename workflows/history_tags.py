@@ -32,7 +32,7 @@ ACTIVITY_HEADER = "coldstart-step"
 _TIMER_SEPARATOR = ": "
 _CONVERTER = temporalio.converter.PayloadConverter.default
 
-Role = Literal["action", "undo", "gate", "ramp", "fan-out", "identity"]
+Role = Literal["action", "undo", "gate", "ramp", "fan-out", "identity", "resolve"]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Iterable
@@ -13,7 +14,7 @@ from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.retry import parse_duration
 from activities.telemetry import READ_ACTIONS, WAITED_IN_READING
-from workflows.contract import RunInput
+from workflows.contract import RunInput, RunRequest
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
 from workflows.spec import (
     STEP_KINDS,
@@ -31,7 +32,7 @@ from workflows.spec import (
 )
 from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
 
-__all__ = ["InventoryInvalid", "RunbookInvalid", "load_inventory", "load_runbook", "plan_run", "read_inventory"]
+__all__ = ["InventoryInvalid", "RunbookInvalid", "load_inventory", "load_runbook", "plan_run", "read_inventory", "runbook_digest"]
 
 _PARAM_TYPES: dict[str, Any] = {
     "string": str,
@@ -73,6 +74,7 @@ class _Source:
     keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     errors: list[tuple[tuple[int, int], str]] = field(default_factory=list)
     notes: list[tuple[tuple[int, int], str]] = field(default_factory=list)  # worth saying, not wrong
+    text: str = ""
 
     def at(self, path: Path_, *, key: bool = False) -> tuple[int, int]:
         path = tuple(path)
@@ -240,6 +242,7 @@ def _read_source(file: str, text: str | None) -> _Source:
         raise RunbookInvalid([f"{file}:1:1: cannot read: {exc.strerror or exc}"]) from None
     except YamlRefused as exc:
         raise RunbookInvalid([exc.located(file)]) from None
+    source.text = text
     _parse_yaml(text, source)
     if source.errors:
         raise RunbookInvalid(source.formatted())
@@ -343,16 +346,26 @@ def plan_run(
     if notes is not None:
         _note_fast_gates(runbook, source)
         notes.extend(source.formatted(source.notes, prefix="note: "))
+    target = inventory or {"name": runbook.target}
+    target_name = (inventory or {}).get("name", runbook.target)
     return RunInput(
         runbook=runbook,
         source=str(file),
         params=param_values,
-        target=inventory or {"name": runbook.target},
-        target_name=(inventory or {}).get("name", runbook.target),
+        target=target,
+        target_name=target_name,
         initiator=initiator,
         drill=drill,
         actions=actions,
+        request=RunRequest(runbook=runbook.metadata.name, digest=runbook_digest(source.text), text=source.text,
+                           source=str(file), target=target_name, inventory=target, params=dict(params or {}),
+                           initiator=initiator, drill=drill),
     )
+
+
+def runbook_digest(text: str) -> str:
+    """A runbook version: the sha256 of its file's text, as `sha256:<hex>`."""
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _resolve_start_refs(

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         FanOutInput,
         GateReading,
         ResumeState,
+        RESOLVE_RUN_ACTIVITY,
         RunInput,
         RunResult,
         RunStatus,
@@ -34,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.controls import OperatorControls
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
-    from workflows.history_tags import ActivityTag, timer_summary
+    from workflows.history_tags import ActivityTag, tagged, timer_summary
     from workflows.readings import ReadingBatch
     from workflows.refs import RefError, resolve
     from workflows.spec import (
@@ -104,6 +105,30 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         else:
             self._started_at = workflow.now()
 
+    async def _resolve_request(self, inp: RunInput) -> str | None:
+        """Replace the starter's input with the plan the worker's catalog resolves its request to; the reason
+        when it refuses (then no step runs)."""
+        if inp.request is None:
+            return "refused by the controller: the run carries no request to resolve against the catalog"
+        if inp.resume is not None:
+            return "refused by the controller: a new run cannot bring resume state"
+        try:
+            with tagged(ActivityTag("resolve")):
+                plan = await workflow.execute_activity(
+                    RESOLVE_RUN_ACTIVITY, inp.request, result_type=RunInput,
+                    start_to_close_timeout=timedelta(seconds=60),
+                    retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["CatalogRefused"]),
+                    summary=f"resolve {inp.request.runbook} on {inp.request.target}"[:400],
+                )
+        except ActivityError as exc:
+            return f"refused by the controller: {failure_message(exc)}"
+        self._inp = plan
+        self._steps.clear()
+        self._specs.clear()
+        self._index(plan.runbook.steps)
+        self._index(plan.runbook.deadline.on_miss if plan.runbook.deadline else [])
+        return None
+
     def _index(self, steps: list[Any]) -> None:
         for step in steps:
             self._specs[step.id] = step
@@ -115,11 +140,19 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
+        refused = None
+        # A run started by a client (not continued from this workflow's own run) executes only what the
+        # worker's catalog resolves its request to; runs started before the catalog replay as they ran.
+        if workflow.info().continued_run_id is None and workflow.patched("controller-catalog"):
+            refused = await self._resolve_request(inp)
+            inp = self._inp
         steps = inp.runbook.steps
         first = inp.resume.next_index if inp.resume else 0
         if workflow.patched("status-memo"):
             self._status_memo = asyncio.ensure_future(self._keep_status_memo())
         try:
+            if refused is not None:
+                raise StepFailed(refused)
             if inp.runbook.identity is not None and self._identity_keys is None:
                 await self._capture_identity_keys()
             for index in range(first, len(steps)):
@@ -800,6 +833,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             error=self._error,
             controls=list(self._controls),
             identity_required=list(self._inp.runbook.identity.controls) if self._inp.runbook.identity else [],
+            runbook_digest=self._inp.catalog.digest if self._inp.catalog else None,
+            runbook_origin=self._inp.catalog.origin if self._inp.catalog else None,
         )
 
     @workflow.query

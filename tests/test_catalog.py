@@ -1,0 +1,188 @@
+"""The controller's catalog on a real dev server: a run executes what the worker's catalog holds, or nothing."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from temporalio.client import WorkflowFailureError
+
+from cli.runs import start_run
+from runtime.catalog import Catalog
+from tests import support
+from workflows.contract import RESOLVE_RUN_ACTIVITY, RunStatus
+from workflows.loader import plan_run, runbook_digest
+
+GUARDED = """\
+metadata: {name: guarded}
+target: prod
+approvers: [alice, bob]
+four_eyes: true
+steps:
+  - id: go
+    approval: {prompt: "change it?"}
+  - id: change
+    action: test.append
+    with: {path: "OUT", label: "changed"}
+"""
+
+
+@pytest.fixture
+def catalog(tmp_path: Path, task_queue: str):
+    """A catalog with one runbook (an approval before a mutating step), production targets PROD and PROD-2 and
+    a development target DEV, named for the test (a target holds one run at a time)."""
+    runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
+    runbooks.mkdir()
+    targets.mkdir()
+    out = tmp_path / "out.txt"
+    (runbooks / "guarded.yaml").write_text(GUARDED.replace("OUT", str(out)))
+    for name, extra in ((PROD, ""), (DEV, "development: true\n"), (PROD + "-2", "")):
+        (targets / f"{name}{task_queue}.yaml").write_text(
+            f"name: {name}{task_queue}\n{extra}telemetry: {{prometheus: 'http://127.0.0.1:9'}}\n")
+    return Catalog(runbooks, targets), out
+
+
+PROD, DEV = "prod-", "dev-"
+
+
+def _inventory(catalog: Catalog, name: str) -> dict:
+    return catalog.inventory(name)
+
+
+async def _activities(handle) -> list[str]:
+    names = []
+    async for event in handle.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+    return names
+
+
+async def _refusal(handle) -> str:
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    return str(failed.value.cause)
+
+
+async def _start(env, task_queue, file: Path, catalog: Catalog, target: str, *, inventory: dict | None = None,
+                 text: str | None = None):
+    run = plan_run(file, registry=support.registry(), inventory=inventory or _inventory(catalog, target),
+                   initiator="carol", text=text)
+    return await start_run(env.client, run, task_queue)
+
+
+async def test_a_catalogued_runbook_runs_and_its_status_records_the_version(env, task_queue, catalog):
+    cat, out = catalog
+    file = cat.runbooks_dir / "guarded.yaml"
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await _start(env, task_queue, file, cat, PROD + task_queue)
+        await support.wait_for(lambda: _awaiting(handle))
+        state = await support.status(handle)
+        assert state.runbook_digest == runbook_digest(file.read_text())
+        assert state.runbook_origin == "catalog"
+        await handle.terminate()
+    assert not out.exists()
+
+
+def _uncatalogued(tmp_path: Path, name: str, out: Path) -> Path:
+    """A runbook of the starter's own, not in the catalog: one mutating step."""
+    return support.write_runbook(tmp_path, f"""
+        metadata: {{name: {name}}}
+        target: any
+        steps:
+          - id: change
+            action: test.append
+            with: {{path: "{out}", label: "changed"}}
+    """, name=name)
+
+
+async def _awaiting(handle) -> bool:
+    state: RunStatus = await support.status(handle)
+    return "go" in state.awaiting_approval
+
+
+async def test_a_modified_copy_without_its_approval_is_refused_before_any_action(env, task_queue, catalog, tmp_path):
+    cat, out = catalog
+    text = (cat.runbooks_dir / "guarded.yaml").read_text()
+    # The attack: the same runbook, its approval, approvers and four eyes deleted.
+    data = yaml.safe_load(text)
+    for key in ("approvers", "four_eyes"):
+        data.pop(key)
+    data["steps"] = [s for s in data["steps"] if s["id"] != "go"]
+    copy = tmp_path / "guarded-copy.yaml"
+    copy.write_text(yaml.safe_dump(data))
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await _start(env, task_queue, copy, cat, PROD + task_queue)
+        message = await _refusal(handle)
+        assert await _activities(handle) == [RESOLVE_RUN_ACTIVITY]
+    assert "is a modified copy" in message and "guarded.yaml" in message and "\n" not in message
+    assert not out.exists()
+
+
+async def test_a_runbook_outside_the_catalog_is_refused(env, task_queue, catalog, tmp_path):
+    cat, out = catalog
+    other = _uncatalogued(tmp_path, "stranger", out)
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await _start(env, task_queue, other, cat, PROD + task_queue)
+        message = await _refusal(handle)
+        assert await _activities(handle) == [RESOLVE_RUN_ACTIVITY]
+    assert "'stranger'" in message and "is not in the controller's catalog" in message
+    assert not out.exists()
+
+
+async def test_a_run_that_brings_other_endpoints_is_refused(env, task_queue, catalog):
+    cat, out = catalog
+    inventory = {**_inventory(cat, PROD + task_queue), "telemetry": {"prometheus": "http://attacker.invalid:9090"}}
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await _start(env, task_queue, cat.runbooks_dir / "guarded.yaml", cat, PROD + task_queue, inventory=inventory)
+        message = await _refusal(handle)
+        assert await _activities(handle) == [RESOLVE_RUN_ACTIVITY]
+    assert "differs from the controller's at telemetry.prometheus" in message
+    assert not out.exists()
+
+
+async def test_a_target_outside_the_catalog_is_refused(env, task_queue, catalog):
+    cat, out = catalog
+    inventory = {"name": "elsewhere", "telemetry": {"prometheus": "http://127.0.0.1:9"}}
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await _start(env, task_queue, cat.runbooks_dir / "guarded.yaml", cat, "elsewhere", inventory=inventory)
+        message = await _refusal(handle)
+    assert "target 'elsewhere' is not in the controller's catalog" in message
+    assert not out.exists()
+
+
+async def test_a_development_target_runs_a_runbook_from_the_starters_file(env, task_queue, catalog, tmp_path):
+    cat, out = catalog
+    mine = _uncatalogued(tmp_path, "mine", out)
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await _start(env, task_queue, mine, cat, DEV + task_queue)
+        await handle.result()
+        state = await support.status(handle)
+    assert state.runbook_origin == "development" and state.runbook_digest == runbook_digest(mine.read_text())
+    assert support.lines(out)[0].endswith("changed")
+
+
+async def test_a_new_run_cannot_bring_its_own_plan_or_resume_state(env, task_queue, catalog):
+    """The resolved plan replaces what the starter sent: its runbook model, its target and any resume state."""
+    cat, out = catalog
+    run = plan_run(cat.runbooks_dir / "guarded.yaml", registry=support.registry(), inventory=_inventory(cat, PROD + task_queue),
+                   initiator="carol")
+    # A hand-made input: the runbook model stripped of its approval, the request left honest.
+    stripped = run.runbook.model_copy(update={"steps": run.runbook.steps[1:], "approvers": [], "four_eyes": False})
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await start_run(env.client, run.model_copy(update={"runbook": stripped}), task_queue)
+        await support.wait_for(lambda: _awaiting(handle))  # the catalog's approval step is back
+        await handle.terminate()
+        no_request = await start_run(env.client, run.model_copy(update={"request": None, "target_name": PROD + "-2" + task_queue}),
+                                     task_queue)
+        assert "carries no request" in await _refusal(no_request)
+    assert not out.exists()
+
+
+def test_the_catalog_holds_the_repositorys_runbooks_by_digest():
+    catalog = Catalog(Path("runbooks"), Path("targets"))
+    names = {entry.name for entry in catalog.runbooks().values()}
+    assert {"consul-cold-start", "demo", "preempted-host-drain"} <= names
+    for entry in catalog.runbooks().values():
+        assert entry.digest == runbook_digest(textwrap.dedent(entry.path.read_text()))
