@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from activities._clients import ConsulTarget, NomadTarget
 from activities.consul.services import UserService
 from activities.executors import HostTarget, ShellAccess
+from activities.policy import TargetPolicy
 from activities.secrets import VaultSecretRef
 
 __all__ = ["DnsSteering", "Endpoints", "Host", "Inventory", "Telemetry", "VaultLogin"]
@@ -91,6 +92,8 @@ class Inventory(_Strict):
     groups: dict[str, list[HostTarget]] = Field(default_factory=dict)
     # Services that use Consul, in tiers: the non-essential ones are disabled during a cold start.
     services: list[UserService] = Field(default_factory=list)
+    # Who may start, approve and steer runs here; a runbook may narrow it, never widen it.
+    policy: TargetPolicy | None = None
     # Free-form facts for humans and runbook params (state dir, controller address, ...).
     facts: dict[str, Any] = Field(default_factory=dict)
 

@@ -11,6 +11,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.policy import TargetPolicy
 from workflows.contract import RESOLVE_RUN_ACTIVITY, CatalogRecord, RunInput, RunRequest
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest
 from workflows.yaml_safety import YamlRefused, load_text, read_text
@@ -110,6 +111,10 @@ class Catalog:
                     f"{_short(same[0].digest)} ({same[0].path}), and target {request.target!r} runs catalogued runbooks only")
             raise CatalogRefused(f"runbook {request.runbook!r} ({_short(request.digest)}) is not in the controller's "
                                  f"catalog, and target {request.target!r} is not a development target")
+        starters = TargetPolicy.of(inventory).starters
+        if starters is not None and request.initiator not in starters:
+            raise CatalogRefused(f"{request.initiator!r} may not start runs on target {request.target!r} "
+                                 f"(starters: {', '.join(starters) or 'none'})")
         if request.drill and not inventory.get("drill"):
             raise CatalogRefused(f"target {request.target!r} is not marked as a drill target (drill: true); refusing a drill")
         try:

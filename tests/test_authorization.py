@@ -86,7 +86,8 @@ async def test_nobody_may_skip_without_declared_approvers(env, task_queue, tmp_p
         handle = await support.start(env.client, book, task_queue)
         await support.wait_for(lambda: _held(handle))
         message = await _refused(handle, "skip", ControlRequest(step="flaky", actor="olga"))
-        assert message == "nobody may skip 'flaky': runbook access names no approvers (retry or abort instead)"
+        assert message == ("nobody may skip 'flaky': runbook access and its target name no approvers in common "
+                           "(retry or abort instead)")
         message = await _refused(handle, "pause", ControlRequest(actor="eve"))
         assert message == "'eve' may not pause this run (operators: olga)"
         message = await _refused(handle, "abort", ControlRequest(actor="eve"))

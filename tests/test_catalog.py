@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from cli.runs import start_run
 from runtime.catalog import Catalog
 from tests import support
-from workflows.contract import RESOLVE_RUN_ACTIVITY, RunStatus
+from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunStatus
 from workflows.loader import plan_run, runbook_digest
 
 GUARDED = """\
@@ -186,3 +186,68 @@ def test_the_catalog_holds_the_repositorys_runbooks_by_digest():
     assert {"consul-cold-start", "demo", "preempted-host-drain"} <= names
     for entry in catalog.runbooks().values():
         assert entry.digest == runbook_digest(textwrap.dedent(entry.path.read_text()))
+
+
+WIDENING = """\
+metadata: {name: widening}
+target: any
+approvers: [alice, bob, mallory]
+steps:
+  - id: flaky
+    action: test.maybe_fail
+    with: {path: "OUT", label: flaky, fail_until_file_exists: "NEVER"}
+    on_failure: hold
+  - id: go
+    approval: {prompt: "go on?"}
+"""
+
+
+async def test_the_targets_policy_holds_whatever_the_runbook_says(env, task_queue, tmp_path):
+    """Start, approve, skip, retry, abort, pause and resume are each refused for an actor the target's policy does
+    not name, though the catalogued runbook names them (it may narrow the policy, never widen it)."""
+    runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
+    runbooks.mkdir()
+    targets.mkdir()
+    out = tmp_path / "out.txt"
+    (runbooks / "widening.yaml").write_text(WIDENING.replace("OUT", str(out)).replace("NEVER", str(tmp_path / "never")))
+    name = "policed-" + task_queue
+    (targets / f"{name}.yaml").write_text(f"""name: {name}
+telemetry: {{prometheus: 'http://127.0.0.1:9'}}
+policy: {{starters: [carol], approvers: [alice, bob], operators: [olga], four_eyes: true}}
+""")
+    cat = Catalog(runbooks, targets)
+    file = runbooks / "widening.yaml"
+    async with support.worker(env.client, task_queue, catalog=cat):
+        refused = await start_run(env.client, plan_run(file, registry=support.registry(), inventory=cat.inventory(name),
+                                                       initiator="mallory"), task_queue)
+        assert "'mallory' may not start runs on target" in await _refusal(refused)
+        handle = await start_run(env.client, plan_run(file, registry=support.registry(), inventory=cat.inventory(name),
+                                                      initiator="carol"), task_queue)
+        await support.wait_for(lambda: _held(handle))
+        for verb in ("skip", "retry", "abort", "pause"):
+            message = await _update_refused(handle, verb, ControlRequest(step=None if verb in ("abort", "pause") else "flaky",
+                                                                        actor="mallory"))
+            assert "'mallory' may not" in message, (verb, message)
+        # Four eyes comes from the target though the runbook does not ask for it: one skip is not enough.
+        first = await handle.execute_update("skip", ControlRequest(step="flaky", actor="alice"))
+        assert "a second approver must confirm" in first
+        await handle.execute_update("pause", ControlRequest(actor="olga"))
+        message = await _update_refused(handle, "resume", ControlRequest(actor="mallory"))
+        assert message == "'mallory' may not resume this run (operators: alice, bob, olga)"
+        await handle.execute_update("resume", ControlRequest(actor="olga"))
+        await handle.execute_update("skip", ControlRequest(step="flaky", actor="bob"))
+        await support.wait_for(lambda: _awaiting(handle))
+        message = await _update_refused(handle, "approve", ApproveRequest(step="go", approver="mallory"))
+        assert message == "'mallory' may not approve 'go' (approvers: alice, bob)"
+        await handle.execute_update("approve", ApproveRequest(step="go", approver="alice"))
+        await handle.result()
+
+
+async def _held(handle) -> bool:
+    return "flaky" in (await support.status(handle)).held
+
+
+async def _update_refused(handle, name: str, body) -> str:
+    with pytest.raises(WorkflowUpdateFailedError) as failure:
+        await handle.execute_update(name, body)
+    return str(failure.value.cause.message if hasattr(failure.value.cause, "message") else failure.value.cause)

@@ -9,6 +9,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from activities.policy import TargetPolicy, narrowed
     from workflows.contract import ApprovalRecord, ApproveRequest, ControlRecord, ControlRequest
     from workflows.identity import verify_identity_token
     from workflows.spec import ApprovalSpec
@@ -23,14 +24,26 @@ def _digest(token: str) -> str:
 class OperatorControls:
     """RunbookWorkflow's operator controls, checked in Update validators and applied by the handlers.
 
-    Each control is authorized twice over: the runbook says who may (approvers, operators, four
-    eyes) and, where it requires verified identity, a Vault-signed token says who is asking.
+    Each control is authorized twice over: the target's policy (from the controller's inventory) and
+    the runbook, which may only narrow it, say who may (approvers, operators, four eyes); where the runbook
+    requires verified identity, a Vault-signed token says who is asking.
     """
 
-    def _allowed_approvers(self, spec: ApprovalSpec) -> list[str]:
-        return list(spec.approvers if spec.approvers is not None else self._inp.runbook.approvers)
+    def _policy(self) -> TargetPolicy:
+        return TargetPolicy.of(self._inp.target)
+
+    def _allowed_approvers(self, spec: ApprovalSpec) -> list[str] | None:
+        """Who may approve this step; None: anyone named (neither the target nor the runbook restricts it)."""
+        asked = spec.approvers if spec.approvers is not None else self._inp.runbook.approvers
+        return narrowed(self._policy().approvers, list(asked) or None)
+
+    def _skippers(self) -> list[str]:
+        """Who may skip a held step: the runbook's approvers within the target's; nobody when neither names any."""
+        return narrowed(self._policy().approvers, list(self._inp.runbook.approvers) or None) or []
 
     def _four_eyes(self, spec: ApprovalSpec | None = None) -> bool:
+        if self._policy().four_eyes:
+            return True
         if spec is not None and spec.four_eyes is not None:
             return spec.four_eyes
         return self._inp.runbook.four_eyes
@@ -74,15 +87,18 @@ class OperatorControls:
             self._used_tokens.append(_digest(token))
 
     def _operators(self) -> list[str] | None:
-        """Who may retry, pause, resume and abort; None when the runbook leaves it to anyone named."""
-        book = self._inp.runbook
-        return sorted(set(book.operators) | set(book.approvers)) if book.operators else None
+        """Who may retry, pause, resume and abort; None when neither the target nor the runbook restricts it."""
+        book, policy = self._inp.runbook, self._policy()
+        asked = sorted(set(book.operators) | set(book.approvers)) if book.operators else None
+        held = (sorted(set(policy.operators or []) | set(policy.approvers or []))
+                if policy.operators is not None or policy.approvers is not None else None)
+        return narrowed(held, asked)
 
     def _check_operator(self, verb: str, req: ControlRequest) -> str | None:
         name, subject = self._identify(verb, req.actor, req.identity_token)
         allowed = self._operators()
         if allowed is not None and name not in allowed:
-            raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed)})")
+            raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed) or 'none'})")
         return subject
 
     def _check_approve(self, req: ApproveRequest) -> str | None:
@@ -95,8 +111,8 @@ class OperatorControls:
             raise ValueError("an approval needs the approver's name")
         name, subject = self._identify("approve", req.approver, req.identity_token)
         allowed = self._allowed_approvers(spec)
-        if allowed and name not in allowed:
-            raise ValueError(f"{name!r} may not approve {req.step!r} (approvers: {', '.join(allowed)})")
+        if allowed is not None and name not in allowed:
+            raise ValueError(f"{name!r} may not approve {req.step!r} (approvers: {', '.join(allowed) or 'none'})")
         if self._four_eyes(spec) and name == self._inp.initiator:
             raise ValueError(f"four eyes: {name!r} started this run and cannot approve it")
         return subject
@@ -122,10 +138,10 @@ class OperatorControls:
             return step, self._check_operator(verb, req)
         # Skipping a held step (a failed health gate, most often) is the most dangerous act in a recovery.
         name, subject = self._identify("skip", req.actor, req.identity_token)
-        approvers = self._inp.runbook.approvers
+        approvers = self._skippers()
         if not approvers:
-            raise ValueError(f"nobody may skip {step!r}: runbook {self._inp.runbook.metadata.name} names no approvers "
-                             "(retry or abort instead)")
+            raise ValueError(f"nobody may skip {step!r}: runbook {self._inp.runbook.metadata.name} and its target name "
+                             "no approvers in common (retry or abort instead)")
         if name not in approvers:
             raise ValueError(f"{name!r} may not skip {step!r} (approvers: {', '.join(approvers)})")
         first = self._steps[step].skip_requested_by

@@ -89,7 +89,7 @@ class RunVisibility:
             lines.append(f"Ramp at {state.percent}% (last good {state.last_good if state.last_good is not None else step.ramp.baseline}%).")
         if state.status == "awaiting_approval":
             spec = self._awaiting.get(step.id)
-            allowed = self._allowed_approvers(spec) if spec else []
+            allowed = (self._allowed_approvers(spec) if spec else None) or []
             lines.append(f"Waiting for approval: {state.awaiting}")
             lines.append(
                 _OPERATOR_HELP
@@ -104,8 +104,9 @@ class RunVisibility:
             lines.append(f"Held after failure: {state.error}")
             for name in ("retry", "skip", "abort"):
                 lines.append(f"Update `{name}`: `{self._example(name, step=step.id, actor='your-name', reason='why')}`")
-            approvers = self._inp.runbook.approvers
-            lines.append(f"Skip needs an approver ({', '.join(approvers)})" if approvers else "Nobody may skip: the runbook names no approvers.")
+            approvers = self._skippers()
+            lines.append(f"Skip needs an approver ({', '.join(approvers)})" if approvers
+                         else "Nobody may skip: the runbook and its target name no approvers in common.")
             if state.skip_requested_by:
                 lines.append(f"Skip requested by {state.skip_requested_by}; four eyes: a second approver must confirm.")
             operators = self._operators()

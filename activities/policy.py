@@ -1,0 +1,36 @@
+"""A target's policy, held in the controller's inventory: who may start, approve and steer runs on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["TargetPolicy", "narrowed"]
+
+
+class TargetPolicy(BaseModel):
+    """Who may act on runs against a target. A runbook's own `approvers`, `operators` and `four_eyes` may
+    narrow this, never widen it: the target's owners write it, not the runbook's authors or its starters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    starters: list[str] | None = Field(default=None, description="who may start runs; omitted: anyone who can reach Temporal")
+    approvers: list[str] | None = Field(default=None, description="who may approve and skip; omitted: as the runbook says")
+    operators: list[str] | None = Field(default=None, description="who may retry, pause, resume and abort (approvers too)")
+    four_eyes: bool = Field(default=False, description="true: the starter never approves, and a skip needs two approvers")
+
+    @classmethod
+    def of(cls, target: dict[str, Any]) -> "TargetPolicy":
+        """The policy in a target's inventory (as runbooks see it); none set: nothing restricted."""
+        return cls.model_validate(target.get("policy") or {})
+
+
+def narrowed(held: list[str] | None, asked: list[str] | None) -> list[str] | None:
+    """Who may act when the target holds `held` and the runbook asks for `asked` (None: not restricted there):
+    the runbook narrows the target's list, never widens it."""
+    if held is None:
+        return None if asked is None else list(asked)
+    if asked is None:
+        return list(held)
+    return [name for name in asked if name in held]
