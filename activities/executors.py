@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
@@ -28,6 +29,9 @@ class CommandResult(NamedTuple):
     rc: int
     stdout: str
     stderr: str
+
+
+_NETNS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class ExecutorError(RuntimeError):
@@ -159,6 +163,9 @@ class NetnsExecutor:
     """Runs argv inside a local network namespace (nsenter --net); for the lab's own hosts."""
 
     def __init__(self, netns: str, *, name: str | None = None) -> None:
+        if not _NETNS_NAME.fullmatch(netns):
+            raise ExecutorError(name or "?", f"network namespace {netns[:80]!r} is not a name under /run/netns",
+                                retryable=False)
         self.netns = netns
         self.host = name or netns
 
@@ -217,7 +224,8 @@ class ShellAccess(BaseModel):
     key_path: str | None = None
     known_hosts: str | None = None
     host_key: str | None = None
-    netns: str | None = None
+    # A name under /run/netns, never a path: `ip netns exec` would follow one anywhere.
+    netns: str | None = Field(default=None, max_length=64, pattern=_NETNS_NAME.pattern)
     sudo: bool = False
 
     def _who(self) -> str:

@@ -391,8 +391,9 @@ def _update(run_ref: str, name: str, body: Any) -> None:
 
 _IDENTITY_PANEL = "Verified identity (Vault OIDC)"
 _OPT_IDENTITY_TOKEN = typer.Option(
-    None, "--identity-token", metavar="TOKEN", rich_help_panel=_IDENTITY_PANEL,
-    help="a Vault OIDC identity token proving who you are ('-': read it from stdin)")
+    None, "--identity-token", metavar="FILE", rich_help_panel=_IDENTITY_PANEL,
+    help="a file holding a Vault OIDC identity token that proves who you are ('-': read it from stdin); never the "
+         "token itself, which the process list and shell history would keep")
 _OPT_VAULT_LOGIN = typer.Option(
     False, "--vault-login", rich_help_panel=_IDENTITY_PANEL,
     help="fetch the identity token from Vault with your own login (userpass: --vault-user, password from "
@@ -418,6 +419,8 @@ def _identity_token(token: Optional[str], vault_login: bool, vault_addr: Optiona
         if len(token) > _MAX_STDIN_TOKEN:
             _fail(f"--identity-token -: more than {_MAX_STDIN_TOKEN} bytes on stdin, that is not a token",
                   EXIT_INVALID)
+    elif token is not None:
+        token = _token_file(token)
     if token is not None:
         token = token.strip()
         if not token:
@@ -441,6 +444,26 @@ def _identity_token(token: Optional[str], vault_login: bool, vault_addr: Optiona
     except IdentityTokenError as exc:
         _fail(f"identity token: {exc}", EXIT_FAILED)
     return None  # unreachable: _fail raises
+
+
+def _token_file(name: str) -> str:
+    """The token in file `name`; a value that is no file is refused (a token typed on the command line leaks)."""
+    path = Path(name)
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name too long to be a path: a token pasted in, most likely
+        is_file = False
+    if not is_file:
+        _fail("--identity-token: give a file holding the token, or '-' to read it from stdin (a token on the "
+              "command line is seen in the process list and kept in shell history)", EXIT_INVALID)
+    try:
+        with path.open() as fh:
+            text = fh.read(_MAX_STDIN_TOKEN + 1)
+    except OSError as exc:
+        _fail(f"--identity-token {name}: cannot read: {exc.strerror or exc}", EXIT_INVALID)
+    if len(text) > _MAX_STDIN_TOKEN:
+        _fail(f"--identity-token {name}: more than {_MAX_STDIN_TOKEN} bytes, that is not a token", EXIT_INVALID)
+    return text
 
 
 def _request(model: Any, **fields: Any) -> Any:

@@ -484,14 +484,18 @@ def _capture_updates(monkeypatch) -> list:
     return sent
 
 
-def test_cli_identity_token_options(monkeypatch, local):
+def test_cli_identity_token_options(monkeypatch, local, tmp_path):
     sent = _capture_updates(monkeypatch)
     token = sign(local)
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    junk = tmp_path / "junk"
+    junk.write_text("definitely not a jwt")
     runner = CliRunner()
     result = runner.invoke(_app(), ["approve", "local", "go", "--as", "bob", "-m", "ok", "--identity-token", "-"],
                            input=f"{token}\n")
     assert result.exit_code == 0, (result.output, result.exception)
-    result = runner.invoke(_app(), ["skip", "local", "held", "--as", "carol", "--identity-token", token])
+    result = runner.invoke(_app(), ["skip", "local", "held", "--as", "carol", "--identity-token", str(token_file)])
     assert result.exit_code == 0, (result.output, result.exception)
     result = runner.invoke(_app(), ["pause", "local", "--as", "dave"])
     assert result.exit_code == 0, (result.output, result.exception)
@@ -505,7 +509,9 @@ def test_cli_identity_token_options(monkeypatch, local):
         (["--identity-token", "x.y.z", "--vault-login"], None, "give one of them"),
         (["--identity-token", "-"], "\n", "the token is empty"),
         (["--vault-login", "--vault-auth", "kerberos"], None, "use userpass or token"),
-        (["--identity-token", "definitely not a jwt"], None, "identity_token"),
+        (["--identity-token", str(junk)], None, "identity_token"),
+        # The token itself on the command line is refused: the process list and shell history would keep it.
+        (["--identity-token", token], None, "give a file holding the token"),
     ]:
         monkeypatch.delenv("VAULT_ADDR", raising=False)
         result = runner.invoke(_app(), ["approve", "local", "go", "--as", "bob", *args], input=stdin)

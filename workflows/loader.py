@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Iterable
 
@@ -324,6 +325,8 @@ def plan_run(
         except (OSError, ValueError, yaml.YAMLError) as exc:
             source.error(("target",), str(exc).splitlines()[0])
     context = {"params": param_values, "target": inventory or {}}
+    if inventory is not None:
+        _check_choices(declared, param_values, context, source)
 
     # Resolve start-time references in the raw YAML data, so locations stay exact.
     unset = {n for n in declared if n not in param_values} if placeholders else None
@@ -339,6 +342,7 @@ def plan_run(
     actions = _check_semantics(runbook.steps, runbook.approvers, source, registry, check_target=inventory is not None,
                                on_miss=on_miss)
     _check_deadlines(runbook, source)
+    _check_deadline_ahead(runbook, source)
     _check_access(runbook, source, registry, actions)
     _pin_gate_reads(runbook, source, registry, actions)
     if source.errors:
@@ -550,6 +554,43 @@ def _check_semantics(
         if not name.strip():
             source.error(("approvers",), "an approver name cannot be empty")
     return actions
+
+
+def _check_choices(declared: dict[str, Param], values: dict[str, Any], context: dict[str, Any], source: _Source) -> None:
+    """A parameter with `one_of` takes only those values; a target reference allows the names it holds."""
+    for name, param in declared.items():
+        if param.one_of is None or name not in values:
+            continue
+        allowed = param.one_of
+        if isinstance(allowed, str):
+            try:
+                found = resolve(allowed, context, only={"target"})
+            except RefError as exc:
+                source.error(("params", name, "one_of"), f"parameter {name!r}: one_of does not resolve: {exc}")
+                continue
+            if isinstance(found, dict):
+                allowed = list(found)
+            elif isinstance(found, list):
+                allowed = [item.get("name") if isinstance(item, dict) else item for item in found]
+            else:
+                allowed = [found]
+        if values[name] not in allowed:
+            shown = ", ".join(map(str, allowed[:10])) + (f" and {len(allowed) - 10} more" if len(allowed) > 10 else "")
+            source.error(("params", name), f"parameter {name!r}: {values[name]!r} is not one of {shown or 'nothing'}")
+
+
+def _check_deadline_ahead(runbook: Runbook, source: _Source) -> None:
+    """A deadline with `max_ahead` must still be ahead, and not further than that, when the run is planned."""
+    spec = runbook.deadline
+    if spec is None or spec.max_ahead is None or not isinstance(spec.at, datetime):
+        return
+    ahead = spec.at - datetime.now(timezone.utc)
+    if ahead <= timedelta(0):
+        source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is already {-ahead.total_seconds():.0f} s "
+                                         "past: nothing is started")
+    elif ahead > spec.max_ahead:
+        source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is {ahead.total_seconds():.0f} s ahead, "
+                                         f"more than max_ahead ({spec.max_ahead.total_seconds():.0f} s): nothing is started")
 
 
 def _check_deadlines(runbook: Runbook, source: _Source) -> None:

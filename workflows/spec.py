@@ -63,6 +63,12 @@ class Param(_Strict):
     type: Literal["string", "integer", "number", "boolean", "duration", "list", "object"] = "string"
     default: Any = None
     description: str = ""
+    # Resolved before the run starts: a target reference becomes what it names (a list, or a mapping).
+    one_of: list[Any] | dict[str, Any] | Annotated[str, Field(pattern=r"^\s*\$\{\{\s*target\.[^}]*\}\}\s*$")] | None = Field(
+        default=None,
+        description="the values allowed: a list, or a reference into the target (${{ target.groups.container_hosts }}: "
+                    "the names of its entries, or a mapping's keys), so a starter cannot name what the inventory lacks",
+    )
 
 
 class OnFailure(str, Enum):
@@ -271,6 +277,11 @@ class DeadlineSpec(_Strict):
         default=None, description="absolute end, RFC 3339 with a zone or unix seconds; usually ${{ params.deadline }}")
     within: Duration | None = Field(default=None, description="end relative to the run's start")
     margin: Duration = Field(default=timedelta(0), description="finish this much before the end")
+    max_ahead: Duration | None = Field(
+        default=None,
+        description="with `at`: refuse a run whose end is already past or further ahead than this when it is "
+                    "planned (a notice's deadline is minutes away, never hours, never gone)",
+    )
     on_miss: list["Step"] = Field(
         default_factory=list,
         description="steps run when a step cannot finish in time (not bound by the deadline); the run then fails",

@@ -15,6 +15,8 @@ from typing import IO, Any
 
 import msgpack
 
+from activities._files import open_private
+
 __all__ = ["ArchiveError", "SnapshotInfo", "append_kv", "kv_diff", "normalize", "read_meta", "read_snapshot",
            "taken_at"]
 
@@ -197,7 +199,7 @@ def append_kv(src: Path, dst: Path, key: str, value: bytes, expect_sha256: str) 
     try:
         with src.open("rb") as fh:
             source = _Hashing(fh)
-            with tarfile.open(fileobj=source, mode="r|gz") as tar, dst.open("wb") as raw, \
+            with tarfile.open(fileobj=source, mode="r|gz") as tar, open_private(dst) as raw, \
                     gzip.GzipFile(fileobj=raw, mode="wb") as out:
                 for member in tar:
                     data = tar.extractfile(member)

@@ -18,6 +18,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import ConsulTarget, bad, call, consul_client, describe, heartbeat, unavailable
+from activities._files import open_private, private_directory
 from activities.consul._kv import _read_prefix
 from activities.consul.archive import (ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot,
                                        taken_at)
@@ -79,7 +80,7 @@ def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
     """Save a forensic copy of the cluster state (GET /v1/snapshot), streamed to a file with its sha256."""
     directory = Path(inp.directory)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        private_directory(directory)  # snapshots hold every ACL token: 0700 directories, 0600 files
     except OSError as exc:
         raise bad(f"cannot create snapshot directory {directory}: {exc.strerror}") from None
     tag = _step_tag()
@@ -108,7 +109,7 @@ def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
         if resp.status_code != 200:
             raise unavailable(f"consul.snapshot.save: HTTP {resp.status_code}: {resp.text[:300]}")
         index = int(resp.headers.get("X-Consul-Index", "0") or 0)
-        with tmp.open("wb") as fh:
+        with open_private(tmp) as fh:
             for chunk in resp.iter_content(1 << 20):
                 fh.write(chunk)
                 digest.update(chunk)

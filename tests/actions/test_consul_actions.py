@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -165,6 +166,8 @@ def test_snapshot_save_preview_restore_idempotent(stack, tmp_path):
     path = Path(saved.path)
     assert path.is_file() and saved.size == path.stat().st_size > 0
     assert saved.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and saved.index > 0
+    # A snapshot holds every ACL token: owner-only file in an owner-only directory.
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     admin.kv.put("snap/keep", "changed")
     admin.kv.delete("snap/gone")
     admin.kv.put("snap/extra", "new")
