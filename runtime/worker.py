@@ -177,13 +177,14 @@ def _setting(environ: Mapping[str, str], name: str, default: float, *, at_most: 
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
     client = await connect(runtime=worker_runtime(metrics_address))
-    worker = build_worker(client, queue, journal=journal)
+    catalog = Catalog.from_environment()
+    worker = build_worker(client, queue, journal=journal, catalog=catalog)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("worker started", task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()),
-             journal=journal, pid=os.getpid())
+             journal=journal, pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir))
     async with worker:
         await stop.wait()
         log.info("worker stopping: finishing in-flight tasks")
