@@ -19,6 +19,9 @@ class TargetPolicy(BaseModel):
     approvers: list[str] | None = Field(default=None, description="who may approve and skip; omitted: as the runbook says")
     operators: list[str] | None = Field(default=None, description="who may retry, pause, resume and abort (approvers too)")
     four_eyes: bool = Field(default=False, description="true: the starter never approves, and a skip needs two approvers")
+    drill_approvers: list[str] = Field(
+        default_factory=lambda: ["drill-bot"],
+        description="the unattended drills' own approvers: refused for every decision on a run that is not a drill")
 
     @classmethod
     def of(cls, target: dict[str, Any]) -> "TargetPolicy":

@@ -510,12 +510,18 @@ def _control(name: str):
         identity_role: str = _OPT_IDENTITY_ROLE,
         vault_user: Optional[str] = _OPT_VAULT_USER,
         vault_auth: str = _OPT_VAULT_AUTH,
+        undo: bool = typer.Option(False, "--undo", help="abort only: undo what the run changed (newest first) before "
+                                                        "it ends; without it, the run says what it leaves in place"),
     ) -> None:
         from workflows.contract import ControlRequest
 
+        if undo and name != "abort":
+            _fail("--undo goes with abort only", EXIT_INVALID)
         actor = actor or _whoami()
         token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, actor)
-        _update(run_ref, name, _request(ControlRequest, step=step, actor=actor, reason=reason, identity_token=token))
+        fields = {"undo": True} if undo else {}
+        _update(run_ref, name, _request(ControlRequest, step=step, actor=actor, reason=reason, identity_token=token,
+                                        **fields))
 
     command.__doc__ = {
         "retry": "Retry a held step.",

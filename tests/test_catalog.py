@@ -251,3 +251,32 @@ async def _update_refused(handle, name: str, body) -> str:
     with pytest.raises(WorkflowUpdateFailedError) as failure:
         await handle.execute_update(name, body)
     return str(failure.value.cause.message if hasattr(failure.value.cause, "message") else failure.value.cause)
+
+
+async def test_the_drill_approver_acts_on_drill_runs_only(env, task_queue, tmp_path):
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: drilled}}
+        target: t
+        approvers: [drill-bot, alice]
+        steps:
+          - id: go
+            approval: {{prompt: "go on?"}}
+          - id: after
+            action: test.append
+            with: {{path: "{out}", label: after}}
+    """)
+    async with support.worker(env.client, task_queue):
+        incident = await support.start(env.client, book, task_queue, target={"name": "prod-" + task_queue})
+        await support.wait_for(lambda: _awaiting(incident))
+        message = await _update_refused(incident, "approve", ApproveRequest(step="go", approver="drill-bot"))
+        assert message == "'drill-bot' is a drill approver: it acts on drill runs only, and this run is no drill"
+        message = await _update_refused(incident, "abort", ControlRequest(actor="drill-bot"))
+        assert "acts on drill runs only" in message
+        await incident.execute_update("approve", ApproveRequest(step="go", approver="alice"))
+        await incident.result()
+        drill = await start_run(env.client, plan_run(book, registry=support.registry(), drill=True, initiator="drill",
+                                                     inventory={"name": "lab-" + task_queue, "drill": True}), task_queue)
+        await support.wait_for(lambda: _awaiting(drill))
+        await drill.execute_update("approve", ApproveRequest(step="go", approver="drill-bot"))
+        await drill.result()

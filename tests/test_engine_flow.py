@@ -194,6 +194,40 @@ async def test_hold_then_retry_skip_or_abort(env, task_queue, tmp_path):
         assert "aborted by op" in str(failure.value.cause)
 
 
+async def test_an_abort_says_what_it_leaves_changed_or_undoes_it(env, task_queue, tmp_path):
+    """An abort mid-recovery (the client block in place, the restore held) either names what it leaves
+    changed, with the action that would revert it, or, asked to, undoes it newest first."""
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: aborted}}
+        target: t
+        steps:
+          - id: block
+            action: test.append
+            with: {{path: "{out}", label: block}}
+          - id: restore
+            action: test.maybe_fail
+            with: {{path: "{out}", label: restore, fail_items: [restore]}}
+            on_failure: hold
+    """)
+    async with support.worker(env.client, task_queue):
+        kept = await support.start(env.client, book, task_queue, target={"name": "abort-keep-" + task_queue})
+        await support.wait_for(lambda: _held(kept, "restore"))
+        await kept.execute_update("abort", ControlRequest(actor="op", reason="wrong snapshot"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await kept.result()
+        assert "left in place, not undone: block (test.append_undo)" in str(failure.value.cause)
+        assert [line.split()[-1] for line in support.lines(out)] == ["block"]  # nothing was undone
+        undone = await support.start(env.client, book, task_queue, target={"name": "abort-undo-" + task_queue})
+        await support.wait_for(lambda: _held(undone, "restore"))
+        await undone.execute_update("abort", ControlRequest(actor="op", reason="wrong snapshot", undo=True))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await undone.result()
+        assert "rolled back: block" in str(failure.value.cause)
+        assert (await support.status(undone)).state == "aborted"
+    assert support.lines(out)[-1] == "undo block"
+
+
 async def test_rollback_runs_undo_in_reverse(env, task_queue, tmp_path):
     out = tmp_path / "out.txt"
     book = support.write_runbook(tmp_path, f"""

@@ -351,6 +351,8 @@ class ControlRequest(_Request):
     actor: Name
     reason: Text = ""
     identity_token: Token = Field(default=None, description="a Vault OIDC identity token, when the runbook requires one")
+    undo: bool = Field(default=False, description="abort only: undo what the run changed (its steps' undo actions, "
+                                                  "newest first) before it ends")
 
 
 class RequestError(ValueError):

@@ -63,6 +63,8 @@ class OperatorControls:
 
     def _identify(self, verb: str, name: str, token: str | None) -> tuple[str, str | None]:
         """The acting name and, with verified identity, the token's subject; ValueError otherwise."""
+        if name in self._policy().drill_approvers and not self._inp.drill:
+            raise ValueError(f"{name!r} is a drill approver: it acts on drill runs only, and this run is no drill")
         if not self._needs_identity(verb):
             return name, None
         policy = self._inp.runbook.identity

@@ -168,6 +168,14 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             self._state = "aborted"
             who = self._abort.actor if self._abort else "operator"
             self._error = f"aborted by {who}" + (f": {self._abort.reason}" if self._abort and self._abort.reason else "")
+            if self._abort is not None and self._abort.undo:
+                await self._rollback()
+                if self._state == "rolled_back":
+                    self._state = "aborted"
+            elif self._undo:
+                # Say exactly what the aborted run leaves changed: what its undo actions would have reverted.
+                left = ", ".join(f"{r.step} ({r.action})" for r in reversed(self._undo))
+                self._error = f"{self._error}; left in place, not undone: {left}"
         except StepFailed as exc:
             self._error = str(exc)
             if exc.rollback:
