@@ -280,3 +280,25 @@ async def test_the_drill_approver_acts_on_drill_runs_only(env, task_queue, tmp_p
         await support.wait_for(lambda: _awaiting(drill))
         await drill.execute_update("approve", ApproveRequest(step="go", approver="drill-bot"))
         await drill.result()
+
+
+async def test_a_runs_kept_controls_are_bounded(env, task_queue, tmp_path):
+    """Pausing and resuming without end cannot grow what the run carries: the newest MAX_CONTROLS_KEPT stay."""
+    from workflows.controls import MAX_CONTROLS_KEPT
+
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: bounded}
+        target: t
+        steps:
+          - id: go
+            approval: {prompt: "go on?"}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _awaiting(handle))
+        for _ in range(MAX_CONTROLS_KEPT // 2 + 5):
+            await handle.execute_update("pause", ControlRequest(actor="op"))
+            await handle.execute_update("resume", ControlRequest(actor="op"))
+        controls = (await support.status(handle)).controls
+        await handle.terminate()
+    assert len(controls) == MAX_CONTROLS_KEPT and controls[-1].verb == "resume"

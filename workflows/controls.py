@@ -14,7 +14,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.identity import verify_identity_token
     from workflows.spec import ApprovalSpec
 
-__all__ = ["OperatorControls"]
+__all__ = ["MAX_CONTROLS_KEPT", "MAX_TOKENS_KEPT", "OperatorControls"]
+
+
+# What a run keeps of its decisions is bounded (it travels in the status and across continue-as-new); the
+# history keeps every one. Tokens live at most 15 minutes, so the newest thousand spent are all that can
+# still be presented again.
+MAX_CONTROLS_KEPT = 200
+MAX_TOKENS_KEPT = 1000
 
 
 def _digest(token: str) -> str:
@@ -87,6 +94,7 @@ class OperatorControls:
     def _spend(self, token: str | None) -> None:
         if token and self._inp.runbook.identity is not None:
             self._used_tokens.append(_digest(token))
+            del self._used_tokens[:-MAX_TOKENS_KEPT]
 
     def _operators(self) -> list[str] | None:
         """Who may retry, pause, resume and abort; None when neither the target nor the runbook restricts it."""
@@ -154,6 +162,7 @@ class OperatorControls:
     def _record(self, verb: str, step: str | None, actor: str, reason: str, subject: str | None) -> None:
         self._controls.append(ControlRecord(verb=verb, step=step, actor=actor, reason=reason,
                                             at=workflow.now(), subject=subject))
+        del self._controls[:-MAX_CONTROLS_KEPT]
         workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": actor, "subject": subject,
                                                           "reason": reason})
 
