@@ -157,6 +157,9 @@ class _JournalInbound(ActivityInboundInterceptor):
         self.journal = journal
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        if activity.info().activity_type not in self.journal.mutating:
+            # Not an action (the run's resolution against the catalog): its history is its record.
+            return await super().execute_activity(input)
         base: dict[str, Any] = {}
         try:
             info = activity.info()

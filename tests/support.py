@@ -143,6 +143,15 @@ class PlannedTargets(Catalog):
 CATALOG = PlannedTargets(Path(__file__).resolve().parents[1] / "runbooks", None)
 
 
+def development_target(targets: Path, name: str) -> dict[str, Any]:
+    """Write targets/NAME.yaml, a development target (it runs a test's own runbooks), for a worker started as
+    production starts it (its catalog from $COLDSTART_TARGETS); returns the inventory to plan against."""
+    inventory = {"name": name, "development": True, "telemetry": {"prometheus": "http://127.0.0.1:9"}}
+    targets.mkdir(parents=True, exist_ok=True)
+    (targets / f"{name}.yaml").write_text(json.dumps(inventory))
+    return inventory
+
+
 def worker(client: Client, task_queue: str, **options: Any):
     """The controller's worker with the test actions, its runs in Temporal's sandbox: production runs them
     unsandboxed (runtime/worker.py), so the tests are where a non-deterministic call fails a run."""

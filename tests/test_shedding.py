@@ -58,10 +58,11 @@ async def test_a_blocked_log_sink_costs_counted_records_not_the_run(env, task_qu
         [sys.executable, "worker.py"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "TEMPORAL_ADDRESS": env.client.service_client.config.target_host, TASK_QUEUE_ENV: task_queue,
              "COLDSTART_METRICS": f"127.0.0.1:{port}", "COLDSTART_LOG_QUEUE": "16",
-             "COLDSTART_JOURNAL": str(tmp_path / "journal.jsonl")},
+             "COLDSTART_JOURNAL": str(tmp_path / "journal.jsonl"), "COLDSTART_TARGETS": str(tmp_path / "targets")},
     )
     try:
-        handle = await support.start(env.client, book, task_queue)
+        handle = await support.start(env.client, book, task_queue,
+                                     target=support.development_target(tmp_path / "targets", "noisy-" + task_queue))
         result = await asyncio.wait_for(handle.result(), timeout=180)
         assert result.state == "succeeded"
         dropped = _samples(port, "coldstart_log_records_dropped_total")

@@ -71,12 +71,16 @@ async def test_worker_and_cli_run_a_runbook_over_mutual_tls_from_a_profile(secur
             action: core.note
             with: {{message: "done", journal: "{notes}"}}
     """)
-    # The real worker entry point (worker.py): its TLS settings come from the profile alone.
+    # The real worker entry point (worker.py): its TLS settings come from the profile alone, and its catalog
+    # (a development target here, so it runs this test's own runbook) from its environment.
+    targets = tmp_path / "targets"
+    inventory = support.development_target(targets, "tls-" + task_queue)
     journal = tmp_path / "actions.jsonl"
-    worker = WorkerProcess(cluster.address, task_queue, journal, tmp_path / "worker.log", profile_env)
+    worker = WorkerProcess(cluster.address, task_queue, journal, tmp_path / "worker.log",
+                           {**profile_env, "COLDSTART_TARGETS": str(targets)})
     worker.start()
     try:
-        handle = await support.start(client, book, task_queue)
+        handle = await support.start(client, book, task_queue, target=inventory)
         await handle.result()
         # The coldstart CLI reads the same profile from the environment (its status query needs the worker).
         shown = await asyncio.to_thread(
