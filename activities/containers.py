@@ -1,8 +1,9 @@
-"""Container host actions: list a host's containers and kill each one's PID-namespace init, verified gone."""
+"""Container host actions: confirm a host's preemption notice, list its containers and kill each one's PID-namespace init."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -20,9 +21,12 @@ __all__ = [
     "KillInitsInput",
     "KillInitsOutput",
     "ListInput",
+    "NoticeInput",
+    "NoticeOutput",
     "kill_inits",
     "list_containers",
     "live_containers",
+    "preemption_notice",
 ]
 
 # Runs on the host with its own python3 (stdin, no file left behind). A container is a child cgroup of
@@ -90,22 +94,27 @@ print(json.dumps(report))
 """
 
 
-class _OnHost(BaseModel):
-    """One host of a group (`${{ target.groups.container_hosts }}`) chosen by name, and its containers' cgroup."""
+class _Named(BaseModel):
+    """One host of a group (`${{ target.groups.container_hosts }}`) chosen by name."""
 
     host: str = Field(min_length=1, max_length=64)
     hosts: Annotated[list[HostTarget], unique_names("host")] = Field(min_length=1)
-    cgroup_parent: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*$", max_length=200,
-                               description="the cgroup holding one child group per container, below the hierarchy root")
 
     @model_validator(mode="after")
-    def _known_host(self) -> "_OnHost":
+    def _known_host(self) -> "_Named":
         if self.host not in {h.name for h in self.hosts}:
             raise ValueError(f"host {self.host!r} is not one of {sorted(h.name for h in self.hosts)}")
         return self
 
     def target(self) -> HostTarget:
         return next(h for h in self.hosts if h.name == self.host)
+
+
+class _OnHost(_Named):
+    """A host and its containers' cgroup."""
+
+    cgroup_parent: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*$", max_length=200,
+                               description="the cgroup holding one child group per container, below the hierarchy root")
 
 
 class ListInput(_OnHost):
@@ -140,6 +149,89 @@ class KillInitsOutput(BaseModel):
     killed_count: int = 0
     already_gone: list[str] = Field(description="containers with no process left before this attempt")
     seconds: float = Field(description="from the first signal until every container was empty")
+
+
+# Asks the provider's metadata service from the host itself (it answers only there): the notice, or none.
+_NOTICE_SCRIPT = r"""
+import json, sys, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=3) as r:
+        print(json.dumps({"status": r.status, "body": r.read(4096).decode("utf-8", "replace")}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"status": e.code, "body": ""}))
+"""
+
+
+class NoticeInput(_Named):
+    metadata_urls: dict[str, Annotated[str, Field(pattern=r"^https?://[^\s]+$", max_length=300)]] = Field(
+        description="per host, the provider's spot/instance-action metadata URL as the host itself reaches it")
+    deadline: str = Field(max_length=40, description="the deadline the run was started with: unix seconds or RFC 3339")
+    tolerance_seconds: float = Field(default=5.0, ge=0, le=600,
+                                     description="how far the host's own notice may be from that deadline")
+
+
+class NoticeOutput(BaseModel):
+    host: str
+    action: str
+    terminates_at: datetime
+    off_by_seconds: float = Field(description="the host's notice less the deadline the run was given")
+
+
+def _instant(text: str) -> datetime:
+    try:
+        return datetime.fromtimestamp(float(text), tz=timezone.utc)
+    except ValueError:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            raise ValueError(f"{text!r} has no time zone") from None
+        return moment
+
+
+@action("containers.preemption_notice", timeout=30, retry=Retry(max_attempts=3, initial_interval=0.5))
+async def preemption_notice(inp: NoticeInput) -> NoticeOutput:
+    """Confirm from the host itself that the provider will terminate it, at about the deadline the run was
+    given: a run started by an alert drains nothing on the alert's word alone."""
+    target = inp.target()
+    url = inp.metadata_urls.get(target.name)
+    if url is None:
+        raise ApplicationError(f"{target.name}: the inventory names no metadata URL for it", type="BadInput",
+                               non_retryable=True)
+    try:
+        given = _instant(inp.deadline)
+    except ValueError as exc:
+        raise ApplicationError(f"deadline {inp.deadline!r}: {exc}", type="BadInput", non_retryable=True) from None
+    try:
+        async with executor_for(target) as ex:
+            rc, out, err = await ex.run(["python3", "-", url], input=_NOTICE_SCRIPT, timeout=15)
+    except ExecutorError as exc:
+        raise unavailable(f"{target.name}: {exc}", retryable=exc.retryable) from None
+    try:
+        answer = json.loads(out) if rc == 0 else None
+    except ValueError:
+        answer = None
+    if answer is None:
+        raise unavailable(f"{target.name}: its metadata service did not answer (rc {rc}): {err.strip()[-200:]}")
+    notice: Any = None
+    if answer["status"] == 200:
+        try:
+            notice = json.loads(answer["body"])
+        except ValueError:
+            notice = None
+    if not isinstance(notice, dict) or notice.get("action") not in ("terminate", "stop"):
+        raise ApplicationError(
+            f"{target.name} reports no preemption notice (its metadata answered {answer['status']}): nothing is drained",
+            type="NoPreemptionNotice", non_retryable=True)
+    try:
+        when = _instant(str(notice.get("time")))
+    except ValueError:
+        raise ApplicationError(f"{target.name}: its notice has no readable time: {str(notice)[:200]}",
+                               type="NoPreemptionNotice", non_retryable=True) from None
+    off = (when - given).total_seconds()
+    if abs(off) > inp.tolerance_seconds:
+        raise ApplicationError(
+            f"{target.name}'s own notice terminates it at {when:%Y-%m-%dT%H:%M:%SZ}, {off:+.0f} s from the deadline the "
+            f"run was given ({given:%Y-%m-%dT%H:%M:%SZ}): nothing is drained", type="NoticeMismatch", non_retryable=True)
+    return NoticeOutput(host=target.name, action=notice["action"], terminates_at=when, off_by_seconds=round(off, 3))
 
 
 async def _run_script(inp: _OnHost, mode: str, timeout: float) -> dict[str, Any]:

@@ -387,6 +387,9 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
                # The session platform: containers in child cgroups of cgroup_parent, one store entry per repl.
                "sessions": {"store_prefix": cfg.session_store_prefix, "cgroup_parent": sessions_cgroup(cfg.prefix),
                             "container_host": cfg.container_host,
+                            # What each host's provider metadata service is, as the host reaches it.
+                            "metadata": {h: f"http://{cfg.ip(h)}:{p.node_agent}/latest/meta-data/spot/instance-action"
+                                         for h in CACHE_HOSTS},
                             "router": f"http://{cfg.ip('edge')}:{p.session_router}",
                             "trigger": f"http://{spec.gateway}:{p.trigger}/alerts"}},
         services=user_services(cfg),

@@ -25,7 +25,8 @@ def targets(tmp_path: Path) -> Path:
         "telemetry": {"prometheus": "http://127.0.0.1:9"},
         "consul": {"address": "http://127.0.0.1:8500"},
         "groups": {"container_hosts": [{"name": h, "kind": "netns", "netns": f"ns-{h}"} for h in ("c1", "c2")]},
-        "facts": {"sessions": {"store_prefix": "sessions/", "cgroup_parent": "coldstart"}},
+        "facts": {"sessions": {"store_prefix": "sessions/", "cgroup_parent": "coldstart",
+                               "metadata": {h: f"http://10.0.0.1/{h}" for h in ("c1", "c2")}}},
     }
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(inventory))
     return tmp_path

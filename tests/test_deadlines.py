@@ -136,6 +136,36 @@ async def test_a_held_step_is_not_held_past_the_deadline(env, task_queue, tmp_pa
     assert [line.split()[-1] for line in support.lines(out)] == ["rescue"]
 
 
+async def test_on_miss_waits_for_the_step_that_confirms_it(env, task_queue, tmp_path):
+    """A deadline missed before `on_miss_after`'s step succeeded (a host that never confirmed its notice) only
+    fails the run: on_miss, which assumes what that step confirms, does not run."""
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: unconfirmed}}
+        target: t
+        deadline:
+          within: 2s
+          on_miss_after: confirm
+          on_miss:
+            - id: release-anyway
+              action: test.append
+              with: {{path: "{out}", label: released}}
+        steps:
+          - id: confirm
+            action: test.maybe_fail
+            with: {{path: "{out}", label: confirm, fail_items: [confirm]}}
+            on_failure: hold
+          - id: drain
+            action: test.append
+            with: {{path: "{out}", label: drained}}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        message = await _failure(handle)
+    assert "on_miss not run: confirm had not confirmed it" in message, message
+    assert support.lines(out) == []
+
+
 async def _held(handle, step: str) -> bool:
     return step in (await support.status(handle)).held
 

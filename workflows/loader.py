@@ -609,6 +609,10 @@ def _check_deadlines(runbook: Runbook, source: _Source) -> None:
                 walk(step.parallel, path + ("parallel",), bound or step.deadline is not None)
 
     walk(runbook.steps, ("steps",), bound)
+    after = runbook.deadline.on_miss_after if runbook.deadline else None
+    if after is not None and after not in {step.id for step in runbook.steps}:
+        source.error(("deadline", "on_miss_after"), f"on_miss_after: {after!r} is not a step of the runbook's own "
+                                                     "(top-level) steps")
     for i, step in enumerate(runbook.deadline.on_miss if runbook.deadline else []):
         if step.deadline is not None or step.needs is not None:
             source.error(("deadline", "on_miss", i), f"step {step.id}: on_miss steps run after the deadline; "

@@ -245,6 +245,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         spec = self._inp.runbook.deadline
         if spec is None or not spec.on_miss:
             return
+        if spec.on_miss_after is not None and self._steps[spec.on_miss_after].status != "succeeded":
+            self._error = f"{self._error}; on_miss not run: {spec.on_miss_after} had not confirmed it"
+            return
         self._deadlines_bind = False
         done: list[str] = []
         try:

@@ -286,6 +286,11 @@ class DeadlineSpec(_Strict):
         default_factory=list,
         description="steps run when a step cannot finish in time (not bound by the deadline); the run then fails",
     )
+    on_miss_after: StepId | None = Field(
+        default=None,
+        description="on_miss runs only once this step has succeeded (it confirmed what on_miss assumes, such as "
+                    "the host's own preemption notice); a deadline missed before that only fails the run",
+    )
 
     @model_validator(mode="after")
     def _has_end(self) -> "DeadlineSpec":
