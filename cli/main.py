@@ -708,12 +708,17 @@ def _mount_triggers() -> None:
         token_file: Path = typer.Option(..., "--token-file", help="the bearer token Alertmanager sends"),
         targets_dir: Optional[Path] = typer.Option(None, "--targets-dir",
                                                    help="inventories (default: $COLDSTART_TARGETS or targets)"),
+        state: Optional[Path] = typer.Option(None, "--state", help="a file keeping the firings acted on, so a "
+                                                                   "repeated alert starts nothing after a restart"),
+        tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="serve https with this certificate (PEM)"),
+        tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="and its private key (PEM)"),
     ) -> None:
         """Answer Alertmanager's webhook: allow-listed alerts start their runbook (POST /alerts)."""
         from cli.triggers import TriggersInvalid, serve
 
         try:
-            serve(config, host, port, token_file, targets_dir or _targets_dir())
+            serve(config, host, port, token_file, targets_dir or _targets_dir(), state=state, tls_cert=tls_cert,
+                  tls_key=tls_key)
         except TriggersInvalid as exc:
             for line in exc.errors:
                 err.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import re
+import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
@@ -318,15 +320,57 @@ class _Metrics:
                                        registry=self.registry)
 
 
+class HandledFirings:
+    """Alerts already acted on: (trigger, alert identity, startsAt) -> workflow id. Alertmanager repeats a
+    firing alert every repeat_interval; the same firing must not start a second run once the first has
+    ended (single flight per target covers only a run still going), nor after the receiver restarts: with
+    a `path`, each one is appended there (a JSON line) and read back at start."""
+
+    def __init__(self, path: Path | None = None, most: int = _HANDLED_MAX) -> None:
+        self.path, self.most = path, most
+        self._seen: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    trigger, alert, since, workflow_id = json.loads(line)
+                except (ValueError, TypeError):
+                    continue  # a line torn by a crash mid-write
+                self._remember((trigger, alert, since), workflow_id)
+
+    def __contains__(self, firing: tuple[str, str, str]) -> bool:
+        return firing in self._seen
+
+    def __getitem__(self, firing: tuple[str, str, str]) -> str:
+        return self._seen[firing]
+
+    def _remember(self, firing: tuple[str, str, str], workflow_id: str) -> bool:
+        self._seen[firing] = workflow_id
+        if len(self._seen) <= self.most:
+            return False
+        while len(self._seen) > self.most:
+            self._seen.popitem(last=False)
+        return True
+
+    def add(self, firing: tuple[str, str, str], workflow_id: str) -> None:
+        forgot = self._remember(firing, workflow_id)
+        if self.path is None:
+            return
+        if forgot:  # rewrite what is remembered, so the file stays as bounded as memory
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps([*f, w]) + "\n" for f, w in self._seen.items()))
+            tmp.replace(self.path)
+        else:
+            with self.path.open("a") as out:
+                out.write(json.dumps([*firing, workflow_id]) + "\n")
+
+
 class _Receiver:
-    def __init__(self, config: TriggersFile, token: str, starter: Starter, planner: Planner):
+    def __init__(self, config: TriggersFile, token: str, starter: Starter, planner: Planner,
+                 handled: HandledFirings | None = None):
         self.config, self.token, self.starter, self.planner = config, token.encode(), starter, planner
         self.metrics = _Metrics()
         self.locks: dict[str, asyncio.Lock] = {}
-        # Alerts already acted on: (trigger, alert identity, startsAt) -> workflow id. Alertmanager
-        # repeats a firing alert every repeat_interval; the same firing must not start a second run
-        # once the first has ended (single flight per target covers only a run still going).
-        self.handled: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        self.handled = handled or HandledFirings()
 
     def authorized(self, request: web.Request) -> bool:
         found = _BEARER.match(request.headers.get("Authorization", ""))
@@ -421,9 +465,10 @@ class _Receiver:
                 return {"outcome": "error", "reason": _first_line(exc)}
             finally:
                 self.metrics.start_seconds.observe(time.monotonic() - started)
-        self.handled[firing] = workflow_id
-        while len(self.handled) > _HANDLED_MAX:
-            self.handled.popitem(last=False)
+        try:
+            self.handled.add(firing, workflow_id)
+        except OSError as exc:  # the run started; only its record across a restart is lost
+            _log.warning("trigger_state_unwritten", path=str(self.handled.path), error=_first_line(exc))
         _log.info("trigger_started", trigger=trigger.name, target=trigger.target, workflow_id=workflow_id,
                   params=params)
         return {"outcome": "started", "workflow_id": workflow_id}
@@ -435,7 +480,11 @@ class _Receiver:
                       reason=result.get("reason"), errors=result.get("errors"))
         return result
 
-    async def serve_metrics(self, _: web.Request) -> web.Response:
+    async def serve_metrics(self, request: web.Request) -> web.Response:
+        # Behind the same token: what alerts came and what they started is not for anyone on the network.
+        if not self.authorized(request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                     headers={"WWW-Authenticate": 'Bearer realm="coldstart-triggers"'})
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain", charset="utf-8")
 
 
@@ -451,14 +500,17 @@ async def _healthz(_: web.Request) -> web.Response:
 
 
 def create_app(config: TriggersFile, token: str, *, starter: Starter | None = None,
-               planner: Planner | None = None, targets_dir: Path = Path("targets")) -> web.Application:
-    """The receiver: POST /alerts (Alertmanager webhook v4, bearer token), GET /healthz, GET /metrics.
+               planner: Planner | None = None, targets_dir: Path = Path("targets"),
+               state: Path | None = None) -> web.Application:
+    """The receiver: POST /alerts (Alertmanager webhook v4, bearer token), GET /healthz, GET /metrics (bearer token).
 
-    starter defaults to temporal_starter() (connects on first use), planner to default_planner(targets_dir).
+    starter defaults to temporal_starter() (connects on first use), planner to default_planner(targets_dir);
+    state: where the firings acted on are kept across restarts (HandledFirings).
     """
     if not token:
         raise ValueError("an empty token would let anyone start runs")
-    receiver = _Receiver(config, token, starter or temporal_starter(), planner or default_planner(targets_dir))
+    receiver = _Receiver(config, token, starter or temporal_starter(), planner or default_planner(targets_dir),
+                         HandledFirings(state))
     # aiohttp refuses a larger body itself too (413) when it is read.
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[RECEIVER] = receiver
@@ -468,8 +520,10 @@ def create_app(config: TriggersFile, token: str, *, starter: Starter | None = No
     return app
 
 
-def serve(config_path: str | Path, host: str, port: int, token_file: str | Path, targets_dir: Path) -> None:
-    """Check the triggers file and its runbooks, then answer Alertmanager on HOST:PORT until SIGINT/SIGTERM."""
+def serve(config_path: str | Path, host: str, port: int, token_file: str | Path, targets_dir: Path, *,
+          state: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
+    """Check the triggers file and its runbooks, then answer Alertmanager on HOST:PORT until SIGINT/SIGTERM
+    (over https with tls_cert and tls_key)."""
     from activities.catalog import load_registry
     from runtime.logs import configure_logging
 
@@ -477,7 +531,14 @@ def serve(config_path: str | Path, host: str, port: int, token_file: str | Path,
     token = read_token(token_file)
     registry = load_registry()
     config = check(config_path, registry=registry)
-    app = create_app(config, token, planner=default_planner(targets_dir, registry=registry), targets_dir=targets_dir)
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    ssl_context = None
+    if tls_cert is not None and tls_key is not None:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(tls_cert, tls_key)
+    app = create_app(config, token, planner=default_planner(targets_dir, registry=registry), targets_dir=targets_dir,
+                     state=state)
     _log.info("triggers_serving", config=str(config_path), listen=f"{host}:{port}",
               triggers=[t.name for t in config.triggers])
-    web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
+    web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True, ssl_context=ssl_context)

@@ -260,7 +260,8 @@ async def test_healthz_and_metrics_count():
         await client.post("/alerts", json=_payload(_alert()), headers=AUTH)
         await client.post("/alerts", json=_payload(_alert(), _alert(status="resolved")), headers=AUTH)
         await client.post("/alerts", json=_payload(_alert()), headers={})
-        metrics = await (await client.get("/metrics")).text()
+        assert (await client.get("/metrics")).status == 401  # behind the token too
+        metrics = await (await client.get("/metrics", headers=AUTH)).text()
         assert 'coldstart_trigger_alerts_total{outcome="started",trigger="preempted-host"} 1.0' in metrics
         assert 'coldstart_trigger_alerts_total{outcome="duplicate",trigger="preempted-host"} 1.0' in metrics
         assert 'coldstart_trigger_alerts_total{outcome="ignored",trigger=""} 1.0' in metrics
@@ -269,6 +270,34 @@ async def test_healthz_and_metrics_count():
         assert "coldstart_trigger_start_seconds_count 1.0" in metrics  # the repeat is answered from memory
     finally:
         await client.close()
+
+
+async def test_a_repeated_firing_starts_nothing_after_the_receiver_restarts(tmp_path):
+    """The firings acted on are kept in --state: Alertmanager's repeat after a restart is a duplicate."""
+    state = tmp_path / "handled.jsonl"
+    starter = FakeTemporal()
+    for _ in range(2):  # the same firing, to a receiver started afresh each time
+        client = TestClient(TestServer(create_app(CONFIG, TOKEN, starter=starter, planner=_planner, state=state)))
+        await client.start_server()
+        try:
+            response = await client.post("/alerts", json=_payload(_alert()), headers=AUTH)
+            outcomes = [r["outcome"] for r in (await response.json())["results"]]
+        finally:
+            await client.close()
+        starter.running.clear()  # the first run has ended meanwhile
+    assert outcomes == ["duplicate"] and len(starter.calls) == 1
+
+
+def test_the_kept_firings_stay_bounded(tmp_path):
+    from cli.triggers import HandledFirings
+
+    state = tmp_path / "handled.jsonl"
+    kept = HandledFirings(state, most=3)
+    for i in range(5):
+        kept.add(("t", f"a{i}", "since"), f"w{i}")
+    again = HandledFirings(state, most=3)
+    assert ("t", "a4", "since") in again and ("t", "a1", "since") not in again
+    assert len(state.read_text().splitlines()) <= 4
 
 
 def test_templates_are_only_labels_and_annotations():
@@ -376,3 +405,36 @@ async def test_real_alertmanager_delivers_the_alert_with_the_bearer_token(tmp_pa
             process.kill()
             await process.wait()
         await runner.cleanup()
+
+
+def test_the_receiver_serves_https_with_its_certificate(tmp_path):
+    """`coldstart triggers serve --tls-cert --tls-key`: Alertmanager reaches it over https only."""
+    import sys
+
+    from tests.cluster.certs import Authority
+
+    ca = Authority(tmp_path / "ca")
+    cert, key = ca.issue("triggers", ips=["127.0.0.1"], server=True)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    port = free_port()
+    serving = subprocess.Popen(
+        [str(Path(sys.prefix) / "bin" / "coldstart"), "triggers", "serve", "--config", "triggers/lab.yaml", "--port",
+         str(port), "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca.path), timeout=2)
+                break
+            except httpx.TransportError:
+                assert serving.poll() is None, serving.stderr.read() if serving.stderr else ""
+                assert time.monotonic() < deadline, "the receiver did not answer within 30 s"
+                time.sleep(0.2)
+        assert answer.text == "ok"
+        with pytest.raises(httpx.TransportError):  # plain http is not answered
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    finally:
+        serving.terminate()
+        serving.wait(timeout=15)
