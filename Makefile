@@ -41,11 +41,12 @@ schema: bootstrap
 # `make lock LOCK_ARGS='--upgrade-package NAME'` (or `LOCK_ARGS=--upgrade` for all). The resolver
 # (uv, pinned) lives in .cache/lock-tool, never in .venv.
 LOCK_TOOL := .cache/lock-tool
-UV_VERSION := 0.13.9
+UV_VERSION := $(shell sed -n 's/^uv==\([^ ]*\) .*/\1/p' requirements-tools.lock)
 lock:
 	@[ -x $(LOCK_TOOL)/bin/uv ] && $(LOCK_TOOL)/bin/uv --version | grep -qF ' $(UV_VERSION) ' || { \
 	  rm -rf $(LOCK_TOOL) && $${PYTHON:-python3.11} -m venv $(LOCK_TOOL) && \
-	  $(LOCK_TOOL)/bin/pip install -q 'uv==$(UV_VERSION)'; }
+	  grep -E '^uv==' requirements-tools.lock > $(LOCK_TOOL)/uv.txt && \
+	  $(LOCK_TOOL)/bin/pip install -q --require-hashes --no-deps -r $(LOCK_TOOL)/uv.txt; }
 	UV_CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_TOOL)/bin/uv pip compile -q pyproject.toml --extra test \
 	  --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	  -o requirements.lock $(LOCK_ARGS)

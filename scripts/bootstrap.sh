@@ -32,7 +32,7 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 # The Python packages are exactly those of requirements.lock (pinned, hash-checked: what CI tested;
 # `make lock` regenerates it from pyproject.toml), then the project itself, editable. The stamp
 # follows both files, so a changed lock or pyproject re-installs an existing .venv in place.
-stamp=.venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml requirements.lock requirements-tools.lock | sha256sum | cut -c1-16)
 if [[ ! -f "$stamp" ]]; then
   if [[ -x .venv/bin/python ]]; then
     echo "bootstrap: installing requirements.lock into the existing .venv"
@@ -40,9 +40,12 @@ if [[ ! -f "$stamp" ]]; then
     echo "bootstrap: creating .venv with $PYTHON"
     "$PYTHON" -m venv .venv
   fi
-  .venv/bin/pip install -q --upgrade pip
+  # pip and setuptools from requirements-tools.lock, hash-checked like the rest; the editable install is
+  # built with that setuptools (no build isolation: nothing unpinned is fetched for it).
+  grep -E '^(pip|setuptools)==' requirements-tools.lock > .venv/.tools.txt
+  .venv/bin/pip install -q --require-hashes --no-deps -r .venv/.tools.txt
   .venv/bin/pip install -q --require-hashes --no-deps -r requirements.lock
-  .venv/bin/pip install -q --no-deps -e .
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -138,3 +138,13 @@ def test_the_checks_catch_what_they_name():
         except ValueError:
             continue
         raise AssertionError(f"accepted {bad!r}")
+
+
+def test_the_installers_are_pinned_with_hashes_too():
+    """pip and setuptools (bootstrap) and uv (`make lock`) come from requirements-tools.lock, hash-checked;
+    the .venv runs the pinned pip and setuptools."""
+    tools = parse_lock((REPO / "requirements-tools.lock").read_text())
+    assert set(tools) == {"pip", "setuptools", "uv"}
+    assert all(hashes >= 1 for _, hashes in tools.values()), tools
+    for name in ("pip", "setuptools"):
+        assert Version(metadata.version(name)) == tools[name][0], f"{name} is not the pinned one (run make bootstrap)"
