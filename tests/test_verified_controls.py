@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import hvac
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -79,6 +81,13 @@ async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env,
         # Retry is not among the verified controls here (approve and skip are): the operator's name suffices.
         await handle.execute_update("retry", ControlRequest(step="flaky", actor="olga"))
         await support.wait_for(lambda: _held(handle, "flaky"))
+        # A refused signal leaves its token in the history for anyone to copy: it is spent all the same.
+        copied = _token(vault, "alice")
+        await handle.signal("skip_signal", {"step": "go", "actor": "alice", "identity_token": copied})
+        await support.wait_for(lambda: _rejected(handle))
+        message = await _refused(handle, "skip", ControlRequest(step="flaky", actor="alice", identity_token=copied))
+        assert message == "this identity token was already used in this run: fetch a new one"
+        await asyncio.sleep(1.1)  # Vault signs the same claims in the same second into the same token
         result = await handle.execute_update("skip", ControlRequest(step="flaky", actor="alice", reason="known bad check",
                                                                    identity_token=_token(vault, "alice")))
         assert result == f"skip flaky by alice (verified {setup['users']['alice']})"
@@ -91,6 +100,10 @@ async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env,
         timeline = await build_timeline(env.client, handle.id)
         actors = [e.actor for e in timeline.entries if e.event in ("approve (update)", "skip (update)")]
         assert actors == [f"bob (verified {setup['users']['bob']})", f"alice (verified {setup['users']['alice']})"]
+
+
+async def _rejected(handle) -> list[str]:
+    return await handle.query("rejected_signals")
 
 
 async def test_a_run_whose_vault_has_no_keys_fails_before_any_step(env, task_queue, tmp_path):

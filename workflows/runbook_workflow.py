@@ -793,32 +793,37 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     # Fire-and-forget twins of the Updates: same checks, a rejection is logged and kept in status.
     @workflow.signal(name="approve_signal")
     def approve_signal(self, req: Any) -> None:
-        self._signal("approve", lambda: self._approve(parse_request(ApproveRequest, req)))
+        self._signal("approve", lambda: self._approve(parse_request(ApproveRequest, req)), req)
 
     @workflow.signal(name="retry_signal")
     def retry_signal(self, req: Any) -> None:
-        self._signal("retry", lambda: self._decide(parse_request(ControlRequest, req), "retry"))
+        self._signal("retry", lambda: self._decide(parse_request(ControlRequest, req), "retry"), req)
 
     @workflow.signal(name="skip_signal")
     def skip_signal(self, req: Any) -> None:
-        self._signal("skip", lambda: self._decide(parse_request(ControlRequest, req), "skip"))
+        self._signal("skip", lambda: self._decide(parse_request(ControlRequest, req), "skip"), req)
 
     @workflow.signal(name="abort_signal")
     def abort_signal(self, req: Any) -> None:
-        self._signal("abort", lambda: self._abort_run(parse_request(ControlRequest, req)))
+        self._signal("abort", lambda: self._abort_run(parse_request(ControlRequest, req)), req)
 
     @workflow.signal(name="pause_signal")
     def pause_signal(self, req: Any) -> None:
-        self._signal("pause", lambda: self._set_paused(parse_request(ControlRequest, req), "pause"))
+        self._signal("pause", lambda: self._set_paused(parse_request(ControlRequest, req), "pause"), req)
 
     @workflow.signal(name="resume_signal")
     def resume_signal(self, req: Any) -> None:
-        self._signal("resume", lambda: self._set_paused(parse_request(ControlRequest, req), "resume"))
+        self._signal("resume", lambda: self._set_paused(parse_request(ControlRequest, req), "resume"), req)
 
-    def _signal(self, name: str, apply: Any) -> None:
+    def _signal(self, name: str, apply: Any, req: Any) -> None:
         try:
             apply()
         except ValueError as exc:
+            # A refused signal stays in the history with its token, for anyone with the Web UI to copy:
+            # it is spent all the same, so it cannot be presented again in this run.
+            token = req.get("identity_token") if isinstance(req, dict) else None
+            if isinstance(token, str) and token:
+                self._spend(token)
             # Bounded: anyone who can reach the Web UI can send signals, and a flood must not grow the run's state.
             self._rejected_signals.append(f"{name}: {exc}")
             del self._rejected_signals[:-_MAX_REJECTED_KEPT]
