@@ -63,6 +63,9 @@ class Timeline:
     runbook: str = ""
     target: str = ""
     initiator: str = ""
+    # The runbook version the controller resolved the run to, and where it found it (catalog, development).
+    runbook_digest: str = ""
+    runbook_origin: str = ""
     started: datetime | None = None
     ended: datetime | None = None
     outcome: str = "running"
@@ -97,6 +100,17 @@ class Timeline:
 
 def _time(event: Any) -> datetime:
     return event.event_time.ToDatetime().replace(tzinfo=None)
+
+
+def _adopt_resolution(timeline: Timeline, plan: Any) -> None:
+    """The header from what the controller resolved, not from what the starter sent."""
+    if not isinstance(plan, dict):
+        return
+    timeline.runbook = plan.get("runbook", {}).get("metadata", {}).get("name", timeline.runbook)
+    timeline.target = plan.get("target_name", timeline.target)
+    timeline.initiator = plan.get("initiator", timeline.initiator)
+    catalog = plan.get("catalog") or {}
+    timeline.runbook_digest, timeline.runbook_origin = catalog.get("digest", ""), catalog.get("origin", "")
 
 
 def _resolution(request: Any, result: Any) -> str:
@@ -186,6 +200,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                                                       "value" if error is None else "error"))
                         _touch(timeline, step, started_at, at, reading=error is None and reading is not None)
                 elif activity_type == RESOLVE_RUN_ACTIVITY:
+                    _adopt_resolution(timeline, value if outcome == "completed" else None)
                     timeline.entries.append(Entry(at, None, "runbook resolved" if outcome == "completed" else
                                                   f"runbook refused ({outcome})", None, _resolution(args, value),
                                                   duration, outcome))
@@ -306,6 +321,7 @@ def render_markdown(timeline: Timeline) -> str:
         "",
         f"- workflow: `{timeline.workflow_id}` (runs: {', '.join(f'`{r}`' for r in timeline.run_ids)})",
         f"- initiator: {timeline.initiator}",
+        *([f"- runbook version: `{timeline.runbook_digest}` ({timeline.runbook_origin})"] if timeline.runbook_digest else []),
         f"- started: {start:%Y-%m-%d %H:%M:%S} UTC" if start else "- started: ?",
         f"- outcome: **{timeline.outcome}**" + (f" after {total:.1f} s" if total is not None else ""),
         "",

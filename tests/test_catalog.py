@@ -10,6 +10,7 @@ import yaml
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from cli.runs import start_run
+from cli.timeline import build_timeline, render_markdown
 from runtime.catalog import Catalog
 from tests import support
 from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunStatus
@@ -82,6 +83,11 @@ async def test_a_catalogued_runbook_runs_and_its_status_records_the_version(env,
         assert state.runbook_digest == runbook_digest(file.read_text())
         assert state.runbook_origin == "catalog"
         await handle.terminate()
+    timeline = await build_timeline(env.client, handle.id)
+    assert (timeline.runbook_digest, timeline.runbook_origin) == (state.runbook_digest, "catalog")
+    assert f"- runbook version: `{state.runbook_digest}` (catalog)" in render_markdown(timeline)
+    assert any(e.event == "runbook resolved" and str(cat.runbooks_dir / "guarded.yaml") in e.detail
+               for e in timeline.entries)
     assert not out.exists()
 
 
