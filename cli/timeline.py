@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,16 +17,14 @@ from workflows.history_tags import ActivityTag, activity_tag, timer_step
 __all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
 
 _E = EventType
-# Control updates answer "<verb> <step> by <actor> (verified <subject>)" when identity was verified.
-_VERIFIED = re.compile(r"\(verified ([^)]+)\)")
 
 
-def _verified_subject(result: Any) -> str | None:
-    """The verified subject an update's result carries: an approval record's, or a control's message."""
+def _verified_subject(result: Any, update_id: str, controls: dict[str, str]) -> str | None:
+    """The verified subject of an accepted update, from structured fields only: the approval record it
+    returned, or the run's control record that names the update (never from text an actor typed)."""
     if isinstance(result, dict):
         return result.get("subject")
-    match = _VERIFIED.search(result) if isinstance(result, str) else None
-    return match.group(1) if match else None
+    return controls.get(update_id)
 
 
 @dataclass
@@ -102,6 +99,20 @@ def _time(event: Any) -> datetime:
     return event.event_time.ToDatetime().replace(tzinfo=None)
 
 
+async def _verified_controls(client: Client, workflow_id: str, run_id: str | None) -> dict[str, str]:
+    """update id -> verified subject, from the control records the run keeps (latest run of the id only)."""
+    from cli.polling import read_kept_status
+
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        if run_id is not None and (await handle.describe()).run_id != run_id:
+            return {}
+        status = await read_kept_status(handle)
+    except Exception:  # noqa: BLE001 - a run that keeps no status shows its decisions unverified, never wrongly verified
+        return {}
+    return {c.update_id: c.subject for c in status.controls if c.update_id and c.subject}
+
+
 def _adopt_resolution(timeline: Timeline, plan: Any) -> None:
     """The header from what the controller resolved, not from what the starter sent."""
     if not isinstance(plan, dict):
@@ -153,6 +164,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
         next_run = chain[0]
     scheduled: dict[int, tuple[ActivityTag | None, str, datetime, Any]] = {}
     updates: dict[str, Entry] = {}
+    controls = await _verified_controls(client, workflow_id, run_id)
     while next_run:
         timeline.run_ids.append(next_run)
         history = await client.get_workflow_handle(workflow_id, run_id=next_run).fetch_history()
@@ -229,7 +241,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 entry = updates.get(attrs.meta.update_id)
                 if entry is not None and attrs.outcome.HasField("success"):
                     result = await _decode(client, attrs.outcome.success)
-                    subject = _verified_subject(result[0] if result else None)
+                    subject = _verified_subject(result[0] if result else None, attrs.meta.update_id, controls)
                     if subject:
                         entry.actor = f"{entry.actor} (verified {subject})"
                         summary = timeline.steps.get(entry.step or "")

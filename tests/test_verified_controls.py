@@ -136,3 +136,34 @@ async def _awaiting(handle, step):
 
 async def _held(handle, step):
     return step in (await support.status(handle)).held
+
+
+async def test_the_timeline_says_verified_only_from_the_runs_own_records(env, task_queue, tmp_path):
+    """A decision shows `(verified <subject>)` from the control record the run kept for its Update, never
+    from text: a name cannot carry parentheses, and an unverified decision shows none."""
+    from workflows.contract import RequestError, parse_request
+
+    with pytest.raises(RequestError, match="a name cannot contain parentheses"):
+        parse_request(ControlRequest, {"actor": "mallory (verified ent-1)"})
+    out = tmp_path / "out.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: plain}}
+        target: t
+        steps:
+          - id: flaky
+            action: test.maybe_fail
+            with: {{path: "{out}", label: flaky, fail_items: [flaky]}}
+            on_failure: hold
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _held(handle, "flaky"))
+        await handle.execute_update("abort", ControlRequest(actor="mallory", reason="verified by nobody"))
+        with pytest.raises(Exception):
+            await handle.result()
+        status = await support.status(handle)
+        timeline = await build_timeline(env.client, handle.id)
+    [record] = status.controls
+    assert record.update_id and record.subject is None
+    [entry] = [e for e in timeline.entries if e.event == "abort (update)"]
+    assert entry.actor == "mallory"

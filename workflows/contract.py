@@ -100,6 +100,8 @@ class ControlRecord(BaseModel):
     reason: str = ""
     at: datetime
     subject: str | None = None
+    # The Update that carried it (None for a Signal): how the timeline finds a decision's verified subject.
+    update_id: str | None = None
 
 
 class UndoRecord(BaseModel):
@@ -313,7 +315,14 @@ def _clean(kind: str, limit: int, *, multiline: bool = False):
     return AfterValidator(check)
 
 
-Name = Annotated[str, _clean("a name", _MAX_NAME)]
+def _no_parentheses(value: str) -> str:
+    # The timeline writes a verified decision as `name (verified <subject>)`: a name cannot fake that.
+    if "(" in value or ")" in value:
+        raise ValueError("a name cannot contain parentheses")
+    return value
+
+
+Name = Annotated[str, _clean("a name", _MAX_NAME), AfterValidator(_no_parentheses)]
 Text = Annotated[str, _clean("the text", _MAX_TEXT, multiline=True)]
 StepRef = Annotated[str, _clean("a step id", 63)]
 

@@ -160,8 +160,9 @@ class OperatorControls:
         return step, subject
 
     def _record(self, verb: str, step: str | None, actor: str, reason: str, subject: str | None) -> None:
+        update = workflow.current_update_info()
         self._controls.append(ControlRecord(verb=verb, step=step, actor=actor, reason=reason,
-                                            at=workflow.now(), subject=subject))
+                                            at=workflow.now(), subject=subject, update_id=update.id if update else None))
         del self._controls[:-MAX_CONTROLS_KEPT]
         workflow.logger.info(f"operator {verb}", extra={"step": step, "actor": actor, "subject": subject,
                                                           "reason": reason})
