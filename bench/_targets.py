@@ -30,3 +30,7 @@ def development_target(name: str) -> dict[str, Any]:
     if not path.exists():
         path.write_text(yaml.safe_dump(inventory))
     return inventory
+
+
+# At import, before any bench builds a worker or starts one (they read $COLDSTART_TARGETS when they do).
+use_development_targets()

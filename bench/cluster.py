@@ -42,7 +42,7 @@ def _book(work: Path, name: str, steps: int) -> Path:
 async def _per_step(client, book: Path, queue: str) -> tuple[list[float], float]:
     registry = load_registry()
     async with build_worker(client, queue, registry=registry):
-        run = plan_run(book, registry=registry, inventory=development_target(f"overhead-{queue)"}, initiator="bench")
+        run = plan_run(book, registry=registry, inventory=development_target(f"overhead-{queue}"), initiator="bench")
         started = time.monotonic()
         handle = await start_run(client, run, queue)
         await handle.result()
@@ -60,7 +60,7 @@ async def _throughput(cluster: Cluster, book: Path, work: Path, seconds: float, 
 
     async def one_after_another() -> None:
         while time.monotonic() < deadline:
-            run = plan_run(book, registry=registry, inventory=development_target(f"bench-{next(counter))"}, initiator="bench")
+            run = plan_run(book, registry=registry, inventory=development_target(f"bench-{next(counter)}"), initiator="bench")
             started = time.monotonic()
             handle = await start_run(client, run, "bench-throughput")
             await handle.result()

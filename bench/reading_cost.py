@@ -60,7 +60,7 @@ async def _phase(env, address: str, queue: str, per_second: str, lone: Path, pro
     async with shedding._worker(address, queue, settings={READINGS_PER_SECOND_ENV: per_second}) as worker:
         registry = shedding.load_registry()
         handles = [await shedding.start_run(env.client, shedding.plan_run(
-            lone, registry=registry, inventory=development_target(f"{queue)-{i}"}, initiator="bench"), queue) for i in range(RUNS)]
+            lone, registry=registry, inventory=development_target(f"{queue}-{i}"), initiator="bench"), queue) for i in range(RUNS)]
         await shedding._at_their_gates(handles)
         await asyncio.sleep(5)  # the starts' own work done
         server, worker_process = _server(), psutil.Process(worker.pid)
@@ -83,7 +83,7 @@ async def _steps(env, address: str, queue: str, book: Path) -> tuple[float, floa
         warm = await shedding.start_run(env.client, run, queue)  # the worker's first run pays its imports
         await warm.result()
         server, worker_process = _server(), psutil.Process(worker.pid)
-        run = shedding.plan_run(book, registry=shedding.load_registry(), inventory=development_target(f"{queue)-measured"}, initiator="bench")
+        run = shedding.plan_run(book, registry=shedding.load_registry(), inventory=development_target(f"{queue}-measured"), initiator="bench")
         server_before, worker_before, began = _cpu(server), _cpu(worker_process), time.monotonic()
         handle = await shedding.start_run(env.client, run, queue)
         await handle.result()

@@ -271,7 +271,7 @@ async def _measure(env, queue: str, book: Path, name: str) -> list[float]:
     registry = load_registry()
     gaps: list[float] = []
     for i in range(RUNS):
-        run = plan_run(book, registry=registry, inventory=development_target(f"{name)-{i}-{queue}"}, initiator="bench")
+        run = plan_run(book, registry=registry, inventory=development_target(f"{name}-{i}-{queue}"), initiator="bench")
         handle = await start_run(env.client, run, queue)
         await handle.result()
         gaps += _gaps(await handle.fetch_history())
@@ -295,7 +295,7 @@ async def _storm(env, queue: str, book: Path, name: str, *, kind: str) -> tuple[
             sys.exit("the pollers' process did not start")
         started = psutil.Process(storm.pid).cpu_times()
         for i in range(RUNS):
-            run = plan_run(book, registry=registry, inventory=development_target(f"{name)-{i}-{queue}"}, initiator="bench")
+            run = plan_run(book, registry=registry, inventory=development_target(f"{name}-{i}-{queue}"), initiator="bench")
             handle = await start_run(env.client, run, queue)
             storm.stdin.write(handle.id + "\n")
             storm.stdin.flush()
