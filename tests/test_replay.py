@@ -33,7 +33,13 @@ async def test_history_replays(path: Path, runner: str):
 
 
 def test_histories_exist_and_cover_the_step_kinds():
-    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited"}
+    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited", "resolved"}
+    # resolved.json was recorded since runs are resolved against the worker's catalog, rollback.json before.
+    for name, first in (("resolved", ["coldstart.resolve_run"]), ("rollback", [])):
+        events = json.loads((Path(__file__).parent / "histories" / f"{name}.json").read_text())["events"]
+        scheduled = [e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
+                     if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+        assert [t for t in scheduled if t == "coldstart.resolve_run"] == first and scheduled[: len(first)] == first
     text = (Path(__file__).parent / "histories" / "everything.json").read_text()
     for marker in ("ramp@30", "each[4]", "healthy/gate/healthy", "approve", "retry"):
         assert marker in text, marker

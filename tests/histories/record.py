@@ -2,7 +2,7 @@
 
 Re-record only on purpose: a replay failure means the workflow code changed in a way that
 would break runs already in flight; guard such a change with `workflow.patched` instead. Name
-the history to record (everything, rollback, gates, waited): the others then keep the shape of runs
+the history to record (everything, rollback, gates, waited, resolved): the others then keep the shape of runs
 recorded by older code, which is what they are there to replay.
 """
 
@@ -113,6 +113,8 @@ async def _record(names: set[str]) -> None:
                 await _record_everything(environment, prom, work)
             if "rollback" in names:
                 await _record_rollback(environment, work)
+            if "resolved" in names:
+                await _record_rollback(environment, work, name="resolved")
     finally:
         await prom.stop()
         await environment.shutdown()
@@ -142,14 +144,15 @@ async def _record_everything(environment, prom, work: Path) -> None:
     (HERE / "everything.json").write_text((await handle.fetch_history()).to_json())
 
 
-async def _record_rollback(environment, work: Path) -> None:
-    book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), "rollback")
-    handle = await support.start(environment.client, book, "record", target={"name": "replay-rollback"})
+async def _record_rollback(environment, work: Path, name: str = "rollback") -> None:
+    """rollback.json was recorded before runs were resolved against the worker's catalog, resolved.json since."""
+    book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), name)
+    handle = await support.start(environment.client, book, "record", target={"name": f"replay-{name}"})
     try:
         await handle.result()
     except Exception:  # noqa: BLE001 - this run is meant to fail and roll back
         pass
-    (HERE / "rollback.json").write_text((await handle.fetch_history()).to_json())
+    (HERE / f"{name}.json").write_text((await handle.fetch_history()).to_json())
 
 
 async def _awaiting(handle):
