@@ -135,3 +135,20 @@ def test_unreachable_temporal_is_exit_4(tmp_path):
     assert result.returncode == 4
     assert result.stderr.startswith("error: cannot reach Temporal at 127.0.0.1:1")
     assert "Traceback" not in result.stderr
+
+
+def test_abort_undo_is_sent_with_abort_only(monkeypatch):
+    """`coldstart abort --undo` asks the run to undo what it changed; any other control refuses the flag."""
+    from typer.testing import CliRunner
+
+    import cli.main
+
+    sent: list = []
+    monkeypatch.setattr(cli.main, "_update", lambda ref, name, body: sent.append((name, body)))
+    runner = CliRunner()
+    assert runner.invoke(cli.main.app, ["abort", "local", "--as", "op", "--undo"]).exit_code == 0
+    assert runner.invoke(cli.main.app, ["abort", "local", "--as", "op"]).exit_code == 0
+    refused = runner.invoke(cli.main.app, ["pause", "local", "--as", "op", "--undo"])
+    assert isinstance(refused.exception, cli.main.CliError) and refused.exception.code == 2
+    assert str(refused.exception) == "--undo goes with abort only"
+    assert [(name, body.undo) for name, body in sent] == [("abort", True), ("abort", False)]
