@@ -308,3 +308,18 @@ async def test_a_runs_kept_controls_are_bounded(env, task_queue, tmp_path):
         controls = (await support.status(handle)).controls
         await handle.terminate()
     assert len(controls) == MAX_CONTROLS_KEPT and controls[-1].verb == "resume"
+
+
+async def test_a_run_under_another_targets_id_is_refused(env, task_queue, catalog):
+    """Single flight per target holds for what the run resolves to, not for the id its starter chose."""
+    from workflows.runbook_workflow import RunbookWorkflow
+
+    cat, out = catalog
+    run = plan_run(cat.runbooks_dir / "guarded.yaml", registry=support.registry(),
+                   inventory=_inventory(cat, PROD + task_queue), initiator="carol")
+    async with support.worker(env.client, task_queue, catalog=cat):
+        handle = await env.client.start_workflow(RunbookWorkflow.run, run, id=f"coldstart-elsewhere-{task_queue}",
+                                                 task_queue=task_queue)
+        message = await _refusal(handle)
+    assert f"is not target {PROD + task_queue}'s (coldstart-{PROD + task_queue})" in message
+    assert not out.exists()

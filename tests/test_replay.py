@@ -25,7 +25,8 @@ RUNNERS = {"unsandboxed": runtime.worker.UNSANDBOXED_RUNNER, "sandboxed": runtim
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path, runner: str):
-    history = WorkflowHistory.from_json(f"replay-{path.stem}", path.read_text())
+    # The id each was recorded under (coldstart-<target>): a run checks its id against its resolved target.
+    history = WorkflowHistory.from_json(f"coldstart-replay-{path.stem}", path.read_text())
     replayer = Replayer(workflows=[RunbookWorkflow, FanOutWorkflow], data_converter=DATA_CONVERTER,
                         workflow_runner=RUNNERS[runner])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

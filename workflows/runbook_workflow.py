@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         UndoRecord,
         parse_request,
         readings_queue,
+        workflow_id_for,
     )
     from workflows.controls import OperatorControls
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
@@ -60,6 +62,8 @@ _READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30),
 _READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
 _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
+# What a Temporal Schedule appends to the workflow id of each run it starts.
+_SCHEDULED_ID = re.compile(r"-\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
 @workflow.defn
@@ -122,6 +126,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 )
         except ActivityError as exc:
             return f"refused by the controller: {failure_message(exc)}"
+        # One run per target holds only if the run's id is its resolved target's (a schedule adds its time).
+        expected, given = workflow_id_for(plan.target_name), workflow.info().workflow_id
+        if given != expected and not _SCHEDULED_ID.fullmatch(given.removeprefix(expected)):
+            return f"refused by the controller: workflow id {given} is not target {plan.target_name}'s ({expected})"
         self._inp = plan
         self._steps.clear()
         self._specs.clear()
