@@ -36,9 +36,9 @@ READ_MANY_ACTION = "telemetry.read_many"
 READ_ACTIONS = (READ_ACTION, READ_MANY_ACTION)
 _DEFAULT_PER_SECOND = 10.0
 # A gate's wait for its next reading shorter than this is waited here, in the reading, not on a server
-# timer: Temporal fires a sub-second timer about a second late (README, stop 23), and a timer costs the
+# timer: Temporal fires a sub-second timer about a second late, and a timer costs the
 # server two workflow tasks a reading that the worker's pace does not govern, so after a burst of
-# readings the server still works through their timers while the worker's steps run (README, stop 28).
+# readings the server still works through their timers while the worker's steps run (bench/shedding.py).
 WAITED_IN_READING = timedelta(seconds=1)
 # One pace per worker, found by the task queue a reading came from: two workers in one process keep
 # their own rates.

@@ -102,7 +102,7 @@ def _cpu_seconds() -> dict[str, float]:
 # Before every measurement, no-load or flood, the dev server gets up to SETTLE_MOST seconds to finish
 # the last one's tail (a terminated flood's 50 runs): until a second of it costs under SETTLED CPU
 # seconds, or no less than the cheapest second before it (its idle, which grows with its histories:
-# under a fixed 0.05 alone, 42 of 90 waits ran to 30 s in stop 30's run M).
+# under a fixed 0.05 alone, 42 of 90 waits ran to 30 s in one 15-round run).
 SETTLED, SETTLE_MOST = 0.05, 30.0
 SETTLE_WAITS: list[float] = []
 
@@ -223,7 +223,7 @@ async def _shedding(worker: subprocess.Popen, reason: str, timeout: float = 60.0
     The flood is then what the scenario names: a sink that stopped reading with the worker shedding
     ("queue_full"), or a flood being sampled ("sampled"). A fixed wait measured some rounds while the
     bounded queue was still filling (10,000 records, 2 s at 5,000 a second, from when the worker has
-    imported), where every record is still built and queued (README stop 25)."""
+    imported), where every record is still built and queued."""
     began = time.monotonic()
     async with httpx.AsyncClient() as client:
         while time.monotonic() - began < timeout:
@@ -290,7 +290,7 @@ async def _storm(env, queue: str, book: Path, name: str, *, kind: str) -> tuple[
     started = None
     try:
         # Its imports and connection (about 2.5 s of CPU) are the storm starting, not the storm: the
-        # first measured run waited behind them in stop 25's figures.
+        # first measured run waited behind them.
         if (await asyncio.to_thread(storm.stdout.readline)).strip() != "ready":
             sys.exit("the pollers' process did not start")
         started = psutil.Process(storm.pid).cpu_times()
@@ -319,10 +319,10 @@ def _storm_main(address: str, kind: str) -> None:
     2-core machine it would be, and the figure would measure co-location instead of what the storm
     costs the server and the worker, which is what their design decides (what they ask, how often).
     So the process runs under SCHED_IDLE: any other process that wakes takes the core from it at once.
-    At nice 19 (until stop 26) not always: on this machine a process that sleeps 1 ms and then computes
+    At nice 19 (what this bench used before) not always: on this machine a process that sleeps 1 ms and then computes
     3 ms, beside two spinning nice-19 processes, woke 2.0 to 2.2 ms late in 1 % of its wake-ups (0.1 ms
     beside SCHED_IDLE ones, and with nothing beside it). The follow views' figures read the same under
-    both (10 rounds each, README stop 26)."""
+    both (10 rounds each)."""
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
     async def storm() -> dict[str, float]:
@@ -360,7 +360,7 @@ def _storm_main(address: str, kind: str) -> None:
                     await asyncio.sleep(0.1)
                     continue
                 watched.add(current[-1])
-                if kind.startswith("follow"):  # "follow2": every 2 s (until stop 27) instead of follow's 3
+                if kind.startswith("follow"):  # "follow2": every 2 s (the earlier default) instead of follow's 3
                     await render.follow(client, current[-1], Console(file=io.StringIO()),
                                         **({"interval": 2.0} if kind == "follow2" else {}))
                     continue
@@ -500,7 +500,7 @@ async def main() -> None:
     async def spread(r: int) -> None:
         await flood_of_gates(r, "spread", [(lone, f"gate-{r}-{i}") for i in range(GATES)])
 
-    async def spread10(r: int) -> None:  # the same, readings at a tenth of the pace while steps run (the default until stop 30)
+    async def spread10(r: int) -> None:  # the same, readings at a tenth of the pace while steps run (the earlier default)
         await flood_of_gates(r, "spread10", [(lone, f"gate10-{r}-{i}") for i in range(GATES)], {READINGS_SHARE_ENV: "0.1"})
 
     async def waiting(r: int) -> None:  # the spread flood's runs, at their gates, read once per 10,000 s while steps run:
@@ -516,10 +516,10 @@ async def main() -> None:
         # Rounds interleave the scenarios, each beside a no-load measurement, so load from elsewhere on
         # the machine (or the machine warming up) spreads over baseline and floods alike. Each round in
         # its own order (seeded): in a fixed rotation the control's baseline always ran right after the
-        # 50 spread-flood runs were terminated, and read slow (README stop 25). And the baseline runs
+        # 50 spread-flood runs were terminated, and read slow. And the baseline runs
         # first in every other round of a scenario, second in the rest, so an order effect cancels
         # (the ratios are printed by order). Always first, the control read 5 % kind at p95 over 70
-        # rounds (README stop 30); alternated, it read alike either way round (stop 31).
+        # rounds; alternated, it read alike either way round.
         turn, order = 0, random.Random(13)
         for r in range(ROUNDS):
             for name in order.sample(chosen, len(chosen)):

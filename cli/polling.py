@@ -84,7 +84,7 @@ class RunWatch:
     its last status in the memo in the workflow task that closed it, so a view ends on one describe;
     `close_event` reads the close event after it too, for what the memo leaves out (step outputs, all
     readings): about 2 ms of the server's CPU a read, as much as a describe, and fifty views ending
-    at once each made one (bench/shedding.py, README stop 26). The first call waits a random part of
+    at once each made one (bench/shedding.py). The first call waits a random part of
     `interval`, so a reconnect storm of views does not reach the worker in the same instant. Refusals
     back off exponentially with full jitter (at most 10 s apart) and give up, raising, after
     `attempts` calls in a row were refused. While the run does not move (its history length

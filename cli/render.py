@@ -157,9 +157,9 @@ async def follow(client: Any, workflow_id: str, console: Console, *, interval: f
     `query_every`, backing off with jitter while Temporal refuses. A recovery's steps take seconds
     to minutes, so a view refreshes every 3 s. What fifty views cost the run they watch, on two cores
     beside the dev server, is the server's CPU per describe (about 1.7 ms, and 3.3 ms on a 90-step run:
-    the memo is in every answer): every second 1.12x / 1.32x a step (median / p95; stop 22); every 2 s,
+    the memo is in every answer): every second 1.12x / 1.32x a step (median / p95); every 2 s,
     ending on the memo's last status, 1.07x / 1.16x on 90-step runs (p95 interval 1.11x to 1.21x, 10
-    rounds, stop 27); every 3 s 1.05x / 1.11x (1.06x to 1.17x). While the run stands still (waiting on
+    rounds); every 3 s 1.05x / 1.11x (1.06x to 1.17x). While the run stands still (waiting on
     an approver, held) a view reads it less often, up to every 6 s (RunWatch)."""
     watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, query_every=query_every, sleep=sleep)
     last_line = ""

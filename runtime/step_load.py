@@ -22,9 +22,9 @@ class StepLoad:
     Why: a reading costs the server about what a step does (a timer, two workflow tasks and an
     activity), so fifty runs each waiting on a gate, read at the full 10 a second, slowed a concurrent
     run's steps by a third on two cores; at a tenth of it, 1.01x at the median and 1.28x at p95
-    (bench/shedding.py, README stop 24), and 1.13x at p95 in 15 rounds (stop 29), when one reading a
+    (bench/shedding.py), and 1.13x at p95 in another 15 rounds, when one reading a
     second cost the server a tenth more work beside a run's steps (bench/reading_cost.py). A twentieth
-    halves those readings; pooled over 55 rounds the spread flood reads 1.01x at p95 at it (README stop 30).
+    halves those readings; pooled over 55 rounds the spread flood reads 1.01x at p95 at it (bench/shedding.py, README).
     Readings are what can wait: a gate's interval is its fastest cadence, and a gate fails closed on
     its own timeout, never on a late reading."""
 

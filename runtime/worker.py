@@ -49,11 +49,10 @@ READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 READINGS_SHARE_ENV = "COLDSTART_READINGS_SHARE"
 # A gate reads every few seconds; 10 a second per worker serves dozens of concurrent ramps (the drain
 # runbook's two 0.25 s gates take 8), and caps what a flood of readings takes from the steps. On 2
-# cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches since stop 23)
+# cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches)
 # cost other runs' steps 1.01-1.09x at the median, 1.00-1.29x at p95; the same gates as 50 runs of one
-# gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (README, stop 23).
-# Since stop 24 readings take a part of the pace while the worker runs steps (runtime/step_load.py):
-# a tenth until stop 30, a twentieth since.
+# gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (bench/shedding.py).
+# Readings take a twentieth of the pace while the worker runs steps (runtime/step_load.py).
 _READINGS_PER_SECOND = 10.0
 # Readings in flight wait for their slots inside their activity: at most what the slowest pace (a
 # twentieth, while steps run) takes in half of telemetry.read_many's timeout, so none times out

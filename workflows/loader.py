@@ -635,7 +635,7 @@ def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: d
 
 def _note_fast_gates(runbook: Runbook, source: _Source) -> None:
     """A gate's sub-second interval is waited by the worker, not on a Temporal timer (which fires one
-    about a second late, README stop 23), and readings go no faster than the worker's pace: say so
+    about a second late), and readings go no faster than the worker's pace: say so
     where such an interval is written."""
     on_miss = runbook.deadline.on_miss if runbook.deadline else []
     for steps, base in ((runbook.steps, ("steps",)), (on_miss, ("deadline", "on_miss"))):
