@@ -93,8 +93,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
         self._used_tokens: list[str] = []
         self._readings = ReadingBatch(self._read_many, self._sleep, most=MAX_READS_PER_BATCH)
-        self._index(inp.runbook.steps)
-        self._index(inp.runbook.deadline.on_miss if inp.runbook.deadline else [])
+        self._index_plan(inp)
         # Deadlines bind the main steps; the runbook's on_miss steps run after one was missed, unbound.
         self._deadlines_bind = True
         if inp.resume is not None:
@@ -133,9 +132,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._inp = plan
         self._steps.clear()
         self._specs.clear()
+        self._index_plan(plan)
+        return None
+
+    def _index_plan(self, plan: RunInput) -> None:
         self._index(plan.runbook.steps)
         self._index(plan.runbook.deadline.on_miss if plan.runbook.deadline else [])
-        return None
 
     def _index(self, steps: list[Any]) -> None:
         for step in steps:
