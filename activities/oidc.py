@@ -7,10 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-__all__ = ["IDENTITY_KEYS_ACTION", "IdentityKeys"]
+__all__ = ["DECISION_REDIRECT_URI", "IDENTITY_KEYS_ACTION", "IdentityKeys"]
 
 # The action that captures them (activities/vault.identity_keys), named here for the workflow and the loader too.
 IDENTITY_KEYS_ACTION = "vault.identity_keys"
+# The redirect URI of the public OIDC client that fetches decision tokens: nothing is redirected (Vault's API
+# answers the code as JSON), but Vault requires the client to register one and checks it.
+DECISION_REDIRECT_URI = "http://127.0.0.1/coldstart"
 
 
 class IdentityKeys(BaseModel):

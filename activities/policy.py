@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TargetPolicy", "narrowed"]
+__all__ = ["TargetIdentity", "TargetPolicy", "narrowed"]
+
+_VERBS = Literal["start", "approve", "skip", "retry", "abort", "pause", "resume"]
+
+
+class TargetIdentity(BaseModel):
+    """Verified identity on a target: the Vault OIDC provider whose id tokens say who decides, and which
+    decisions need one. A runbook's own `identity:` may add decisions to the list, never take any away."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vault: str = Field(pattern=r"^https?://", description="the Vault (https outside drills and development targets)")
+    provider: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="identity/oidc/provider/<name>")
+    audience: str = Field(min_length=1, description="the OIDC client's client_id, the tokens' aud claim")
+    name_claim: str = "name"
+    ca_cert: str | None = Field(default=None, description="the CA that signs the Vault's https certificate")
+    controls: list[_VERBS] = Field(
+        default_factory=lambda: ["start", "approve", "skip", "retry", "abort", "pause", "resume"],
+        description="the decisions that need a verified token (every one, starting included, by default)")
 
 
 class TargetPolicy(BaseModel):
@@ -19,6 +37,9 @@ class TargetPolicy(BaseModel):
     approvers: list[str] | None = Field(default=None, description="who may approve and skip; omitted: as the runbook says")
     operators: list[str] | None = Field(default=None, description="who may retry, pause, resume and abort (approvers too)")
     four_eyes: bool = Field(default=False, description="true: the starter never approves, and a skip needs two approvers")
+    identity: TargetIdentity | None = Field(
+        default=None, description="verified identity for decisions on this target; four eyes then compares "
+                                  "verified subjects, the starter's included")
     drill_approvers: list[str] = Field(
         default_factory=lambda: ["drill-bot"],
         description="the unattended drills' own approvers: refused for every decision on a run that is not a drill")

@@ -18,8 +18,8 @@ from activities.retry import Retry
 from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.secrets import VaultSecretRef
 
-__all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "health", "identity_keys",
-           "read"]
+__all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "fetch_identity_keys",
+           "health", "identity_keys", "read"]
 
 
 class HealthInput(BaseModel):
@@ -122,27 +122,33 @@ def read(inp: ReadInput) -> ReadOutput:
 
 
 class IdentityKeysInput(BaseModel):
-    address: str = Field(pattern=r"^https?://", description="Vault URL, e.g. http://10.0.0.5:8200")
+    address: str = Field(pattern=r"^https?://", description="Vault URL, e.g. https://10.0.0.5:8200")
+    provider: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the OIDC provider whose tokens carry a decision's nonce; omitted: identity/oidc's own keys")
     ca_cert: str | None = None
     timeout_seconds: float = Field(default=10.0, gt=0, le=120)
 
 
 _HOW_TO_CONFIGURE = (
-    "create a named key and a role, e.g. `vault write identity/oidc/key/coldstart allowed_client_ids=<client_id>` "
-    "and `vault write identity/oidc/role/coldstart-approver key=coldstart ttl=5m "
-    "template='{\"name\": {{identity.entity.name}}}'`")
+    "create a named key, a scope, a public client and a provider, e.g. `vault write identity/oidc/key/coldstart "
+    "allowed_client_ids='*'`, `vault write identity/oidc/scope/coldstart template=...` (name: the entity's name), "
+    "`vault write identity/oidc/client/coldstart-cli key=coldstart client_type=public ...` and "
+    "`vault write identity/oidc/provider/coldstart scopes_supported=coldstart allowed_client_ids=<client_id>` "
+    "(lab/identity.py does it for the lab)")
 
 
-@action(IDENTITY_KEYS_ACTION, timeout=60, retry=Retry(max_attempts=5))
-def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
-    """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
+def fetch_identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
+    """Vault's OIDC issuer and public keys, read from the public discovery endpoints; ApplicationError otherwise."""
     # token="" : these endpoints are public, and the worker's own token (VAULT_TOKEN) must not travel.
     client = hvac.Client(url=inp.address, token="", verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
+    base = f"/v1/identity/oidc/provider/{inp.provider}" if inp.provider else "/v1/identity/oidc"
     try:
-        config = client.secrets.identity.read_well_known_configurations()
-        jwks = client.secrets.identity.read_active_public_keys()
+        config = client.adapter.get(f"{base}/.well-known/openid-configuration")
+        jwks = client.adapter.get(f"{base}/.well-known/keys")
     except (hvac.exceptions.Forbidden, hvac.exceptions.Unauthorized, hvac.exceptions.InvalidPath) as exc:
-        raise ApplicationError(f"Vault at {inp.address} refused its OIDC discovery endpoints: {type(exc).__name__}",
+        raise ApplicationError(f"Vault at {inp.address} refused its OIDC discovery endpoints ({base}): "
+                               f"{type(exc).__name__}: {_HOW_TO_CONFIGURE}",
                                type="VaultIdentity", non_retryable=True) from None
     except (requests.RequestException, hvac.exceptions.VaultError) as exc:
         raise unavailable(f"Vault at {inp.address} unreachable: {type(exc).__name__}") from None
@@ -155,3 +161,9 @@ def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
         raise ApplicationError(f"Vault at {inp.address} has no OIDC signing key, so no approver can prove who they "
                                f"are: {_HOW_TO_CONFIGURE}", type="VaultIdentityUnconfigured", non_retryable=True)
     return IdentityKeys(issuer=issuer, keys=keys, captured_at=datetime.now(timezone.utc))
+
+
+@action(IDENTITY_KEYS_ACTION, timeout=60, retry=Retry(max_attempts=5))
+def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
+    """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
+    return fetch_identity_keys(inp)

@@ -13,7 +13,7 @@ import time
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from rich.console import Console
@@ -98,10 +98,13 @@ def _prometheus_config(path: Path, prometheus_port: int, worker_metrics_port: in
 
 
 async def _auto_approve(client, workflow_id: str, console: Console,
-                        identity_token: Callable[[], str] | None = None) -> None:
+                        identity_token: Callable[[Any], str] | None = None) -> None:
     """The drill approver: approves whatever waits, as the runbook's allow-list permits.
 
-    identity_token: fetches a fresh token for each approval, when the runbook requires verified identity."""
+    identity_token: fetches a fresh token for each approval from its cli.identity.DecisionSource (the run's
+    provider and the approval's nonce), when the runbook requires verified identity."""
+    from cli.identity import decision_source
+
     handle = client.get_workflow_handle(workflow_id)
     while True:
         try:
@@ -114,7 +117,10 @@ async def _auto_approve(client, workflow_id: str, console: Console,
             return
         for step in current.awaiting_approval:
             try:
-                token = await asyncio.to_thread(identity_token) if identity_token else None
+                token = None
+                if identity_token is not None:
+                    source, _ = await decision_source(handle, "approve", step)
+                    token = await asyncio.to_thread(identity_token, source)
                 await handle.execute_update(
                     "approve", ApproveRequest(step=step, approver=DRILL_APPROVER, comment="drill: approved automatically",
                                               identity_token=token)

@@ -20,8 +20,8 @@ from activities.catalog import load_registry
 from cli import render
 from runtime.connection import connect
 from cli.drill import DRILL_APPROVER, _auto_approve, free_port, start_process
-from cli.identity import fetch_identity_token
-from cli.runs import start_run
+from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, start_source
+from cli.runs import start_run, workflow_id_for
 from cli.timeline import build_timeline, render_markdown
 from runtime.server_config import dev_server_flags
 from workflows.contract import RunStatus
@@ -98,14 +98,26 @@ async def _abort_when_held(client: Any, workflow_id: str, console: Console, grac
                 return
 
 
-def _drill_identity(inventory: dict[str, Any]) -> Callable[[], str] | None:
-    """The drill approver's own login to the lab's Vault: a fresh identity token per approval."""
+# The lab's drill starter (lab/identity.LAB_APPROVERS has its Vault user): it starts, drill-bot approves.
+DRILL_STARTER = "drill-starter"
+
+
+def _drill_identity(inventory: dict[str, Any], user: str = DRILL_APPROVER
+                    ) -> Callable[[DecisionSource | None], str] | None:
+    """A drill user's own login to the lab's Vault: a fresh identity token per decision, bound to it when the run
+    names its source (the provider and the decision's nonce)."""
     ident = (inventory.get("facts") or {}).get("identity")
     if not ident:
         return None
-    password = Path(ident["password_files"][DRILL_APPROVER]).read_text().strip()
-    return lambda: fetch_identity_token(ident["vault"], ident["role"], username=DRILL_APPROVER, password=password,
-                                        mount=ident.get("userpass_mount", "userpass"))
+    password = Path(ident["password_files"][user]).read_text().strip()
+    mount = ident.get("userpass_mount", "userpass")
+
+    def fetch(source: DecisionSource | None) -> str:
+        if source is None:
+            return fetch_identity_token(ident["vault"], ident["role"], username=user, password=password, mount=mount)
+        return fetch_decision_token(source.vault, source.provider, source.audience, source.nonce, username=user,
+                                    password=password, mount=mount, ca_cert=source.ca_cert)
+    return fetch
 
 
 def _vault_token(inventory: dict[str, Any]) -> str:
@@ -211,14 +223,18 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
             client = await connect(runtime=runtime, target_host=f"127.0.0.1:{temporal_port}", namespace="default",
                                    ready_within=60)
             run = plan_run(spec.runbook, registry=load_registry(), targets_dir=targets, params=params,
-                           initiator=os.environ.get("COLDSTART_USER", "drill"), drill=True)
+                           initiator=DRILL_STARTER, drill=True)
             if not run.target.get("drill"):
                 raise RuntimeError(f"target {run.target_name} is not a drill target")
             queue = f"coldstart-drill-{os.getpid()}"
             ramp_started = time.time()
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(build_worker(client, queue, catalog=Catalog(Path("runbooks"), targets)))
-                handle = await start_run(client, run, queue)
+                # The drill starts as its own verified user: four eyes compares verified people.
+                starter = _drill_identity(inventory, DRILL_STARTER)
+                source = start_source(run, workflow_id_for(run.target_name))
+                token = await asyncio.to_thread(starter, source) if starter and source else None
+                handle = await start_run(client, run, queue, identity_token=token)
                 console.print(f"drill run {handle.id}; Web UI http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
                               highlight=False)
                 helpers = [] if interactive else [asyncio.create_task(_auto_approve(client, handle.id, console,

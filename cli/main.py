@@ -138,6 +138,26 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
+_IDENTITY_PANEL = "Verified identity (Vault OIDC)"
+_OPT_IDENTITY_TOKEN = typer.Option(
+    None, "--identity-token", metavar="FILE", rich_help_panel=_IDENTITY_PANEL,
+    help="a file holding a Vault OIDC identity token that proves who you are ('-': read it from stdin); never the "
+         "token itself, which the process list and shell history would keep")
+_OPT_VAULT_LOGIN = typer.Option(
+    False, "--vault-login", rich_help_panel=_IDENTITY_PANEL,
+    help="fetch the identity token from Vault with your own login (userpass: --vault-user, password from "
+         "$VAULT_PASSWORD or asked; --vault-auth token: $VAULT_TOKEN or ~/.vault-token)")
+_OPT_VAULT_ADDR = typer.Option(None, "--vault-addr", envvar="VAULT_ADDR", show_envvar=True,
+                               rich_help_panel=_IDENTITY_PANEL, help="the Vault to log in to (with --vault-login)")
+_OPT_IDENTITY_ROLE = typer.Option("coldstart-approver", "--identity-role", rich_help_panel=_IDENTITY_PANEL,
+                                  help="the Vault OIDC role to fetch the token from (with --vault-login)")
+_OPT_VAULT_USER = typer.Option(None, "--vault-user", rich_help_panel=_IDENTITY_PANEL,
+                               help="your Vault userpass name (default: the --as name)")
+_OPT_VAULT_AUTH = typer.Option("userpass", "--vault-auth", metavar="userpass|token", rich_help_panel=_IDENTITY_PANEL,
+                               help="how --vault-login logs in: a userpass login, or your existing Vault token")
+_MAX_STDIN_TOKEN = 64 * 1024
+
+
 @app.command()
 def validate(
     files: list[Path] = typer.Argument(..., help="runbook files"),
@@ -201,6 +221,10 @@ def run(
                                              help="with --targets: later waves start even after a failed run"),
     fleet_name: Optional[str] = typer.Option(None, "--fleet-name", help="with --targets: the fleet's name "
                                                                          "(default: the runbook's)"),
+    identity_token: Optional[str] = _OPT_IDENTITY_TOKEN,
+    vault_login: bool = _OPT_VAULT_LOGIN,
+    vault_user: Optional[str] = _OPT_VAULT_USER,
+    vault_auth: str = _OPT_VAULT_AUTH,
 ) -> None:
     """Start a run of a runbook on its target (one run per target at a time), or on many targets in waves."""
     from runtime.connection import task_queue
@@ -215,10 +239,19 @@ def run(
     if drill and not plan_input.target.get("drill"):
         _fail(f"target {plan_input.target_name} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
 
+    from cli.identity import start_source
+    from cli.runs import workflow_id_for
+
+    source = start_source(plan_input, workflow_id_for(plan_input.target_name)) if vault_login else None
+    if vault_login and source is None:
+        _fail(f"--vault-login: runbook {plan_input.runbook.metadata.name} on target {plan_input.target_name} verifies "
+              "no starter (no identity provider)", EXIT_INVALID)
+    token = _identity_token(identity_token, vault_login, None, "", vault_user, vault_auth, _whoami(), source)
+
     async def go() -> int:
         client = await _client()
         try:
-            handle = await start_run(client, plan_input, task_queue())
+            handle = await start_run(client, plan_input, task_queue(), identity_token=token)
         except TargetBusy as exc:
             _fail(str(exc), EXIT_BUSY)
         if json_output and not follow:
@@ -389,29 +422,12 @@ def _update(run_ref: str, name: str, body: Any) -> None:
     asyncio.run(go())
 
 
-_IDENTITY_PANEL = "Verified identity (Vault OIDC)"
-_OPT_IDENTITY_TOKEN = typer.Option(
-    None, "--identity-token", metavar="FILE", rich_help_panel=_IDENTITY_PANEL,
-    help="a file holding a Vault OIDC identity token that proves who you are ('-': read it from stdin); never the "
-         "token itself, which the process list and shell history would keep")
-_OPT_VAULT_LOGIN = typer.Option(
-    False, "--vault-login", rich_help_panel=_IDENTITY_PANEL,
-    help="fetch the identity token from Vault with your own login (userpass: --vault-user, password from "
-         "$VAULT_PASSWORD or asked; --vault-auth token: $VAULT_TOKEN or ~/.vault-token)")
-_OPT_VAULT_ADDR = typer.Option(None, "--vault-addr", envvar="VAULT_ADDR", show_envvar=True,
-                               rich_help_panel=_IDENTITY_PANEL, help="the Vault to log in to (with --vault-login)")
-_OPT_IDENTITY_ROLE = typer.Option("coldstart-approver", "--identity-role", rich_help_panel=_IDENTITY_PANEL,
-                                  help="the Vault OIDC role to fetch the token from (with --vault-login)")
-_OPT_VAULT_USER = typer.Option(None, "--vault-user", rich_help_panel=_IDENTITY_PANEL,
-                               help="your Vault userpass name (default: the --as name)")
-_OPT_VAULT_AUTH = typer.Option("userpass", "--vault-auth", metavar="userpass|token", rich_help_panel=_IDENTITY_PANEL,
-                               help="how --vault-login logs in: a userpass login, or your existing Vault token")
-_MAX_STDIN_TOKEN = 64 * 1024
 
 
 def _identity_token(token: Optional[str], vault_login: bool, vault_addr: Optional[str], role: str,
-                    vault_user: Optional[str], vault_auth: str, who: str) -> str | None:
-    """The identity token for a request: given, read from stdin ('-'), or fetched with the operator's Vault login."""
+                    vault_user: Optional[str], vault_auth: str, who: str, source: Any = None) -> str | None:
+    """The identity token for a request: given, read from stdin ('-'), or fetched with the operator's Vault login
+    (from the run's OIDC provider, bound to the decision, when `source` (a cli.identity.DecisionSource) is given)."""
     if token is not None and vault_login:
         _fail("--identity-token and --vault-login: give one of them", EXIT_INVALID)
     if token == "-":
@@ -430,20 +446,54 @@ def _identity_token(token: Optional[str], vault_login: bool, vault_addr: Optiona
         return None
     if vault_auth not in ("userpass", "token"):
         _fail(f"--vault-auth {vault_auth!r}: use userpass or token", EXIT_INVALID)
+    if source is not None:
+        vault_addr = source.vault  # the run's own Vault: a token from another would not verify
     if not vault_addr:
         _fail("--vault-login: set VAULT_ADDR or pass --vault-addr", EXIT_INVALID)
-    from cli.identity import IdentityTokenError, fetch_identity_token
+    from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token
+
+    def fetch(**login: Any) -> str:
+        if source is None:
+            return fetch_identity_token(vault_addr, role, **login)
+        return fetch_decision_token(vault_addr, source.provider, source.audience, source.nonce,
+                                    ca_cert=source.ca_cert, **login)
 
     try:
         if vault_auth == "token":
-            return fetch_identity_token(vault_addr, role)
+            return fetch()
         user = vault_user or who
         password = os.environ.get("VAULT_PASSWORD") or getpass.getpass(f"Vault password for {user}: ",
                                                                        stream=sys.stderr)
-        return fetch_identity_token(vault_addr, role, username=user, password=password)
+        return fetch(username=user, password=password)
     except IdentityTokenError as exc:
         _fail(f"identity token: {exc}", EXIT_FAILED)
     return None  # unreachable: _fail raises
+
+
+def _check_login(vault_auth: str) -> None:
+    if vault_auth not in ("userpass", "token"):
+        _fail(f"--vault-auth {vault_auth!r}: use userpass or token", EXIT_INVALID)
+
+
+def _decision(run_ref: str, verb: str, step: Optional[str], vault_login: bool,
+              vault_auth: str = "userpass") -> tuple[Any, Optional[str]]:
+    """(where the token for `verb` on `step` comes from, the step) for the run; (None, step) without --vault-login."""
+    if not vault_login:
+        return None, step
+    _check_login(vault_auth)
+    from temporalio.service import RPCError
+
+    from cli.identity import decision_source
+
+    async def go() -> tuple[Any, Optional[str]]:
+        client = await _client()
+        try:
+            return await decision_source(client.get_workflow_handle(_workflow_id(run_ref)), verb, step)
+        except RPCError as exc:
+            _fail(f"{verb}: {exc.message}", EXIT_FAILED)
+        return None, step  # unreachable: _fail raises
+
+    return asyncio.run(go())
 
 
 def _token_file(name: str) -> str:
@@ -493,7 +543,9 @@ def approve(
     from workflows.contract import ApproveRequest
 
     approver = approver or _whoami()
-    token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, approver)
+    source, _ = _decision(run_ref, "approve", step, vault_login and identity_token is None, vault_auth)
+    token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, approver,
+                            source)
     _update(run_ref, "approve", _request(ApproveRequest, step=step, approver=approver, comment=comment,
                                          identity_token=token))
 
@@ -518,7 +570,9 @@ def _control(name: str):
         if undo and name != "abort":
             _fail("--undo goes with abort only", EXIT_INVALID)
         actor = actor or _whoami()
-        token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, actor)
+        source, step = _decision(run_ref, name, step, vault_login and identity_token is None, vault_auth)
+        token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, actor,
+                                source)
         fields = {"undo": True} if undo else {}
         _update(run_ref, name, _request(ControlRequest, step=step, actor=actor, reason=reason, identity_token=token,
                                         **fields))
@@ -535,6 +589,34 @@ def _control(name: str):
 
 for _name in ("retry", "skip", "abort", "pause", "resume"):
     app.command(_name)(_control(_name))
+
+identity_app = typer.Typer(no_args_is_help=True)
+app.add_typer(identity_app, name="identity", help="Verified identity: tokens that prove who decides.")
+
+
+@identity_app.command("token")
+def identity_token_command(
+    run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
+    verb: str = typer.Option(..., "--verb", help="approve, skip, retry, abort, pause or resume"),
+    step: Optional[str] = typer.Option(None, "--step", help="the step decided on (approve, skip, retry)"),
+    who: str = typer.Option(None, "--as", help="your name (default: $COLDSTART_USER or your login)"),
+    vault_login: bool = typer.Option(True, "--vault-login/--no-vault-login", hidden=True),
+    vault_user: Optional[str] = _OPT_VAULT_USER,
+    vault_auth: str = _OPT_VAULT_AUTH,
+) -> None:
+    """Print an identity token for one decision of a run, to paste as identity_token in the Web UI.
+
+    The token is bound to this run, this step and this verb, and lives minutes: it serves nothing else."""
+    if verb not in ("approve", "skip", "retry", "abort", "pause", "resume"):
+        _fail(f"--verb {verb!r}: approve, skip, retry, abort, pause or resume", EXIT_INVALID)
+    if verb == "approve" and not step:
+        _fail("--verb approve needs --step", EXIT_INVALID)
+    source, step = _decision(run_ref, verb, step, True, vault_auth)
+    if source is None:
+        _fail(f"{_workflow_id(run_ref)} binds no decision token (its runbook and target set no identity provider)",
+              EXIT_INVALID)
+    token = _identity_token(None, True, None, "", vault_user, vault_auth, who or _whoami(), source)
+    sys.stdout.write(f"{token}\n")
 
 
 @app.command()

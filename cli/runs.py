@@ -17,9 +17,13 @@ class TargetBusy(Exception):
     """Another run holds the target."""
 
 
-async def start_run(client: Client, run: RunInput, task_queue: str) -> WorkflowHandle:
-    """Start a run, refusing when the target already has one running (whatever its runbook)."""
+async def start_run(client: Client, run: RunInput, task_queue: str, *,
+                    identity_token: str | None = None) -> WorkflowHandle:
+    """Start a run, refusing when the target already has one running (whatever its runbook). `identity_token`:
+    the starter's, bound to this request (cli.identity.start_source), for targets that verify who starts."""
     workflow_id = workflow_id_for(run.target_name)
+    if identity_token is not None and run.request is not None:
+        run = run.model_copy(update={"request": run.request.model_copy(update={"identity_token": identity_token})})
     attributes = search.for_new_run(run.runbook.metadata.name, run.target_name, run.drill)
     try:
         return await client.start_workflow(
@@ -39,7 +43,7 @@ async def start_run(client: Client, run: RunInput, task_queue: str) -> WorkflowH
     description = await handle.describe()
     if description.status != WorkflowExecutionStatus.RUNNING:
         # Finished between our attempt and the describe: one more try is enough.
-        return await start_run(client, run, task_queue)
+        return await start_run(client, run, task_queue, identity_token=identity_token)
     busy = description.typed_search_attributes
     raise TargetBusy(
         f"target {run.target_name} is busy: run {workflow_id} (run id {description.run_id}, "

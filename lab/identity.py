@@ -1,8 +1,9 @@
-"""The lab Vault as an identity provider for approvals: OIDC key and role, userpass approvers with entities.
+"""The lab Vault as an identity provider for decisions: OIDC key, provider and client, userpass operators with entities.
 
-Approvers log in with userpass (`auth/userpass/login/<name>`) and read a short-lived identity
-token from `identity/oidc/token/coldstart-approver`; the run verifies it against the keys it
-captured at start (workflows/identity.py). Each user has an entity named like the user (created
+Operators log in with userpass (`auth/userpass/login/<name>`) and get a short-lived id token from the
+`coldstart` OIDC provider (a public client, PKCE) carrying their decision's nonce; the run verifies it
+against the keys it captured at start (workflows/identity.py). The older unbound role tokens
+(`identity/oidc/token/coldstart-approver`) stay configured. Each user has an entity named like the user (created
 with its alias explicitly, so the token's `name` claim, `{{identity.entity.name}}`, is the user
 name and `sub` the entity id). The passwords live in the lab's secrets dir, one file per user.
 Idempotent: `lab up` runs it on every start, and the same passwords and audience come back.
@@ -25,6 +26,7 @@ __all__ = [
     "APPROVER_POLICY",
     "IDENTITY_AUDIENCE",
     "IDENTITY_KEY",
+    "IDENTITY_PROVIDER",
     "IDENTITY_ROLE",
     "LAB_APPROVERS",
     "approver_password",
@@ -41,14 +43,21 @@ IDENTITY_TTL = "5m"
 # {{identity.entity.name}} renders as a JSON string (quotes included), hence no quotes around it.
 IDENTITY_TEMPLATE = '{"name": {{identity.entity.name}}}'
 APPROVER_POLICY = "coldstart-approver"
+# The OIDC provider whose id tokens carry a decision's nonce, its public client and the scope naming the person.
+IDENTITY_PROVIDER = "coldstart"
+IDENTITY_CLIENT = "coldstart-cli"
+IDENTITY_SCOPE = "coldstart"
+IDENTITY_ASSIGNMENT = "coldstart-operators"
 USERPASS_MOUNT = "userpass"
+# drill-starter starts the drills (four eyes: the starter is verified, and differs from the approver);
 # drill-approver, plus the approvers of the runbook the drill runs (runbooks/consul-cold-start.yaml:
 # `approvers:`; drill-bot is cli/drill.py's DRILL_APPROVER). tests/test_identity.py keeps them in step.
-LAB_APPROVERS = ("drill-approver", "incident-commander", "sre-lead", "drill-bot")
+LAB_APPROVERS = ("drill-approver", "incident-commander", "sre-lead", "drill-bot", "drill-starter")
 
 
-def _policy(role: str) -> str:
-    return f'path "identity/oidc/token/{role}" {{\n  capabilities = ["read"]\n}}\n'
+def _policy(role: str, provider: str) -> str:
+    return (f'path "identity/oidc/token/{role}" {{\n  capabilities = ["read"]\n}}\n'
+            f'path "identity/oidc/provider/{provider}/authorize" {{\n  capabilities = ["read", "update"]\n}}\n')
 
 
 def configure_identity(
@@ -77,7 +86,7 @@ def configure_identity(
     ident.create_named_key(key, algorithm="RS256", allowed_client_ids=[audience], rotation_period="24h",
                            verification_ttl="24h")
     ident.create_or_update_role(role, key=key, template=IDENTITY_TEMPLATE, client_id=audience, ttl=ttl)
-    client.sys.create_or_update_policy(policy, _policy(role))
+    client.sys.create_or_update_policy(policy, _policy(role, IDENTITY_PROVIDER))
     methods = client.sys.list_auth_methods()["data"]
     if f"{mount}/" not in methods:
         client.sys.enable_auth_method("userpass", path=mount)
@@ -89,7 +98,34 @@ def configure_identity(
                                                    mount_point=mount)
         entities[name] = _entity_with_alias(client, name, accessor)
     config = ident.read_well_known_configurations()
-    return {"role": role, "audience": audience, "issuer": config["issuer"], "users": entities}
+    client_id = _provider(client, key, audience, list(entities.values()), issuer)
+    return {"role": role, "audience": audience, "issuer": config["issuer"], "users": entities,
+            "provider": IDENTITY_PROVIDER, "client_id": client_id}
+
+
+def _provider(client: "hvac.Client", key: str, audience: str, entity_ids: list[str], issuer: str | None) -> str:
+    """The OIDC provider, its public client (PKCE, no secret) and the scope naming the person; the client's
+    id (Vault makes it) is the decision tokens' audience, returned."""
+    import base64
+
+    api = client.adapter
+    api.post(f"/v1/identity/oidc/assignment/{IDENTITY_ASSIGNMENT}", json={"entity_ids": entity_ids})
+    api.post(f"/v1/identity/oidc/scope/{IDENTITY_SCOPE}",
+             json={"template": base64.b64encode(IDENTITY_TEMPLATE.encode()).decode(),
+                   "description": "the person's name, matched against a target's approvers and operators"})
+    from activities.oidc import DECISION_REDIRECT_URI as REDIRECT_URI
+
+    api.post(f"/v1/identity/oidc/client/{IDENTITY_CLIENT}",
+             json={"key": key, "redirect_uris": [REDIRECT_URI], "assignments": [IDENTITY_ASSIGNMENT],
+                   "client_type": "public", "id_token_ttl": IDENTITY_TTL, "access_token_ttl": IDENTITY_TTL})
+    client_id = api.get(f"/v1/identity/oidc/client/{IDENTITY_CLIENT}")["data"]["client_id"]
+    client.secrets.identity.create_named_key(key, algorithm="RS256", allowed_client_ids=[audience, client_id],
+                                             rotation_period="24h", verification_ttl="24h")
+    body: dict[str, Any] = {"allowed_client_ids": [client_id], "scopes_supported": [IDENTITY_SCOPE]}
+    if issuer is not None:
+        body["issuer"] = issuer
+    api.post(f"/v1/identity/oidc/provider/{IDENTITY_PROVIDER}", json=body)
+    return client_id
 
 
 def _entity_with_alias(client: "hvac.Client", name: str, accessor: str) -> str:
@@ -122,8 +158,10 @@ def approver_password(sec: "Secrets", name: str) -> str:
 
 def identity_facts(cfg: "LabConfig", sec: "Secrets", approvers: Iterable[str] = LAB_APPROVERS) -> dict[str, Any]:
     """The inventory's `facts.identity`: what `coldstart approve --vault-login` and the run's verifier need."""
-    return {"role": IDENTITY_ROLE, "audience": IDENTITY_AUDIENCE, "vault": cfg.vault_url,
-            "issuer": f"{cfg.vault_url}/v1/identity/oidc", "userpass_mount": USERPASS_MOUNT,
+    client_id = sec.file("vault-oidc-client-id")
+    return {"role": IDENTITY_ROLE, "vault": cfg.vault_url, "provider": IDENTITY_PROVIDER,
+            "audience": client_id.read_text().strip() if client_id.exists() else IDENTITY_AUDIENCE,
+            "issuer": f"{cfg.vault_url}/v1/identity/oidc/provider/{IDENTITY_PROVIDER}", "userpass_mount": USERPASS_MOUNT,
             "approvers": list(approvers),
             "password_files": {name: str(sec.file(f"vault-password-{name}")) for name in approvers}}
 
@@ -131,4 +169,9 @@ def identity_facts(cfg: "LabConfig", sec: "Secrets", approvers: Iterable[str] = 
 def configure_lab_identity(cfg: "LabConfig", sec: "Secrets", client: "hvac.Client") -> dict[str, Any]:
     """The lab's Vault (root `client`): the setup above for LAB_APPROVERS, issuer pinned to the lab's Vault URL."""
     users = {name: approver_password(sec, name) for name in LAB_APPROVERS}
-    return configure_identity(client, users, issuer=cfg.vault_url)
+    setup = configure_identity(client, users, issuer=cfg.vault_url)
+    # The provider's client id is Vault's own; the inventory's facts read it back from here.
+    path = sec.file("vault-oidc-client-id")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.write_text(setup["client_id"] + "\n")
+    return setup

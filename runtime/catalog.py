@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
+from activities.vault import IdentityKeysInput, fetch_identity_keys
 from workflows.contract import RESOLVE_RUN_ACTIVITY, CatalogRecord, RunInput, RunRequest
+from workflows.identity import IdentityError, effective_identity, start_nonce, verify_identity_token
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest
+from workflows.spec import IdentityPolicy
 from workflows.yaml_safety import YamlRefused, load_text, read_text
 
 __all__ = ["CATALOG_ENV", "Catalog", "CatalogRefused", "CatalogRunbook", "RunResolver", "TARGETS_ENV"]
@@ -42,10 +47,13 @@ class Catalog:
     Only a target marked `development: true` runs a runbook text the catalog does not hold."""
 
     def __init__(self, runbooks: Path | None, targets: Path | None, *,
-                 inventories: Mapping[str, dict[str, Any]] | None = None) -> None:
+                 inventories: Mapping[str, dict[str, Any]] | None = None,
+                 identity_keys: Callable[[IdentityPolicy], IdentityKeys] | None = None) -> None:
         self.runbooks_dir = runbooks
         self.targets_dir = targets
         self._inventories = dict(inventories or {})
+        # Test seam: where the starter's token is checked, the Vault's keys (default: read from the Vault).
+        self._identity_keys = identity_keys
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "Catalog":
@@ -88,8 +96,9 @@ class Catalog:
         inventory = self.inventory(request.target)
         return inventory, bool(inventory.get("development"))
 
-    def resolve(self, request: RunRequest, registry: Any) -> RunInput:
-        """The plan the controller runs for `request`, or CatalogRefused naming the first reason it will not."""
+    def resolve(self, request: RunRequest, registry: Any, workflow_id: str = "") -> RunInput:
+        """The plan the controller runs for `request` (in workflow `workflow_id`), or CatalogRefused naming the
+        first reason it will not."""
         inventory, development = self.target(request)
         where = _difference(request.inventory, inventory)
         if where is not None:
@@ -111,20 +120,71 @@ class Catalog:
                     f"{_short(same[0].digest)} ({same[0].path}), and target {request.target!r} runs catalogued runbooks only")
             raise CatalogRefused(f"runbook {request.runbook!r} ({_short(request.digest)}) is not in the controller's "
                                  f"catalog, and target {request.target!r} is not a development target")
-        starters = TargetPolicy.of(inventory).starters
-        if starters is not None and request.initiator not in starters:
-            raise CatalogRefused(f"{request.initiator!r} may not start runs on target {request.target!r} "
-                                 f"(starters: {', '.join(starters) or 'none'})")
         if request.drill and not inventory.get("drill"):
             raise CatalogRefused(f"target {request.target!r} is not marked as a drill target (drill: true); refusing a drill")
+        policy = TargetPolicy.of(inventory)
+        plan = self._plan(request, path, text, inventory, registry, request.initiator)
+        initiator, subject = self._starter(request, plan, policy, workflow_id, development)
+        if policy.starters is not None and initiator not in policy.starters:
+            raise CatalogRefused(f"{initiator!r} may not start runs on target {request.target!r} "
+                                 f"(starters: {', '.join(policy.starters) or 'none'})")
+        if initiator != request.initiator:
+            # ${{ run.initiator }} resolves to the verified starter.
+            plan = self._plan(request, path, text, inventory, registry, initiator)
+        return plan.model_copy(update={"request": None, "source": path, "initiator_subject": subject,
+                                       "catalog": CatalogRecord(digest=request.digest, origin=origin, path=path)})
+
+    @staticmethod
+    def _plan(request: RunRequest, path: str, text: str, inventory: dict[str, Any], registry: Any,
+              initiator: str) -> RunInput:
         try:
-            plan = plan_run(path, text=text, registry=registry, params=request.params, inventory=inventory,
-                            initiator=request.initiator, drill=request.drill)
+            return plan_run(path, text=text, registry=registry, params=request.params, inventory=inventory,
+                            initiator=initiator, drill=request.drill)
         except RunbookInvalid as exc:
             raise CatalogRefused(f"runbook {request.runbook!r} does not plan on the controller: {exc.errors[0]}"
                                  + (f" (and {len(exc.errors) - 1} more)" if len(exc.errors) > 1 else "")) from None
-        return plan.model_copy(update={"request": None, "source": path,
-                                       "catalog": CatalogRecord(digest=request.digest, origin=origin, path=path)})
+
+    def _starter(self, request: RunRequest, plan: RunInput, policy: TargetPolicy, workflow_id: str,
+                 development: bool) -> tuple[str, str | None]:
+        """Who starts the run: (name, Vault entity) verified from the request's token where the target's policy
+        asks for a verified starter, or four eyes meets verified approvals (it must compare verified people);
+        (the name the starter gave, None) elsewhere, unless a token came anyway (then it is checked too)."""
+        identity = effective_identity(plan.runbook.identity, policy.identity)
+        if identity is None:
+            return request.initiator, None
+        if identity.provider is None:
+            raise CatalogRefused(f"runbook {request.runbook!r}: verified identity needs a Vault OIDC provider "
+                                 "(identity.provider), whose tokens are bound to one run, step and verb")
+        if identity.vault.startswith("http://") and not (development or plan.drill or plan.target.get("drill")):
+            raise CatalogRefused(f"target {request.target!r}: the identity Vault {identity.vault} is not https; "
+                                 "signing keys are read over https only (with ca_cert for a private CA)")
+        needed = "start" in identity.controls or ("approve" in identity.controls and _four_eyes(plan, policy))
+        if request.identity_token is None:
+            if needed:
+                raise CatalogRefused(f"target {request.target!r} needs a verified starter ("
+                                     + ("its policy says so" if "start" in identity.controls
+                                        else "four eyes compares verified people")
+                                     + "): start with --vault-login or --identity-token")
+            return request.initiator, None
+        keys = self._keys(identity)
+        nonce = start_nonce(workflow_id, request.digest, request.target, request.params, request.drill)
+        try:
+            who = verify_identity_token(request.identity_token, keys, audience=identity.audience,
+                                        now=datetime.now(timezone.utc), name_claim=identity.name_claim, nonce=nonce)
+        except IdentityError as exc:
+            raise CatalogRefused(f"the starter's {exc}") from None
+        return who.name, who.subject
+
+    def _keys(self, identity: IdentityPolicy) -> IdentityKeys:
+        if self._identity_keys is not None:
+            return self._identity_keys(identity)
+        try:
+            return fetch_identity_keys(IdentityKeysInput(address=identity.vault, provider=identity.provider,
+                                                         ca_cert=identity.ca_cert))
+        except ApplicationError as exc:
+            if exc.non_retryable:
+                raise CatalogRefused(f"verified start: {exc.message}") from None
+            raise
 
 
 class RunResolver:
@@ -137,9 +197,25 @@ class RunResolver:
     @activity.defn(name=RESOLVE_RUN_ACTIVITY)
     def resolve(self, request: RunRequest) -> RunInput:
         try:
-            return self._catalog.resolve(request, self._registry)
+            return self._catalog.resolve(request, self._registry, activity.info().workflow_id)
         except CatalogRefused as exc:
             raise ApplicationError(str(exc), type="CatalogRefused", non_retryable=True) from None
+
+
+def _four_eyes(plan: RunInput, policy: TargetPolicy) -> bool:
+    """Whether any decision of the run is under four eyes (the target's, the runbook's or one step's)."""
+    if policy.four_eyes or plan.runbook.four_eyes:
+        return True
+
+    def walk(steps: list[Any]) -> bool:
+        for step in steps:
+            for spec in (getattr(step, "approval", None), getattr(getattr(step, "ramp", None), "approval", None)):
+                if spec is not None and spec.four_eyes:
+                    return True
+            if walk(getattr(step, "parallel", None) or []):
+                return True
+        return False
+    return walk(plan.runbook.steps)
 
 
 def _short(digest: str) -> str:

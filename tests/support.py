@@ -10,7 +10,7 @@ import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -21,7 +21,8 @@ from temporalio.exceptions import ApplicationError
 from activities.catalog import load_registry
 from activities.registry import Registry, action
 from activities.retry import Retry
-from cli.runs import start_run
+from cli.identity import DecisionSource, start_source
+from cli.runs import start_run, workflow_id_for
 from runtime.catalog import Catalog
 from runtime.worker import build_worker
 from workflows.contract import RunRequest
@@ -125,10 +126,14 @@ def write_runbook(tmp_path: Path, body: str, name: str = "test") -> Path:
 
 
 async def start(client: Client, file: Path, task_queue: str, *, target: dict[str, Any] | None = None,
-                initiator: str = "tester", params: dict[str, Any] | None = None, reg: Registry | None = None) -> WorkflowHandle:
+                initiator: str = "tester", params: dict[str, Any] | None = None, reg: Registry | None = None,
+                identity: Callable[[DecisionSource], str] | None = None) -> WorkflowHandle:
+    """Plan and start a run; `identity` fetches the starter's token from the run's start source (verified start)."""
     run = plan_run(file, registry=reg or registry(), params=params,
                    inventory=target or {"name": f"t-{task_queue}"}, initiator=initiator)
-    return await start_run(client, run, task_queue)
+    source = start_source(run, workflow_id_for(run.target_name)) if identity is not None else None
+    token = identity(source) if identity is not None and source is not None else None
+    return await start_run(client, run, task_queue, identity_token=token)
 
 
 class PlannedTargets(Catalog):

@@ -10,6 +10,7 @@ is one line that never holds the token.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -33,9 +34,11 @@ from typer.testing import CliRunner
 
 from activities.oidc import IdentityKeys
 from activities.vault import IdentityKeysInput, identity_keys
-from cli.identity import IdentityTokenError, fetch_identity_token
+from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token
 from lab.hashistack.binaries import _openbao_wheel
 from lab.hashistack.local import VaultDev, free_port
+from tests import support
+from workflows.contract import ApproveRequest
 from lab.identity import (
     IDENTITY_AUDIENCE,
     IDENTITY_ROLE,
@@ -50,6 +53,7 @@ from workflows.identity import (
     MAX_TOKEN_BYTES,
     IdentityError,
     VerifiedIdentity,
+    decision_nonce,
     verify_identity_token,
 )
 
@@ -180,7 +184,7 @@ def test_capture_is_public_and_says_how_to_configure(idp, monkeypatch):
     exc = idp.unconfigured
     assert exc is not None and exc.non_retryable and exc.type == "VaultIdentityUnconfigured"
     assert "has no OIDC signing key" in exc.message and "identity/oidc/key/" in exc.message
-    assert "identity/oidc/role/" in exc.message and "\n" not in exc.message
+    assert "identity/oidc/provider/" in exc.message and "\n" not in exc.message
 
 
 def test_capture_from_a_vault_that_does_not_answer_is_retryable():
@@ -224,13 +228,18 @@ def test_token_from_another_vault_or_a_key_made_after_capture(idp, tmp_path):
         facts = configure_lab_identity(cfg, sec, hvac.Client(url=other.url, token=ROOT))
         again = configure_lab_identity(cfg, sec, hvac.Client(url=other.url, token=ROOT))
         assert facts == again and set(facts["users"]) == set(LAB_APPROVERS)
-        assert facts["issuer"] == f"{cfg.vault_url}/v1/identity/oidc" == identity_facts(cfg, sec)["issuer"]
-        token = fetch_identity_token(other.url, IDENTITY_ROLE, username="drill-bot",
+        lab = identity_facts(cfg, sec)
+        # Decisions are bound: the run reads the provider's keys, the CLI uses its public client.
+        assert (facts["issuer"], lab["issuer"]) == (f"{cfg.vault_url}/v1/identity/oidc",
+                                                    f"{cfg.vault_url}/v1/identity/oidc/provider/coldstart")
+        assert lab["audience"] == facts["client_id"] and lab["provider"] == facts["provider"] == "coldstart"
+        nonce = decision_nonce("coldstart-lab", "run-1", "approve", "restore")
+        token = fetch_decision_token(other.url, lab["provider"], lab["audience"], nonce, username="drill-bot",
                                      password=approver_password(sec, "drill-bot"))
-        own_keys = identity_keys(IdentityKeysInput(address=other.url))
-        assert own_keys.issuer == facts["issuer"]  # pinned to the lab's Vault URL, not the address asked
-        who = verify_identity_token(token, own_keys, audience=identity_facts(cfg, sec)["audience"],
-                                    now=datetime.now(timezone.utc))
+        own_keys = identity_keys(IdentityKeysInput(address=other.url, provider=lab["provider"]))
+        assert own_keys.issuer == lab["issuer"]  # pinned to the lab's Vault URL, not the address asked
+        who = verify_identity_token(token, own_keys, audience=lab["audience"], now=datetime.now(timezone.utc),
+                                    nonce=nonce)
         assert who.name == "drill-bot" and who.subject == facts["users"]["drill-bot"]
     finally:
         other.stop()
@@ -330,23 +339,57 @@ def test_fetch_refuses_a_token_without_identity_and_bad_logins(idp, monkeypatch)
         "sre-lead"
 
 
-def test_cli_vault_login_puts_the_token_into_the_request(idp, monkeypatch):
-    sent = _capture_updates(monkeypatch)
+async def test_cli_vault_login_fetches_a_token_bound_to_the_decision(idp, env, task_queue, tmp_path, monkeypatch):
+    """`coldstart approve --vault-login` against a real run: the token comes from the run's OIDC provider with the
+    approval's nonce; `coldstart identity token` prints one for the Web UI; a bad password is one line, exit 1."""
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: cli-bound}}
+        target: t
+        approvers: [sre-lead, incident-commander]
+        identity: {{vault: "{idp.url}", audience: {idp.setup["client_id"]}, provider: {idp.setup["provider"]}}}
+        steps:
+          - id: approve-restore
+            approval: {{prompt: "restore?"}}
+          - id: ready
+            approval: {{prompt: "ready?"}}
+    """)
+    monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
+    monkeypatch.delenv("VAULT_ADDR", raising=False)  # the run names its own Vault
     monkeypatch.setenv("VAULT_PASSWORD", USERS["sre-lead"])
-    monkeypatch.setenv("VAULT_ADDR", idp.url)
-    result = CliRunner().invoke(_app(), ["approve", "lab", "approve-restore", "--as", "sre-lead", "--vault-login"])
-    assert result.exit_code == 0, (result.output, result.exception)
-    (ref, name, body), = sent
-    assert (ref, name, body.approver) == ("lab", "approve", "sre-lead")
-    who = verify_identity_token(body.identity_token, idp.keys, audience=IDENTITY_AUDIENCE,
-                                now=datetime.now(timezone.utc))
-    assert who.name == "sre-lead"
-    # --vault-user logs in as someone other than the --as name; a bad password is one line, exit 1.
-    monkeypatch.setenv("VAULT_PASSWORD", "wrong")
-    result = CliRunner().invoke(_app(), ["skip", "lab", "--as", "ic", "--vault-login",
-                                         "--vault-user", "incident-commander"])
-    assert "Vault login as 'incident-commander' on auth/userpass failed" in str(result.exception)
-    assert result.exception.code == 1 and len(sent) == 1
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _awaiting(handle, "approve-restore"))
+        result = await asyncio.to_thread(CliRunner().invoke, _app(), [
+            "approve", handle.id, "approve-restore", "--as", "sre-lead", "--vault-login"])
+        assert result.exit_code == 0, (result.output, result.exception)
+        await support.wait_for(lambda: _awaiting(handle, "ready"))
+        [granted] = [s for s in (await support.status(handle)).steps if s.id == "approve-restore"]
+        assert [a.subject for a in granted.approvals] == [idp.setup["users"]["sre-lead"]]
+
+        # What the Web UI's approver pastes: printed alone on stdout, and it approves exactly that decision.
+        printed = await asyncio.to_thread(CliRunner().invoke, _app(), [
+            "identity", "token", handle.id, "--verb", "approve", "--step", "ready", "--as", "sre-lead"])
+        assert printed.exit_code == 0, (printed.output, printed.exception)
+        token = printed.stdout.strip()
+        assert token.count(".") == 2 and "\n" not in token
+        described = await handle.describe()
+        nonce = decision_nonce(handle.id, described.run_id, "approve", "ready")
+        keys = identity_keys(IdentityKeysInput(address=idp.url, provider=idp.setup["provider"]))
+        who = verify_identity_token(token, keys, audience=idp.setup["client_id"], now=datetime.now(timezone.utc),
+                                    nonce=nonce)
+        assert who.name == "sre-lead"
+
+        monkeypatch.setenv("VAULT_PASSWORD", "wrong")
+        result = await asyncio.to_thread(CliRunner().invoke, _app(), [
+            "approve", handle.id, "ready", "--as", "ic", "--vault-login", "--vault-user", "incident-commander"])
+        assert "Vault login as 'incident-commander' on auth/userpass failed" in str(result.exception)
+        assert result.exception.code == 1
+        await handle.execute_update("approve", ApproveRequest(step="ready", approver="sre-lead", identity_token=token))
+        await handle.result()
+
+
+async def _awaiting(handle, step: str) -> bool:
+    return step in (await support.status(handle)).awaiting_approval
 
 
 # ---- pure verifier checks with locally made keys -----------------------------------------------------------
@@ -517,8 +560,10 @@ def test_cli_identity_token_options(monkeypatch, local, tmp_path):
         result = runner.invoke(_app(), ["approve", "local", "go", "--as", "bob", *args], input=stdin)
         assert expected in str(result.exception), (args, result.exception)
         assert result.exception.code == 2 and "\n" not in str(result.exception)
+    # --vault-login asks the run where its tokens come from (its Vault, provider and the decision's nonce).
+    monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}")
     result = runner.invoke(_app(), ["resume", "local", "--vault-login"])
-    assert "set VAULT_ADDR or pass --vault-addr" in str(result.exception)
+    assert str(result.exception).startswith("cannot reach Temporal at 127.0.0.1:")
     assert len(sent) == 3
 
 

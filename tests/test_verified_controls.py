@@ -8,7 +8,7 @@ import hvac
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from cli.identity import fetch_identity_token
+from cli.identity import decision_source, fetch_decision_token, fetch_identity_token
 from cli.timeline import build_timeline
 from lab.hashistack.local import VaultDev
 from lab.identity import IDENTITY_AUDIENCE, IDENTITY_ROLE, configure_identity
@@ -29,8 +29,19 @@ def idp(tmp_path_factory):
         vault.stop()
 
 
-def _token(vault, user: str) -> str:
-    return fetch_identity_token(vault.url, IDENTITY_ROLE, username=user, password=USERS[user])
+def _fetch(vault, setup, user: str):
+    """`user`'s Vault login, fetching a token from a DecisionSource (the run's provider and a decision's nonce)."""
+    def fetch(source) -> str:
+        assert source.provider == setup["provider"] and source.audience == setup["client_id"]
+        return fetch_decision_token(vault.url, source.provider, source.audience, source.nonce, username=user,
+                                    password=USERS[user])
+    return fetch
+
+
+async def _token(vault, setup, user: str, handle, verb: str, step: str | None = None) -> str:
+    source, _ = await decision_source(handle, verb, step)
+    assert source is not None
+    return _fetch(vault, setup, user)(source)
 
 
 async def _refused(handle, name: str, body) -> str:
@@ -38,6 +49,10 @@ async def _refused(handle, name: str, body) -> str:
         await handle.execute_update(name, body)
     cause = failure.value.cause
     return str(getattr(cause, "message", cause))
+
+
+def _identity(vault, setup) -> str:
+    return f'{{vault: "{vault.url}", audience: {setup["client_id"]}, provider: {setup["provider"]}}}'
 
 
 async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env, task_queue, tmp_path, idp):
@@ -48,7 +63,7 @@ async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env,
         target: t
         approvers: [alice, bob]
         operators: [olga]
-        identity: {{vault: "{vault.url}", audience: {IDENTITY_AUDIENCE}, role: {IDENTITY_ROLE}}}
+        identity: {_identity(vault, setup)}
         steps:
           - id: go
             approval: {{prompt: "go on?"}}
@@ -61,11 +76,12 @@ async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env,
         handle = await support.start(env.client, book, task_queue, initiator="olga")
         await support.wait_for(lambda: _awaiting(handle, "go"))
 
-        assert "approve needs a verified identity" in await _refused(handle, "approve", ApproveRequest(step="go", approver="alice"))
-        bob = _token(vault, "bob")
+        message = await _refused(handle, "approve", ApproveRequest(step="go", approver="alice"))
+        assert message.startswith("approve needs a verified identity: send identity_token (`coldstart identity token ")
+        bob = await _token(vault, setup, "bob", handle, "approve", "go")
         message = await _refused(handle, "approve", ApproveRequest(step="go", approver="alice", identity_token=bob))
         assert message == "the identity token is 'bob''s, not 'alice''s"
-        olga = _token(vault, "olga")
+        olga = await _token(vault, setup, "olga", handle, "approve", "go")
         message = await _refused(handle, "approve", ApproveRequest(step="go", approver="olga", identity_token=olga))
         assert message == "'olga' may not approve 'go' (approvers: alice, bob)"
         forged = bob[:-4] + ("AAAA" if not bob.endswith("AAAA") else "BBBB")
@@ -75,21 +91,22 @@ async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env,
         assert record["subject"] == setup["users"]["bob"]
 
         await support.wait_for(lambda: _held(handle, "flaky"))
-        # The same token again (it sits in the history for anyone who can read it): refused.
+        # The approval's token (it sits in the history for anyone who can read it) is bound to approving `go`.
         message = await _refused(handle, "skip", ControlRequest(step="flaky", actor="bob", identity_token=bob))
-        assert message == "this identity token was already used in this run: fetch a new one"
+        assert message == "identity token is bound to another run, step or verb (its nonce differs): fetch one for this decision"
         # Retry is not among the verified controls here (approve and skip are): the operator's name suffices.
         await handle.execute_update("retry", ControlRequest(step="flaky", actor="olga"))
         await support.wait_for(lambda: _held(handle, "flaky"))
         # A refused signal leaves its token in the history for anyone to copy: it is spent all the same.
-        copied = _token(vault, "alice")
+        copied = await _token(vault, setup, "alice", handle, "skip", "flaky")
         await handle.signal("skip_signal", {"step": "go", "actor": "alice", "identity_token": copied})
         await support.wait_for(lambda: _rejected(handle))
         message = await _refused(handle, "skip", ControlRequest(step="flaky", actor="alice", identity_token=copied))
         assert message == "this identity token was already used in this run: fetch a new one"
         await asyncio.sleep(1.1)  # Vault signs the same claims in the same second into the same token
+        fresh = await _token(vault, setup, "alice", handle, "skip", "flaky")
         result = await handle.execute_update("skip", ControlRequest(step="flaky", actor="alice", reason="known bad check",
-                                                                   identity_token=_token(vault, "alice")))
+                                                                   identity_token=fresh))
         assert result == f"skip flaky by alice (verified {setup['users']['alice']})"
         await handle.result()
 
@@ -100,6 +117,79 @@ async def test_approvals_and_skips_need_a_valid_token_of_the_named_approver(env,
         timeline = await build_timeline(env.client, handle.id)
         actors = [e.actor for e in timeline.entries if e.event in ("approve (update)", "skip (update)")]
         assert actors == [f"bob (verified {setup['users']['bob']})", f"alice (verified {setup['users']['alice']})"]
+
+
+async def test_a_decision_copied_from_one_runs_history_serves_no_other_run_step_or_verb(env, task_queue, tmp_path, idp):
+    vault, setup = idp
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: bound}}
+        target: t
+        approvers: [alice, bob]
+        identity: {{vault: "{vault.url}", audience: {setup["client_id"]}, provider: {setup["provider"]},
+                    controls: [approve, skip, abort]}}
+        steps:
+          - id: first
+            approval: {{prompt: "first?"}}
+          - id: second
+            approval: {{prompt: "second?"}}
+    """)
+    async with support.worker(env.client, task_queue):
+        one = await support.start(env.client, book, task_queue, target={"name": f"one-{task_queue}"})
+        two = await support.start(env.client, book, task_queue, target={"name": f"two-{task_queue}"})
+        await support.wait_for(lambda: _awaiting(one, "first"))
+        await support.wait_for(lambda: _awaiting(two, "first"))
+        token = await _token(vault, setup, "alice", one, "approve", "first")
+        bound = "identity token is bound to another run, step or verb (its nonce differs): fetch one for this decision"
+        # Another run, same step and verb: refused.
+        assert await _refused(two, "approve", ApproveRequest(step="first", approver="alice", identity_token=token)) == bound
+        # Another verb, same run: refused.
+        assert await _refused(one, "abort", ControlRequest(actor="alice", identity_token=token)) == bound
+        await one.execute_update("approve", ApproveRequest(step="first", approver="alice", identity_token=token))
+        await support.wait_for(lambda: _awaiting(one, "second"))
+        # Another step, same run and verb: refused (it is bound to `first`, and spent).
+        assert await _refused(one, "approve", ApproveRequest(step="second", approver="alice", identity_token=token)) in (
+            bound, "this identity token was already used in this run: fetch a new one")
+        # An unbound token (identity/oidc/token, valid signature, same Vault) carries no nonce: refused too.
+        unbound = fetch_identity_token(vault.url, IDENTITY_ROLE, username="alice", password=USERS["alice"])
+        message = await _refused(one, "approve", ApproveRequest(step="second", approver="alice", identity_token=unbound))
+        assert message.startswith("identity token ")
+        for handle in (one, two):
+            await handle.execute_update("abort", ControlRequest(
+                actor="bob", identity_token=await _token(vault, setup, "bob", handle, "abort")))
+
+
+async def test_four_eyes_compares_the_verified_starter_not_the_name_it_typed(env, task_queue, tmp_path, idp):
+    vault, setup = idp
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: four-eyes}}
+        target: t
+        approvers: [alice, bob]
+        four_eyes: true
+        identity: {_identity(vault, setup)}
+        steps:
+          - id: go
+            approval: {{prompt: "go on?"}}
+    """)
+    async with support.worker(env.client, task_queue):
+        # No starter token: four eyes cannot compare people it has not verified, so the run does nothing.
+        handle = await support.start(env.client, book, task_queue, initiator="alice",
+                                     target={"name": f"unverified-{task_queue}"})
+        with pytest.raises(Exception) as failure:
+            await handle.result()
+        assert "needs a verified starter (four eyes compares verified people)" in str(failure.value.cause)
+
+        # bob starts it claiming to be alice (COLDSTART_USER=alice): the run records bob, whom four eyes then refuses.
+        handle = await support.start(env.client, book, task_queue, initiator="alice",
+                                     target={"name": f"spoofed-{task_queue}"}, identity=_fetch(vault, setup, "bob"))
+        await support.wait_for(lambda: _awaiting(handle, "go"))
+        status = await support.status(handle)
+        assert status.initiator == "bob"
+        message = await _refused(handle, "approve", ApproveRequest(
+            step="go", approver="bob", identity_token=await _token(vault, setup, "bob", handle, "approve", "go")))
+        assert message == "four eyes: 'bob' started this run and cannot approve it"
+        await handle.execute_update("approve", ApproveRequest(
+            step="go", approver="alice", identity_token=await _token(vault, setup, "alice", handle, "approve", "go")))
+        await handle.result()
 
 
 async def _rejected(handle) -> list[str]:
@@ -114,7 +204,7 @@ async def test_a_run_whose_vault_has_no_keys_fails_before_any_step(env, task_que
             metadata: {{name: verified-bare}}
             target: t
             approvers: [alice]
-            identity: {{vault: "{vault.url}", audience: {IDENTITY_AUDIENCE}}}
+            identity: {{vault: "{vault.url}", audience: {IDENTITY_AUDIENCE}, provider: coldstart}}
             steps:
               - id: a
                 action: test.append

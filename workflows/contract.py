@@ -150,6 +150,9 @@ class RunRequest(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     initiator: str = Field(max_length=200)
     drill: bool = False
+    # The starter's identity token, bound to this request (workflows/identity.start_nonce); the controller
+    # requires one where the target's policy or four eyes with verified approvals needs a verified starter.
+    identity_token: str | None = Field(default=None, max_length=16_384)
 
 
 class CatalogRecord(BaseModel):
@@ -172,6 +175,8 @@ class RunInput(BaseModel):
     target: dict[str, Any] = Field(default_factory=dict)
     target_name: str
     initiator: str
+    # The Vault entity that started the run, when the controller verified the starter's token.
+    initiator_subject: str | None = None
     drill: bool = False
     actions: dict[str, ActionDefaults] = Field(default_factory=dict)
     request: RunRequest | None = None
@@ -208,6 +213,8 @@ class RunStatus(BaseModel):
     error: str | None = None
     controls: list[ControlRecord] = Field(default_factory=list)
     identity_required: list[str] = Field(default_factory=list)
+    # Where decision tokens come from (the Vault, its OIDC provider and client): public, for the CLI and approvers.
+    identity_source: dict[str, str] = Field(default_factory=dict)
     # The runbook version the run executed (sha256 of its text) and where the controller found it.
     runbook_digest: str | None = None
     runbook_origin: str | None = None

@@ -11,8 +11,8 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.policy import TargetPolicy, narrowed
     from workflows.contract import ApprovalRecord, ApproveRequest, ControlRecord, ControlRequest
-    from workflows.identity import verify_identity_token
-    from workflows.spec import ApprovalSpec
+    from workflows.identity import RUN_LEVEL, decision_nonce, effective_identity, verify_identity_token
+    from workflows.spec import ApprovalSpec, IdentityPolicy
 
 __all__ = ["MAX_CONTROLS_KEPT", "MAX_TOKENS_KEPT", "OperatorControls"]
 
@@ -22,6 +22,10 @@ __all__ = ["MAX_CONTROLS_KEPT", "MAX_TOKENS_KEPT", "OperatorControls"]
 # still be presented again.
 MAX_CONTROLS_KEPT = 200
 MAX_TOKENS_KEPT = 1000
+
+
+# Decisions about the whole run: their tokens are bound to the run, not to a step.
+_RUN_VERBS = frozenset({"abort", "pause", "resume"})
 
 
 def _digest(token: str) -> str:
@@ -55,36 +59,62 @@ class OperatorControls:
             return spec.four_eyes
         return self._inp.runbook.four_eyes
 
+    def _identity(self) -> IdentityPolicy | None:
+        """The verified identity this run enforces: the target's, with the runbook's decisions added."""
+        return effective_identity(self._inp.runbook.identity, self._policy().identity)
+
     def _needs_identity(self, verb: str) -> bool:
-        policy = self._inp.runbook.identity
+        policy = self._identity()
         return policy is not None and verb in policy.controls
+
+    def _decisions_bound(self) -> bool:
+        """Whether identity tokens must carry their decision's nonce. Validators never replay, so they always
+        bind; handlers replay runs recorded before binding as they ran."""
+        if self._bound is None:
+            if workflow.unsafe.is_read_only():
+                return True
+            self._bound = workflow.patched("bound-decisions")
+        return self._bound
+
+    def _nonce(self, verb: str, step: str | None) -> str:
+        info = workflow.info()
+        return decision_nonce(info.workflow_id, info.first_execution_run_id, verb, step or RUN_LEVEL)
+
+    def token_command(self, verb: str, step: str | None) -> str:
+        """The command that fetches an identity token for one decision of this run, for an approver to paste."""
+        where = f" --step {step}" if step and step != RUN_LEVEL and verb not in _RUN_VERBS else ""
+        return f"coldstart identity token {workflow.info().workflow_id} --verb {verb}{where} --vault-login"
 
     def _example(self, verb: str, **fields: Any) -> str:
         if self._needs_identity(verb):
-            fields["identity_token"] = "<token from `coldstart identity token` or Vault>"
+            fields["identity_token"] = f"<output of `{self.token_command(verb, fields.get('step'))}`>"
         return json.dumps(fields)
 
     # ---- operator controls -----------------------------------------------------------------
     # Each control is authorized twice over: the runbook says who may (approvers, operators, four
     # eyes) and, where it requires verified identity, a Vault-signed token says who is asking.
 
-    def _identify(self, verb: str, name: str, token: str | None) -> tuple[str, str | None]:
-        """The acting name and, with verified identity, the token's subject; ValueError otherwise."""
+    def _identify(self, verb: str, name: str, token: str | None, step: str | None = None) -> tuple[str, str | None]:
+        """The acting name and, with verified identity, the token's subject; ValueError otherwise. `step` is
+        the step decided on (None for the whole run): a bound token must carry this decision's nonce."""
         if name in self._policy().drill_approvers and not self._inp.drill:
             raise ValueError(f"{name!r} is a drill approver: it acts on drill runs only, and this run is no drill")
         if not self._needs_identity(verb):
             return name, None
-        policy = self._inp.runbook.identity
+        policy = self._identity()
         assert policy is not None
+        bound = self._decisions_bound()
         if not token:
-            raise ValueError(
-                f"{verb} needs a verified identity: send identity_token, a token from Vault role "
-                f"{policy.role!r} (`coldstart {verb} --vault-login` fetches one)"
-            )
+            how = (f"`{self.token_command(verb, step)}` fetches one" if bound
+                   else f"`coldstart {verb} --vault-login` fetches one")
+            raise ValueError(f"{verb} needs a verified identity: send identity_token ({how})")
+        if bound and policy.provider is None:
+            raise ValueError("verified identity needs a Vault OIDC provider (identity.provider): this run's "
+                             "tokens could not be bound to their decision")
         if self._identity_keys is None:
             raise ValueError("the run has not captured its identity keys yet; try again in a moment")
         who = verify_identity_token(token, self._identity_keys, audience=policy.audience, now=workflow.now(),
-                                    name_claim=policy.name_claim)
+                                    name_claim=policy.name_claim, nonce=self._nonce(verb, step) if bound else None)
         if name != who.name:
             raise ValueError(f"the identity token is {who.name!r}'s, not {name!r}'s")
         if _digest(token) in self._used_tokens:
@@ -92,7 +122,7 @@ class OperatorControls:
         return who.name, who.subject
 
     def _spend(self, token: str | None) -> None:
-        if token and self._inp.runbook.identity is not None:
+        if token and self._identity() is not None:
             self._used_tokens.append(_digest(token))
             del self._used_tokens[:-MAX_TOKENS_KEPT]
 
@@ -104,8 +134,8 @@ class OperatorControls:
                 if policy.operators is not None or policy.approvers is not None else None)
         return narrowed(held, asked)
 
-    def _check_operator(self, verb: str, req: ControlRequest) -> str | None:
-        name, subject = self._identify(verb, req.actor, req.identity_token)
+    def _check_operator(self, verb: str, req: ControlRequest, step: str | None = None) -> str | None:
+        name, subject = self._identify(verb, req.actor, req.identity_token, step)
         allowed = self._operators()
         if allowed is not None and name not in allowed:
             raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed) or 'none'})")
@@ -119,11 +149,12 @@ class OperatorControls:
             raise ValueError(f"step {req.step!r} is not awaiting approval (it is {self._steps[req.step].status})")
         if not req.approver.strip():
             raise ValueError("an approval needs the approver's name")
-        name, subject = self._identify("approve", req.approver, req.identity_token)
+        name, subject = self._identify("approve", req.approver, req.identity_token, req.step)
         allowed = self._allowed_approvers(spec)
         if allowed is not None and name not in allowed:
             raise ValueError(f"{name!r} may not approve {req.step!r} (approvers: {', '.join(allowed) or 'none'})")
-        if self._four_eyes(spec) and name == self._inp.initiator:
+        starter = self._inp.initiator_subject
+        if self._four_eyes(spec) and (name == self._inp.initiator or (subject is not None and subject == starter)):
             raise ValueError(f"four eyes: {name!r} started this run and cannot approve it")
         return subject
 
@@ -145,9 +176,9 @@ class OperatorControls:
         """(the held step, the verified subject or None)."""
         step = self._held_step(req, verb)
         if verb != "skip":
-            return step, self._check_operator(verb, req)
+            return step, self._check_operator(verb, req, step)
         # Skipping a held step (a failed health gate, most often) is the most dangerous act in a recovery.
-        name, subject = self._identify("skip", req.actor, req.identity_token)
+        name, subject = self._identify("skip", req.actor, req.identity_token, step)
         approvers = self._skippers()
         if not approvers:
             raise ValueError(f"nobody may skip {step!r}: runbook {self._inp.runbook.metadata.name} and its target name "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
 import re
@@ -27,13 +28,19 @@ import jwt
 from pydantic import BaseModel, Field
 
 from activities.oidc import IdentityKeys
+from activities.policy import TargetIdentity
+from workflows.spec import IdentityPolicy
 
 __all__ = [
     "ALLOWED_ALGORITHMS",
+    "RUN_LEVEL",
     "CLOCK_SKEW",
     "MAX_TOKEN_BYTES",
     "IdentityError",
     "VerifiedIdentity",
+    "decision_nonce",
+    "effective_identity",
+    "start_nonce",
     "verify_identity_token",
 ]
 
@@ -56,6 +63,39 @@ ALLOWED_ALGORITHMS: tuple[str, ...] = ("RS256", "RS384", "RS512", "ES256", "ES38
 
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _PREFIX = "identity token"
+
+
+# The `step` of a decision about the whole run (abort, pause, resume).
+RUN_LEVEL = "-"
+
+
+def _nonce(*parts: str) -> str:
+    # Newline-joined: no part of a workflow id, step id or digest holds one, so distinct tuples never collide.
+    return hashlib.sha256("\n".join(("coldstart-decision/v1", *parts)).encode()).hexdigest()
+
+
+def decision_nonce(workflow_id: str, run_id: str, verb: str, step: str = RUN_LEVEL) -> str:
+    """The nonce a decision's identity token must carry: it binds the token to one run (its first run id,
+    which continue-as-new keeps), one verb and one step, so a token copied from one run's history is
+    refused in another run, for another step and for another verb."""
+    return _nonce(workflow_id, run_id, verb, step or RUN_LEVEL)
+
+
+def start_nonce(workflow_id: str, runbook_digest: str, target: str, params: dict[str, Any], drill: bool) -> str:
+    """The nonce a starter's identity token must carry: the run is not yet started (no run id), so it
+    binds the workflow id, the runbook version, the target, the parameters and the drill flag instead."""
+    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    return _nonce(workflow_id, "start", runbook_digest, target, canonical, "drill" if drill else "run")
+
+
+def effective_identity(book: IdentityPolicy | None, held: TargetIdentity | None) -> IdentityPolicy | None:
+    """The verified identity a run enforces: the target's (its Vault, provider and audience, from the controller's
+    inventory) with the runbook's decisions added to its own; only the runbook's when the target sets none."""
+    if held is None:
+        return book
+    controls = sorted(set(held.controls) | set(book.controls if book is not None else []))
+    return IdentityPolicy(vault=held.vault, audience=held.audience, provider=held.provider, ca_cert=held.ca_cert,
+                          name_claim=held.name_claim, controls=controls)  # type: ignore[arg-type]
 
 
 class IdentityError(ValueError):
@@ -140,13 +180,15 @@ def verify_identity_token(
     now: datetime,
     name_claim: str = "name",
     max_ttl: timedelta = timedelta(minutes=15),
+    nonce: str | None = None,
 ) -> VerifiedIdentity:
     """Check a Vault OIDC identity token and return who it identifies, or raise IdentityError.
 
     Checks, in order: size (MAX_TOKEN_BYTES) and compact JWS form; `alg` allowed and fitting the
     key; `kid` among the captured keys; the signature; `iss` == keys.issuer; `aud` contains
     `audience`; `exp` not passed at `now` and `iat`/`nbf` not ahead of it (CLOCK_SKEW either way);
-    exp - iat <= max_ttl; `sub` and the `name_claim` claim non-empty strings.
+    exp - iat <= max_ttl; `sub` and the `name_claim` claim non-empty strings; with `nonce`, the
+    token's `nonce` claim equals it (a token bound to this decision: decision_nonce, start_nonce).
     """
     if not isinstance(token, str):
         raise _fail(f"must be a string, not {type(token).__name__}")
@@ -207,6 +249,11 @@ def verify_identity_token(
         raise _fail(f"lives {int(exp - iat)} s (exp - iat), over the {int(max_ttl.total_seconds())} s allowed: "
                     f"use a Vault role with a short ttl")
 
+    if nonce is not None and claims.get("nonce") != nonce:
+        if "nonce" not in claims:
+            raise _fail("is not bound to a decision (no nonce): fetch one for this run, step and verb "
+                        "(`coldstart identity token`, or --vault-login)")
+        raise _fail("is bound to another run, step or verb (its nonce differs): fetch one for this decision")
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject.strip():
         raise _fail("has no subject (sub)")

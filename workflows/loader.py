@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
+from activities.policy import TargetPolicy
 from activities.retry import parse_duration
 from activities.telemetry import READ_ACTIONS, WAITED_IN_READING
 from workflows.contract import RunInput, RunRequest
@@ -343,7 +344,7 @@ def plan_run(
                                on_miss=on_miss)
     _check_deadlines(runbook, source)
     _check_deadline_ahead(runbook, source)
-    _check_access(runbook, source, registry, actions)
+    _check_access(runbook, source, registry, actions, inventory)
     _pin_gate_reads(runbook, source, registry, actions)
     if source.errors:
         raise RunbookInvalid(source.formatted())
@@ -660,18 +661,26 @@ def _gates(steps: list[Any], base: Path_) -> Iterable[tuple[Path_, Any, list[tup
             yield from _gates(step.parallel, base + (i, "parallel"))
 
 
-def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
-    """Who may act: names are non-empty and unique; verified identity pins the action capturing its keys."""
+def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults],
+                  inventory: dict[str, Any] | None) -> None:
+    """Who may act: names are non-empty and unique; verified identity (the runbook's or the target's) pins the
+    action capturing its keys."""
     for i, name in enumerate(runbook.operators):
         if not name.strip():
             source.error(("operators", i), "an operator name cannot be empty")
-    if runbook.identity is None:
+    try:
+        held = TargetPolicy.of(inventory or {}).identity
+    except ValidationError:
+        held = None  # the catalog refuses a malformed policy with its own message
+    if runbook.identity is None and held is None:
         return
     spec = registry.get(IDENTITY_KEYS_ACTION)
     if spec is None:
         source.error(("identity",), f"verified identity needs the {IDENTITY_KEYS_ACTION} action, which this worker lacks")
         return
     actions[spec.name] = _pinned_defaults(spec)
+    if runbook.identity is None:
+        return
     if "approve" in runbook.identity.controls and not runbook.approvers and not _step_approvers(runbook.steps):
         source.error(("identity", "controls"), "verified approvals need approvers: name them in `approvers:`")
 

@@ -89,6 +89,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._seq = 0
         self._published: tuple[str | None, bool] | None = None
         self._identity_keys: IdentityKeys | None = None
+        self._bound: bool | None = None
         self._controls: list[ControlRecord] = []
         # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
         self._used_tokens: list[str] = []
@@ -151,6 +152,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
         refused = None
+        self._decisions_bound()
         # A run started by a client (not continued from this workflow's own run) executes only what the
         # worker's catalog resolves its request to; runs started before the catalog replay as they ran.
         if workflow.info().continued_run_id is None and workflow.patched("controller-catalog"):
@@ -163,7 +165,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         try:
             if refused is not None:
                 raise StepFailed(refused)
-            if inp.runbook.identity is not None and self._identity_keys is None:
+            if self._identity() is not None and self._identity_keys is None:
                 await self._capture_identity_keys()
             for index in range(first, len(steps)):
                 if index > first and workflow.info().is_continue_as_new_suggested():
@@ -285,13 +287,18 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     async def _capture_identity_keys(self) -> None:
         """The keys that sign operators' identity tokens, read once so validators can check tokens offline."""
-        policy = self._inp.runbook.identity
+        policy = self._identity()
         assert policy is not None
         action = self._inp.actions[IDENTITY_KEYS_ACTION]
+        where: dict[str, Any] = {"address": policy.vault}
+        if policy.provider is not None:
+            where["provider"] = policy.provider
+        if policy.ca_cert is not None:
+            where["ca_cert"] = policy.ca_cert
         try:
             keys = await execute_action(
                 action,
-                {"address": policy.vault},
+                where,
                 activity_id=self._next_id("identity-keys"),
                 summary=f"identity keys from {policy.vault}",
                 tag=ActivityTag("identity"),
@@ -858,7 +865,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             steps=list(self._steps.values()),
             error=self._error,
             controls=list(self._controls),
-            identity_required=list(self._inp.runbook.identity.controls) if self._inp.runbook.identity else [],
+            identity_required=list(identity.controls) if (identity := self._identity()) else [],
+            identity_source=({k: v for k, v in (("vault", identity.vault), ("provider", identity.provider),
+                                                ("audience", identity.audience), ("ca_cert", identity.ca_cert)) if v}
+                             if identity else {}),
             runbook_digest=self._inp.catalog.digest if self._inp.catalog else None,
             runbook_origin=self._inp.catalog.origin if self._inp.catalog else None,
         )

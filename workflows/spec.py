@@ -254,15 +254,22 @@ Step = Annotated[
 ParallelStep.model_rebuild()
 
 
-Control = Literal["approve", "skip", "retry", "abort", "pause", "resume"]
+Control = Literal["start", "approve", "skip", "retry", "abort", "pause", "resume"]
 
 
 class IdentityPolicy(_Strict):
-    """Verified operator identity: short-lived OIDC tokens signed by Vault's identity secrets engine."""
+    """Verified operator identity: short-lived OIDC id tokens signed by Vault's identity secrets engine, each
+    carrying the nonce of one decision (run, step and verb) when `provider` is set."""
 
-    vault: str = Field(description="the Vault whose identity/oidc keys sign the tokens; captured at run start")
-    audience: str = Field(min_length=1, description="the OIDC role's client_id, the tokens' aud claim")
-    role: str = Field(default="coldstart-approver", description="the OIDC role operators fetch tokens from")
+    vault: str = Field(description="the Vault whose OIDC keys sign the tokens; captured at run start")
+    audience: str = Field(min_length=1, description="the OIDC client's client_id, the tokens' aud claim")
+    provider: str | None = Field(
+        default=None,
+        description="the Vault OIDC provider (identity/oidc/provider/<name>) whose id tokens carry a decision's "
+                    "nonce; new runs require it, so a token copied from a history serves no other decision")
+    ca_cert: str | None = Field(default=None, description="the CA that signs the Vault's https certificate")
+    role: str = Field(default="coldstart-approver",
+                      description="the identity/oidc role of unbound tokens, kept for runs recorded before `provider`")
     name_claim: str = Field(default="name", description="the claim naming the person, matched against approvers and operators")
     controls: list[Control] = Field(
         default_factory=lambda: ["approve", "skip"],

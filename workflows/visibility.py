@@ -96,6 +96,9 @@ class RunVisibility:
                 + "`approve`, input: "
                 + f"`{self._example('approve', step=step.id, approver=allowed[0] if allowed else 'your-name', comment='checked')}`"
             )
+            if self._needs_identity("approve"):
+                lines.append(f"identity_token: paste the output of `{self.token_command('approve', step.id)}` "
+                             "(your own Vault login); it is bound to this run, this step and this verb.")
             if allowed:
                 lines.append(f"Allowed approvers: {', '.join(allowed)}")
             if spec and self._four_eyes(spec):
