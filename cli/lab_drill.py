@@ -174,8 +174,11 @@ def _plot(curve: list[tuple[float, float, float]], path: Path) -> Path | None:
 
 async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interactive: bool = False,
                         keep: bool = False, params: dict[str, Any] | None = None,
-                        lab: dict[str, Any] | None = None) -> LabDrillReport:
-    """`lab` overrides LabConfig fields (prefix, bridge, veth_prefix, subnet) to keep apart from another lab."""
+                        lab: dict[str, Any] | None = None,
+                        on_lab_up: Callable[[Any], None] | None = None) -> LabDrillReport:
+    """`lab` overrides LabConfig fields (prefix, bridge, veth_prefix, subnet) to keep apart from another lab.
+    `on_lab_up(cfg)` runs once the lab is up, before the incident (a test seam: the secret scan reads the lab's
+    credentials there, since `lab down` removes them)."""
     from lab import faults as lab_faults
     from lab import lifecycle
     from lab.settings import LabConfig
@@ -203,6 +206,8 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     try:
         # Inside the try: a lab that fails half way up is still taken down.
         info = await asyncio.to_thread(lifecycle.up, cfg)
+        if on_lab_up is not None:
+            on_lab_up(cfg)
         console.print(f"lab up in {info['seconds']} s; inventory {info['inventory']}", highlight=False)
         console.print("backends: " + ", ".join(f"{k} {v}" for k, v in info["backends"].items()), highlight=False)
         # The incident starts now: the lab's baseline snapshot was taken before it.

@@ -32,8 +32,20 @@ def drill_report(request, tmp_path_factory):
     console = Console(file=(state / "console.txt").open("w"), width=120)
     before = os.environ.get("COLDSTART_STANDINS")
     os.environ["COLDSTART_STANDINS"] = "all" if request.param == "standin" else ""
+    credentials: dict[str, str] = {}
+
+    def read_credentials(cfg) -> None:
+        from lab.services import Secrets
+
+        for path in sorted(Secrets(cfg).dir.iterdir()):
+            # The OIDC client id is public (the tokens' audience); everything else there is a credential.
+            if path.is_file() and path.name != "vault-oidc-client-id" and len(value := path.read_text().strip()) >= 8:
+                credentials[path.name] = value
     try:
-        report = asyncio.run(run_lab_drill("consul-cold-start", state, console, lab=DRILL_LAB))
+        report = asyncio.run(run_lab_drill("consul-cold-start", state, console, lab=DRILL_LAB,
+                                           on_lab_up=read_credentials))
+        # The worker's own Vault token, logged in with the lab's AppRole for the drill.
+        credentials["worker VAULT_TOKEN"] = os.environ.get("VAULT_TOKEN", "")
     finally:
         if before is None:
             os.environ.pop("COLDSTART_STANDINS", None)
@@ -43,11 +55,11 @@ def drill_report(request, tmp_path_factory):
     # Vault has no stand-in: it is real on both.
     assert all(how.startswith(want if name != "vault" else "real") for name, how in report.backends.items()), \
         report.backends
-    return report, state
+    return report, state, credentials
 
 
 def test_drill_recovers_to_full_service(drill_report):
-    report, state = drill_report
+    report, state, _ = drill_report
     console = (state / "console.txt").read_text()
     assert report.outcome == "succeeded", console[-3000:]
     steps = dict(report.phases)
@@ -63,7 +75,7 @@ def test_drill_recovers_to_full_service(drill_report):
 
 
 def test_drill_report_files(drill_report):
-    report, state = drill_report
+    report, state, _ = drill_report
     markdown = report.report_path.read_text()
     assert "restore" in markdown and "players" in markdown
     assert report.plot_path is not None and report.plot_path.read_bytes()[:4] == b"\x89PNG"
@@ -73,3 +85,19 @@ def test_drill_report_files(drill_report):
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [line for line in names.splitlines() if line.startswith(DRILL_LAB["prefix"] + "-")]
     assert Path(state / "lab").exists()
+
+
+def test_the_drill_writes_no_credential(drill_report):
+    """Every file the drill leaves (its report, console, timeline, the Temporal server's database with every
+    history, its log, the lab's logs) is scanned for each credential the lab holds: none may appear."""
+    _, state, credentials = drill_report
+    assert {"vault-root-token", "consul-token", "nomad-token", "worker-secret-id", "trigger-token",
+            "vault-password-drill-bot", "worker VAULT_TOKEN"} <= set(credentials), sorted(credentials)
+    scanned, found = 0, []
+    for path in sorted(p for p in state.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        scanned += 1
+        found += [f"{path.relative_to(state)}: {name}" for name, value in credentials.items()
+                  if value and value.encode() in data]
+    assert scanned >= 10 and (state / "temporal.db").exists()
+    assert not found, found
