@@ -17,6 +17,7 @@ from lab.hashistack.local import free_port
 from lab.identity import configure_identity
 from runtime.catalog import Catalog, CatalogRefused
 from tests import support
+from tests.test_catalog import GUARDED  # an approval under four eyes, then a change
 from workflows.loader import plan_run
 
 ROOT = "transport-root"
@@ -62,17 +63,6 @@ def test_signing_keys_come_over_https_verified_with_the_targets_ca(tls_vault):
     with pytest.raises(ApplicationError) as refused:
         fetch_identity_keys(IdentityKeysInput(address=url, provider=setup["provider"]))
     assert "unreachable: SSLError" in refused.value.message and not refused.value.non_retryable
-
-
-GUARDED = """\
-metadata: {name: guarded}
-target: prod
-approvers: [alice, bob]
-four_eyes: true
-steps:
-  - id: go
-    approval: {prompt: "change it?"}
-"""
 
 
 def _resolve(tmp_path: Path, vault: str, **target: object) -> object:
