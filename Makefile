@@ -18,8 +18,9 @@ temporal-server:
 	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then scripts/temporal-cluster-install.sh >/dev/null; \
 	else echo "no Go toolchain: the PostgreSQL cluster tests (tests/cluster) will be skipped"; fi
 
+# Two workers: most tests wait on servers, not on a core; tests/conftest.py keeps each lab on one worker.
 test: bootstrap temporal-server
-	.venv/bin/pytest -q -p no:cacheprovider
+	.venv/bin/pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=20
 
 drill: bootstrap
 	.venv/bin/coldstart drill consul-cold-start

@@ -19,6 +19,38 @@ TEMPORAL_CLI = BIN / "temporal"
 TEST_SERVER = BIN / "temporal-test-server"
 
 
+# Tests that build network namespaces name host-wide things (bridges, veth prefixes, subnets): under
+# `pytest -n 2 --dist loadgroup` each lab's tests stay on one worker, and the tests of labs that share
+# names (the session lab and tests/hosts share a veth prefix) on the same one. The longest groups are
+# handed out first, so the two workers finish together.
+_LAB_GROUPS = (  # (path prefix, group), longest first
+    ("tests/lab/test_fault_drills.py", "lab-faults"),
+    ("tests/lab/test_lab.py", "lab-session"),
+    ("tests/lab/test_teardown.py", "lab-session"),
+    ("tests/hosts/", "lab-session"),
+    ("tests/lab/test_drain_drill.py", "lab-drain"),
+)
+_FIRST = ("drill-real", "drill-standin", "lab-faults", "lab-session", "lab-drain")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+
+    def group(item: pytest.Item) -> str | None:
+        marked = item.get_closest_marker("xdist_group")
+        if marked is not None:
+            return marked.args[0] if marked.args else marked.kwargs.get("name")
+        where = Path(str(item.path)).relative_to(root).as_posix()
+        found = next((name for prefix, name in _LAB_GROUPS if where.startswith(prefix)), None)
+        if found is not None:
+            item.add_marker(pytest.mark.xdist_group(found))
+        return found
+
+    rank = {name: i for i, name in enumerate(_FIRST)}
+    items.sort(key=lambda item: rank.get(group(item) or "", len(rank)))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -107,7 +107,7 @@ async def test_operator_session(env, task_queue, tmp_path, prom):
     data = json.loads(timeline.stdout)
     assert data["outcome"] == "succeeded" and data["initiator"] == "alice"
     approvals = [e for e in data["entries"] if e["event"] == "approve (update)"]
-    assert approvals == [pytest.approx(approvals[0])] and approvals[0]["actor"] == "bob"
+    assert len(approvals) == 1 and approvals[0]["actor"] == "bob"
     assert approvals[0]["detail"] == "gate looked fine"
     readings = [e for e in data["entries"] if e["event"] == "gate reading"]
     assert len(readings) >= 2 and all(e["step"] == "healthy" for e in readings)

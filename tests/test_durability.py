@@ -157,7 +157,7 @@ async def test_continue_as_new_keeps_outputs_and_state(task_queue, tmp_path):
             runs = [e async for e in environment.client.list_workflows(f"WorkflowId = '{handle.id}'")]
             assert len(runs) >= 3, "expected the run to continue as new at least twice"
             status = await support.status(environment.client.get_workflow_handle(handle.id))
-            assert all(s.status == "succeeded" for s in status.steps)
+            assert status.steps and all(s.status == "succeeded" for s in status.steps)
     finally:
         await environment.shutdown()
     labels = support.lines(out)

@@ -44,7 +44,7 @@ async def test_steps_run_in_order_and_references_resolve(env, task_queue, tmp_pa
     async with support.worker(env.client, task_queue):
         handle = await support.start(env.client, book, task_queue)
         result = await handle.result()
-    assert isinstance(result, RunResult) or result["state"] == "succeeded"
+    assert isinstance(result, RunResult) and result.state == "succeeded"
     got = support.lines(out)
     assert got[0].endswith("first ops")
     assert got[1].endswith(f"after {got[0]}")

@@ -24,8 +24,8 @@ def test_up_down_leaves_nothing(tmp_path):
     from lab.hosts.processes import pid_alive
     from lab.lifecycle import down, up
 
-    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="csd",
-                    bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
+    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="csu",
+                    bridge="csubr0", veth_prefix="csuv", subnet="10.218.0.0/24")
     try:
         info = up(cfg)
         daemons = list(load_state(cfg.state_dir).daemons.values())
@@ -62,8 +62,8 @@ def test_down_after_crash_without_state_file(tmp_path):
     from lab.hosts.state import state_path
     from lab.lifecycle import down, up
 
-    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="cse",
-                    bridge="csebr0", veth_prefix="csev", subnet="10.216.0.0/24")
+    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="csx",
+                    bridge="csxbr0", veth_prefix="csxv", subnet="10.219.0.0/24")
     try:
         up(cfg)
         state_path(cfg.state_dir).unlink()  # the crash lost the record of what runs
