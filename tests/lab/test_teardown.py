@@ -41,16 +41,16 @@ def test_up_down_leaves_nothing(tmp_path):
     finally:
         removed = down(cfg)
     assert removed
-    assert not _pids_in("csd")
+    assert not _pids_in(cfg.prefix)
     from lab.containers import cgroup_root, sessions_cgroup
 
     # The session containers (their own process trees, outliving a killed agent) and their cgroups are gone.
-    assert not (cgroup_root() / sessions_cgroup("csd")).exists()
+    assert not (cgroup_root() / sessions_cgroup(cfg.prefix)).exists()
     assert not any(pid_alive(d.pid, d.starttime) for d in daemons)
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    assert "csdbr0" not in rules and "CSLAB-csdbr0" not in rules
+    assert cfg.bridge not in rules and f"CSLAB-{cfg.bridge}" not in rules
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert "csdbr0" not in links and "csdv" not in links
+    assert cfg.bridge not in links and cfg.veth_prefix not in links
     assert not cfg.inventory_path.exists()
     # Only the documented leftovers: the logs for the post-mortem.
     assert sorted(p.name for p in cfg.state_dir.iterdir()) == ["logs"]
@@ -69,5 +69,5 @@ def test_down_after_crash_without_state_file(tmp_path):
         state_path(cfg.state_dir).unlink()  # the crash lost the record of what runs
     finally:
         down(cfg)
-    assert not _pids_in("cse")
-    assert "csebr0" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not _pids_in(cfg.prefix)
+    assert cfg.bridge not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
