@@ -58,9 +58,19 @@ def opened(loop: asyncio.AbstractEventLoop, make: Callable[[], Any]) -> Iterator
         loop.run_until_complete(harness.close())
 
 
+def _real_agents_reason() -> str | None:
+    """Why the real Consul, Nomad and Vault cannot run here, or None: the lab's tests mean them."""
+    from lab.hashistack.local import missing_binaries
+
+    if missing := missing_binaries():
+        return f"the lab's tests run on the real agents: no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)"
+    return None
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
-    if reason := _skip_reason():
+    """The session lab on the real Consul, Nomad and Vault (the reference), or skipped saying which is missing."""
+    if reason := _skip_reason() or _real_agents_reason():
         pytest.skip(reason)
     from lab.lifecycle import down, up
 
@@ -69,6 +79,7 @@ def lab(tmp_path_factory):
                     players_rps=40, internal_rps=30, preempt_notice_s=2.0, **TEST_LAB)
     try:
         info = up(cfg)
+        assert all(how.startswith("real") for how in info["backends"].values()), info["backends"]
         yield cfg, info
     finally:
         down(cfg)

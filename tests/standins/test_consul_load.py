@@ -131,16 +131,18 @@ def test_real_request_latency_follows_the_model():
     lab = start_consul(RealClock(), LoadParams())
     try:
         c = lab.client()
-        t0 = time.monotonic()
-        c.kv.put("fast", "1")
-        assert time.monotonic() - t0 < 0.3
+
+        def put(key: str) -> float:
+            t0 = time.monotonic()
+            c.kv.put(key, "1")
+            return time.monotonic() - t0
+        fast = put("fast")
         requests.post(lab.admin(), json={"fault": "slow-leader", "server": "consul1"}, timeout=10).raise_for_status()
-        t0 = time.monotonic()
-        c.kv.put("slow", "1")
-        assert time.monotonic() - t0 > 0.3
+        slow = put("slow")
         c.operator.raft_transfer_leader()
-        t0 = time.monotonic()
-        c.kv.put("fast-again", "1")
-        assert time.monotonic() - t0 < 0.3
+        fast_again = put("fast-again")
+        # The model's slow leader sleeps over 0.3 s a write (a floor: a busy machine only adds); the others are
+        # compared with it, not with a wall-clock line a loaded machine could cross.
+        assert slow > 0.3 and fast < slow / 2 and fast_again < slow / 2, (fast, slow, fast_again)
     finally:
         lab.server.stop()
