@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import stat
-import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -144,9 +143,7 @@ def parts(token: str) -> tuple[dict, dict, str]:
 # ---- against the real Vault / OpenBao --------------------------------------------------------------------
 
 def test_approver_token_verifies_to_the_entity(idp):
-    started = time.monotonic()
     token = idp.token("sre-lead")
-    fetch_seconds = time.monotonic() - started
     now = datetime.now(timezone.utc)
     who = verify_identity_token(token, idp.keys, audience=IDENTITY_AUDIENCE, now=now)
     entity = idp.root.secrets.identity.read_entity_by_name("sre-lead")["data"]
@@ -159,7 +156,6 @@ def test_approver_token_verifies_to_the_entity(idp):
     assert claims["aud"] == IDENTITY_AUDIENCE == idp.setup["audience"] and claims["iss"] == idp.keys.issuer
     other = verify_identity_token(idp.token("incident-commander"), idp.keys, audience=IDENTITY_AUDIENCE, now=now)
     assert other.name == "incident-commander" and other.subject == idp.setup["users"]["incident-commander"]
-    assert fetch_seconds < 5
 
 
 def test_capture_is_public_and_says_how_to_configure(idp, monkeypatch):

@@ -94,7 +94,8 @@ async def test_kill_inits_kills_each_namespace_with_one_signal_and_is_idempotent
 
     out = await kill_inits(_on(host, KillInitsInput))
     assert out.killed == sorted(listed.alive) and out.already_gone == []
-    assert out.seconds < 1.0, out.seconds
+    # The kill's speed is bench/drain.py's to measure; here only that it is reported, and far from a hang.
+    assert 0 <= out.seconds < 10, out.seconds
     assert all(host.processes(n) == [] for n in listed.alive)
     for proc in host.procs.values():
         assert proc.wait(timeout=5) != 0  # unshare reports its child killed
