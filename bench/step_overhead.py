@@ -1,8 +1,12 @@
 """Per-step overhead of the interpreter: 200 do-nothing steps vs 200 bare activities, on the local dev server.
 
-Prints median and p99 per-step time for both. Goal: interpreter median <= 10 ms a step and
-<= 1.5x the bare activity. Per-step time is the gap between consecutive activity completions
-in each run's history (server timestamps), so client start-up is not counted.
+Like against like: both workflows run on workers with the same runner (unsandboxed, as production
+runs the interpreter), the same activity executor and the same limits; the two sides alternate which
+goes first, over several rounds (`--rounds N`, 5 by default). Prints the median and p99 per-step
+time of each side in every round, then the median over rounds and the spread (min-max) of the round
+medians. Goal: interpreter median <= 10 ms a step and <= 1.5x the bare activity. Per-step time is
+the gap between consecutive activity completions in each run's history (server timestamps), so
+client start-up is not counted.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from bare_workflow import BareActivities
 from cli.runs import start_run
 from runtime.connection import DATA_CONVERTER
 from runtime.server_config import dynamic_config_flags
-from runtime.worker import build_worker
+from runtime.worker import UNSANDBOXED_RUNNER, build_worker
 from workflows import search
 from workflows.loader import plan_run
 from _targets import development_target  # noqa: E402
@@ -40,7 +44,20 @@ def _p99(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
 
 
-async def main() -> None:
+async def _interpreter(env, registry, book: Path, round_no: int) -> list[float]:
+    run = plan_run(book, registry=registry, inventory=development_target(f"bench-{round_no}"), initiator="bench")
+    handle = await start_run(env.client, run, "bench")
+    await handle.result()
+    return _gaps(await handle.fetch_history())
+
+
+async def _bare(env, round_no: int) -> list[float]:
+    handle = await env.client.start_workflow(BareActivities.run, STEPS, id=f"bare-{round_no}", task_queue="bench-bare")
+    await handle.result()
+    return _gaps(await handle.fetch_history())
+
+
+async def main(rounds: int) -> None:
     from temporalio.worker import Worker
 
     from activities.catalog import load_registry
@@ -54,33 +71,40 @@ async def main() -> None:
     book = work / "overhead.yaml"
     steps = "\n".join(f"  - id: s{i}\n    action: core.wait\n    with: {{seconds: 0}}" for i in range(STEPS))
     book.write_text(f"metadata: {{name: overhead}}\ntarget: bench\nsteps:\n{steps}\n")
+    medians: dict[str, list[float]] = {"interpreter": [], "bare": []}
     try:
         registry = load_registry()
-        async with build_worker(env.client, "bench", registry=registry), Worker(
+        # The same runner, executor size and activity limit as build_worker gives the interpreter.
+        async with build_worker(env.client, "bench", registry=registry, max_concurrent_activities=100), Worker(
             env.client, task_queue="bench-bare", workflows=[BareActivities], activities=registry.activities(),
-            activity_executor=ThreadPoolExecutor(8),
+            activity_executor=ThreadPoolExecutor(100), max_concurrent_activities=100,
+            workflow_runner=UNSANDBOXED_RUNNER,
         ):
-            run = plan_run(book, registry=registry, inventory=development_target("bench"), initiator="bench")
-            started = time.monotonic()
-            handle = await start_run(env.client, run, "bench")
-            await handle.result()
-            interpreter_wall = time.monotonic() - started
-            interpreter = _gaps(await handle.fetch_history())
-
-            started = time.monotonic()
-            bare_handle = await env.client.start_workflow(BareActivities.run, STEPS, id="bare", task_queue="bench-bare")
-            await bare_handle.result()
-            bare_wall = time.monotonic() - started
-            bare = _gaps(await bare_handle.fetch_history())
+            for r in range(rounds):
+                order = ["interpreter", "bare"] if r % 2 == 0 else ["bare", "interpreter"]
+                for side in order:
+                    started = time.monotonic()
+                    gaps = await (_interpreter(env, registry, book, r) if side == "interpreter" else _bare(env, r))
+                    wall = time.monotonic() - started
+                    medians[side].append(statistics.median(gaps))
+                    print(f"round {r + 1} {side:11s}: median {medians[side][-1]:6.2f} ms/step, "
+                          f"p99 {_p99(gaps):6.2f} ms/step, wall {wall:5.2f} s"
+                          f"{' (first)' if side == order[0] else ''}", flush=True)
     finally:
         await env.shutdown()
-    im, bm = statistics.median(interpreter), statistics.median(bare)
-    print(f"steps: {STEPS} sequential do-nothing steps (core.wait 0 s) on the local dev server")
-    print(f"interpreter: median {im:.2f} ms/step, p99 {_p99(interpreter):.2f} ms/step, wall {interpreter_wall:.2f} s")
-    print(f"bare activities: median {bm:.2f} ms/step, p99 {_p99(bare):.2f} ms/step, wall {bare_wall:.2f} s")
+    im, bm = statistics.median(medians["interpreter"]), statistics.median(medians["bare"])
+    print(f"steps: {STEPS} sequential do-nothing steps (core.wait 0 s) a run, {rounds} rounds alternating which "
+          "side goes first, both unsandboxed on the local dev server")
+    for side, values in medians.items():
+        print(f"{side}: median of round medians {statistics.median(values):.2f} ms/step, "
+              f"spread {min(values):.2f}-{max(values):.2f}")
     print(f"ratio (median): {im / bm:.2f}x  goal: <= 10 ms and <= 1.5x -> "
           f"{'met' if im <= 10 and im / bm <= 1.5 else 'NOT met'}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    asyncio.run(main(parser.parse_args().rounds))

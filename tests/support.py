@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -72,6 +73,29 @@ def maybe_fail(inp: FailInput) -> AppendOutput:
         raise ApplicationError(f"injected failure for {inp.label}", non_retryable=True)
     with open(inp.path, "a") as handle:
         handle.write(f"{inp.label}\n")
+    return AppendOutput(line=inp.label)
+
+
+class SlowInput(BaseModel):
+    path: str
+    label: str
+    seconds: float = 4.0
+
+
+@action("test.slow_append", registry=test_registry, mutating=True, heartbeat=2, retry=Retry(max_attempts=3))
+def slow_append(inp: SlowInput) -> AppendOutput:
+    """Append `started <label> <attempt>` at each attempt's start, heartbeat its progress every 0.2 s for
+    `seconds` (a retried attempt resumes from the last heartbeat), then append `<label>` once it is done."""
+    info = activity.info()
+    with open(inp.path, "a") as handle:
+        handle.write(f"started {inp.label} {info.attempt}\n")
+    done = float(info.heartbeat_details[0]) if info.heartbeat_details else 0.0
+    while done < inp.seconds:
+        time.sleep(0.2)
+        done += 0.2
+        activity.heartbeat(done)
+    with open(inp.path, "a") as handle:
+        handle.write(f"{info.workflow_id} {inp.label}\n")
     return AppendOutput(line=inp.label)
 
 

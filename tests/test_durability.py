@@ -60,6 +60,53 @@ async def test_worker_killed_mid_run_resumes_without_repeating_steps(env, task_q
     assert labels == ["a", "b", "c", "d"], labels
 
 
+async def test_worker_killed_mid_activity_the_attempt_is_retried_once_elsewhere(env, task_queue, tmp_path):
+    """The hardest case: the worker dies while an action runs. The server notices the missing heartbeat and
+    gives the attempt to another worker, which resumes from the last heartbeat; the action completes once."""
+    out = tmp_path / "executions.txt"
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: durable-mid-activity}}
+        target: t
+        steps:
+          - id: a
+            action: test.append
+            with: {{path: "{out}", label: a}}
+          - id: slow
+            action: test.slow_append
+            with: {{path: "{out}", label: slow, seconds: 4}}
+          - id: c
+            action: test.append
+            with: {{path: "{out}", label: c}}
+    """)
+    address = env.client.service_client.config.target_host
+    first = support.spawn_worker(address, task_queue)
+    try:
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _has_line(out, "started slow 1"))
+        await asyncio.sleep(1.0)  # a few heartbeats of progress recorded
+        os.killpg(first.pid, signal.SIGKILL)  # mid-activity: the attempt never completes on this worker
+        first.wait()
+        assert [line.split()[-1] for line in support.lines(out)] == ["a", "1"]
+        second = support.spawn_worker(address, task_queue)
+        try:
+            await handle.result()
+            status = await support.status(handle)
+        finally:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    lines = support.lines(out)
+    assert [line for line in lines if line.startswith("started")] == ["started slow 1", "started slow 2"], lines
+    assert [line.split()[-1] for line in lines if not line.startswith("started")] == ["a", "slow", "c"], lines
+    assert next(s for s in status.steps if s.id == "slow").attempts == 1  # the step ran once; its activity twice
+
+
+async def _has_line(path, line: str) -> bool:
+    return path.exists() and line in support.lines(path)
+
+
 async def _step_status(handle, step, wanted):
     status = await support.status(handle)
     return next(s for s in status.steps if s.id == step).status == wanted
