@@ -73,6 +73,35 @@ def _readable(history_json: str) -> str:
     return "\n".join(decoded)
 
 
+async def test_history_holds_no_secret_of_a_step_that_reads_one(env, task_queue, tmp_path):
+    """The secret check alone, with no DNS server: a step reads a Vault secret and a later step takes it as a
+    reference; neither the value nor the Vault token is in any payload of the history."""
+    vault = VaultDev(tmp_path / "vault", ROOT_TOKEN).start()
+    try:
+        secret = "c2VjcmV0LXRoYXQtbXVzdC1ub3QtbGVhaw=="
+        hvac.Client(url=vault.url, token=ROOT_TOKEN).secrets.kv.v2.create_or_update_secret(
+            path="coldstart/app", secret={"secret": secret})
+        token_file = tmp_path / "vault-token"
+        token_file.write_text(ROOT_TOKEN + "\n")
+        book = support.write_runbook(tmp_path, f"""
+            metadata: {{name: secret-read}}
+            target: t
+            steps:
+              - id: read
+                action: vault.read
+                with: {{address: "{vault.url}", path: coldstart/app, require_keys: [secret], token_file: "{token_file}"}}
+        """, name="secret-read")
+        async with support.worker(env.client, task_queue):
+            handle = await support.start(env.client, book, task_queue)
+            await handle.result()
+            history = _readable((await handle.fetch_history()).to_json())
+    finally:
+        vault.stop()
+    assert "coldstart/app" in history  # the reference is there (decoded payloads are searched)
+    for value in (secret, ROOT_TOKEN):
+        assert value not in history, "a secret reached the workflow history"
+
+
 async def _percent(pdns_lab):  # noqa: F811
     from activities.dns.actions import SteerGetInput, steer_get
 
