@@ -20,7 +20,7 @@ temporal-server:
 
 # Two workers: most tests wait on servers, not on a core; tests/conftest.py keeps each lab on one worker.
 test: bootstrap temporal-server
-	.venv/bin/pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=20
+	.venv/bin/pytest -q -p no:cacheprovider -n 2 --durations=20
 
 drill: bootstrap
 	.venv/bin/coldstart drill consul-cold-start

@@ -20,35 +20,49 @@ TEST_SERVER = BIN / "temporal-test-server"
 
 
 # Tests that build network namespaces name host-wide things (bridges, veth prefixes, subnets): under
-# `pytest -n 2 --dist loadgroup` each lab's tests stay on one worker, and the tests of labs that share
-# names (the session lab and tests/hosts share a veth prefix) on the same one. The longest groups are
-# handed out first, so the two workers finish together.
-_LAB_GROUPS = (  # (path prefix, group), longest first
-    ("tests/lab/test_fault_drills.py", "lab-faults"),
-    ("tests/lab/test_lab.py", "lab-session"),
-    ("tests/lab/test_teardown.py", "lab-session"),
+# `pytest -n 2` each lab's tests stay on one worker, and the tests of labs that share names (the session
+# lab, tests/hosts' labs) on the same one; every other test is scheduled alone. The longest groups are
+# handed out first, so the two workers finish together. (xdist's own `--dist loadgroup` renames node ids,
+# which pytest 9 no longer lets a plugin do; a scheduler that groups by node id needs no renaming.)
+_LAB_GROUPS = (  # (node id prefix, group), longest first
+    ("tests/lab/test_cold_start_drill.py::", "drill"),  # + the backend: drill[real], drill[standin]
+    ("tests/lab/test_fault_drills.py::", "lab-faults"),
+    ("tests/lab/test_lab.py::", "lab-session"),
+    ("tests/lab/test_teardown.py::", "lab-session"),
     ("tests/hosts/", "lab-session"),
-    ("tests/lab/test_drain_drill.py", "lab-drain"),
+    ("tests/lab/test_drain_drill.py::", "lab-drain"),
 )
-_FIRST = ("drill-real", "drill-standin", "lab-faults", "lab-session", "lab-drain")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(str(config.rootpath))
+def lab_group(nodeid: str) -> str | None:
+    """The group a test runs in (None: alone); a drill's backend (its parameter) is a group of its own."""
+    for prefix, group in _LAB_GROUPS:
+        if nodeid.startswith(prefix):
+            if group == "drill":
+                return f"drill[{nodeid.rsplit('[', 1)[-1].rstrip(']')}]"
+            return group
+    return None
 
-    def group(item: pytest.Item) -> str | None:
-        marked = item.get_closest_marker("xdist_group")
-        if marked is not None:
-            return marked.args[0] if marked.args else marked.kwargs.get("name")
-        where = Path(str(item.path)).relative_to(root).as_posix()
-        found = next((name for prefix, name in _LAB_GROUPS if where.startswith(prefix)), None)
-        if found is not None:
-            item.add_marker(pytest.mark.xdist_group(found))
-        return found
 
-    rank = {name: i for i, name in enumerate(_FIRST)}
-    items.sort(key=lambda item: rank.get(group(item) or "", len(rank)))
+def _rank(nodeid: str) -> int:
+    group = lab_group(nodeid)
+    names = [g for _, g in _LAB_GROUPS]
+    return names.index("drill" if group and group.startswith("drill[") else group) if group else len(names)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: within a rank, the usual order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduler with a scope per lab group, and per test elsewhere."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LabGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lab_group(nodeid) or nodeid
+
+    return LabGroups(config, log)
 
 
 def free_port() -> int:

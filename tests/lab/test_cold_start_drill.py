@@ -14,13 +14,12 @@ from tests.lab.conftest import _skip_reason
 pytestmark = pytest.mark.timeout(1200)  # a drill takes about 6 minutes, and its first test brings it up
 
 # Apart from the session lab (cst/10.214), a developer's lab (cs/10.213) and each other: the two drills run
-# at once on two test workers (tests/conftest.py groups each lab's tests on one).
+# at once on two test workers (tests/conftest.py keeps each lab's tests on one).
 DRILL_LAB = dict(prefix="csd", bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
 STANDIN_DRILL_LAB = dict(prefix="csw", bridge="cswbr0", veth_prefix="cswv", subnet="10.220.0.0/24")
 
 
-@pytest.fixture(scope="module", params=[pytest.param("real", marks=pytest.mark.xdist_group("drill-real")),
-                                        pytest.param("standin", marks=pytest.mark.xdist_group("drill-standin"))])
+@pytest.fixture(scope="module", params=["real", "standin"])
 def drill_report(request, tmp_path_factory):
     """The same drill on real Consul, Nomad and Vault (the reference) and on the stand-ins (the fallback)."""
     if reason := _skip_reason():
