@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -142,5 +144,20 @@ def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[Daemo
         poll_until("nomad clients", lambda: want <= {n["Name"] for n in httpx.get(f"{cfg.nomad_url}/v1/nodes", timeout=1)
                                                 .json() if n.get("Status") == "ready"}, 45, nomad)
     poll_until("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
+    _scrub_dev_banner(Path(vault.log))
     _configure_vault(cfg, sec)
     return clients
+
+
+# A dev server prints its root token and unseal key at start; the lab's logs outlive the lab (for the
+# post-mortem), so those values are masked in place, keeping every byte offset as Vault appends on.
+_BANNER_SECRETS = re.compile(rb"^(Root Token|Unseal Key): (\S+)$", re.MULTILINE)
+
+
+def _scrub_dev_banner(log: Path) -> None:
+    """Overwrite the dev banner's root token and unseal key in `log` with asterisks of the same length."""
+    with open(log, "r+b") as fh:
+        text = fh.read()
+        for found in _BANNER_SECRETS.finditer(text):
+            fh.seek(found.start(2))
+            fh.write(b"*" * (found.end(2) - found.start(2)))
