@@ -181,7 +181,9 @@ async def test_a_cluster_whose_config_depends_on_consul_refuses_to_start(tmp_pat
     assert not refused.db.root.exists() and not refused.log.exists()
 
 
-async def test_after_a_crashed_controller_down_and_up_again_keep_the_database(tmp_path, cluster_bin, task_queue):
+async def test_after_a_crashed_controller_down_and_up_again_keep_the_database(tmp_path_factory, cluster_bin, task_queue):
+    # A short directory: PostgreSQL's socket path must fit in 107 bytes, test worker directories included.
+    tmp_path = tmp_path_factory.mktemp("crash")
     crashed = Cluster(tmp_path / "state", bin_dir=cluster_bin)
     await crashed.start()
     client = await crashed.client()

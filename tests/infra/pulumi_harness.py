@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,18 @@ def sample_config() -> dict[str, Any]:
     return {key.split(":", 1)[1]: value for key, value in raw.items()}
 
 
+_LOOP = asyncio.new_event_loop()
+
+
 def build_graph(config: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None):
     """Build the program for a stack config under mocks; returns (mocks, program result)."""
     config = sample_config() if config is None else config
     secrets = SAMPLE_SECRETS if secrets is None else secrets
     flat = {**config, **secrets}
     mocks = RecordingMocks()
+    # Pulumi's resources make futures on the main thread's current loop; whatever ran before in this test
+    # process (asyncio.run closes its loop and unsets it) must not decide whether there is one.
+    asyncio.set_event_loop(_LOOP)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack="sample", preview=False)
     pulumi.runtime.set_all_config(
         {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()},
