@@ -1,4 +1,5 @@
-"""Alert-triggered runs: the Alertmanager webhook receiver (cli/triggers.py) without Temporal, and the real Alertmanager."""
+"""Alert-triggered runs: the Alertmanager webhook receiver (cli/triggers.py) on a stand-in starter, on the real dev
+server and start path, and the real Alertmanager."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from cli.triggers import (
     render_params,
 )
 from lab.alerting import ALERTMANAGER_BINARY, alertmanager_argv, alertmanager_config
+from tests import support
 from tests.conftest import free_port
 from workflows.loader import RunbookInvalid
 
@@ -438,3 +440,66 @@ def test_the_receiver_serves_https_with_its_certificate(tmp_path):
     finally:
         serving.terminate()
         serving.wait(timeout=15)
+
+
+async def test_the_receiver_starts_real_runs_and_answers_busy_from_the_real_start_path(env, task_queue, tmp_path,
+                                                                                      monkeypatch):
+    """The receiver against the real dev server: the real planner on a target's inventory file, the real starter
+    (`cli.runs.start_run`), a worker resolving the run; a second host's alert while the run holds the target is
+    503 from the real single-flight check, and starts once the target is free."""
+    from cli.triggers import default_planner, temporal_starter
+    from workflows.contract import ControlRequest
+
+    targets = tmp_path / "targets"
+    name = f"alerts-{task_queue[-8:]}"
+    support.development_target(targets, name)
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: alert-hold}
+        target: t
+        params:
+          host: {type: string}
+        steps:
+          - id: hold
+            approval: {prompt: "drain ${{ params.host }}?"}
+    """)
+    config = TriggersFile.model_validate({"version": 1, "triggers": [{
+        "name": "preempted-host", "alertname": "HostPreemptionNotice", "match": {"severity": "page"},
+        "runbook": str(book), "target": name, "params": {"host": "{{ labels.host }}"}}]})
+    monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
+    app = create_app(config, TOKEN, starter=temporal_starter(task_queue),
+                     planner=default_planner(targets, registry=support.registry()))
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        async with support.worker(env.client, task_queue):
+            started = await client.post("/alerts", json=_payload(_alert(host="c1")), headers=AUTH)
+            assert started.status == 200, await started.text()
+            [result] = (await started.json())["results"]
+            assert (result["outcome"], result["workflow_id"]) == ("started", f"coldstart-{name}")
+            handle = env.client.get_workflow_handle(result["workflow_id"])
+            await support.wait_for(lambda: _awaiting(handle, "hold"))
+
+            other = _alert(host="c2")
+            other["fingerprint"] = "c2-notice"
+            busy = await client.post("/alerts", json=_payload(other), headers=AUTH)
+            assert busy.status == 503
+            [refused] = (await busy.json())["results"]
+            assert refused["outcome"] == "busy" and f"target {name} is busy" in refused["reason"]
+
+            await handle.execute_update("abort", ControlRequest(actor="oncall", reason="test"))
+            with pytest.raises(Exception):
+                await handle.result()
+            retried = await client.post("/alerts", json=_payload(other), headers=AUTH)
+            assert retried.status == 200 and (await retried.json())["results"][0]["outcome"] == "started"
+            status = await support.status(env.client.get_workflow_handle(f"coldstart-{name}"))
+            assert status.initiator == "alertmanager:preempted-host"
+            plan = await env.client.get_workflow_handle(f"coldstart-{name}").query("plan")
+            assert plan["params"] == {"host": "c2"}
+            await env.client.get_workflow_handle(f"coldstart-{name}").execute_update(
+                "abort", ControlRequest(actor="oncall", reason="test done"))
+    finally:
+        await client.close()
+
+
+async def _awaiting(handle, step: str) -> bool:
+    return step in (await support.status(handle)).awaiting_approval
