@@ -173,6 +173,7 @@ class _JournalInbound(ActivityInboundInterceptor):
                 "worker": self.journal.worker,
                 "task_queue": info.task_queue,
                 "started_at": _now(),
+                **_from_headers(input.headers),
             }
             self.journal.write({"event": "started", **base})
         except Exception:  # noqa: BLE001 - never in the action's way
@@ -188,6 +189,27 @@ class _JournalInbound(ActivityInboundInterceptor):
             if base:
                 self.journal.write({"event": "ended", **base, "ended_at": _now(), "outcome": outcome,
                                     **({"error": error} if error else {})})
+
+
+# The workflow's headers on each activity (workflows/history_tags.py), read here by name: the chain's first
+# run id, and the step tag with the reason the workflow scheduled it again, if it records one.
+_CHAIN_HEADER, _TAG_HEADER = "coldstart-chain", "coldstart-step"
+
+
+def _from_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    from temporalio.converter import PayloadConverter
+
+    found: dict[str, Any] = {}
+    try:
+        if _CHAIN_HEADER in headers:
+            found["chain"] = PayloadConverter.default.from_payload(headers[_CHAIN_HEADER])
+        if _TAG_HEADER in headers:
+            tag = PayloadConverter.default.from_payload(headers[_TAG_HEADER])
+            if isinstance(tag, dict) and tag.get("after"):
+                found["after"] = str(tag["after"])
+    except Exception:  # noqa: BLE001 - a header it cannot read leaves the line without it
+        pass
+    return found
 
 
 def _is_cancel(exc: BaseException) -> bool:
@@ -231,6 +253,8 @@ class Attempt:
     ended_at: str | None = None
     outcome: str | None = None  # None: started, never ended (the worker died, or it is still running)
     error: str | None = None
+    chain: str | None = None  # the first run id of the run's continue-as-new chain
+    after: str | None = None  # why the workflow scheduled it again ("gate-failed": a ramp's step-back)
 
 
 @dataclass
@@ -294,7 +318,8 @@ def _attempts(entries: Iterable[Mapping[str, Any]]) -> list[Attempt]:
         if attempt is None:
             attempt = by_key[key] = Attempt(
                 workflow_id=key[0], run_id=key[1], activity_id=key[2], activity_type=entry.get("activity_type", ""),
-                attempt=key[3], mutating=entry.get("mutating"), worker=key[4])
+                attempt=key[3], mutating=entry.get("mutating"), worker=key[4], chain=entry.get("chain"),
+                after=entry.get("after"))
         attempt.started_at = attempt.started_at or entry.get("started_at")
         if entry.get("event") == "ended":
             attempt.ended_at = entry.get("ended_at")
@@ -319,7 +344,9 @@ def check_journal(entries: Iterable[Mapping[str, Any]]) -> JournalCheck:
     Allowed and reported: an attempt that started and never ended (worker killed) followed by another
     attempt of the same activity id; attempts after a failed attempt (the activity RetryPolicy).
     Read-only actions (gate readings, reads) repeat by design and are not checked by label.
-    Runs are checked one by one (a continue-as-new starts a new run and its own sequence).
+    A step-back counts only where the workflow recorded one (its `after: gate-failed` header, journaled
+    as `after`), never from the percentages alone. Labels are checked across a continue-as-new chain
+    (its first run id, journaled as `chain`), its runs in order; lines without a chain, per run.
     """
     attempts = _attempts(entries)
     result = JournalCheck(attempts=attempts)
@@ -343,51 +370,64 @@ def check_journal(entries: Iterable[Mapping[str, Any]]) -> JournalCheck:
         if any(a.outcome == "failed" for a in tries[:-1]):
             result.retried_after_failure.append((activity_id, len(tries)))
 
-    # Label level: group the distinct activity ids of each run by label.
-    runs: dict[tuple[str, str], dict[str, list[Attempt]]] = defaultdict(lambda: defaultdict(list))
+    # Label level: group the distinct activity ids of each continue-as-new chain (else each run) by label, in
+    # the chain's order: its runs by their first attempt, then each run's own sequence.
+    chains: dict[tuple[str, str], dict[tuple[int, str], list[Attempt]]] = defaultdict(dict)
+    first_seen: dict[tuple[str, str], str] = {}
     for (wf, run, activity_id), tries in by_id.items():
-        runs[(wf, run)][activity_id] = tries
-    for (wf, run), ids in runs.items():
-        outcome = {aid: ("ok" if any(a.outcome == "ok" for a in tries) else "not ok") for aid, tries in ids.items()}
-        mutating = {aid: tries[0].mutating is not False for aid, tries in ids.items()}
-        # Ramp sets in the run's order, per ramp step: which of them stepped back.
-        ramp_sets: dict[str, list[tuple[int, int, str]]] = defaultdict(list)  # step -> [(seq, percent, id)]
-        fan_out_failed: set[tuple[str, int]] = set()  # (step, step attempt) with a failed item
-        labels: dict[str, list[tuple[int, str, bool]]] = defaultdict(list)
-        for aid in ids:
-            label, n, fan_out = _split_id(aid)
-            if fan_out:
-                if outcome[aid] != "ok":
-                    fan_out_failed.add((label.split("[", 1)[0], n))
+        start = min((a.started_at or "" for a in tries), default="")
+        first_seen[(wf, run)] = min(first_seen.get((wf, run), start), start)
+    for (wf, run, activity_id), tries in by_id.items():
+        chain = next((a.chain for a in tries if a.chain), None) or run
+        chains[(wf, chain)][(0, f"{first_seen[(wf, run)]}\x00{run}\x00{activity_id}")] = tries
+    for (wf, chain), keyed in chains.items():
+        # Runs in order of their first attempt; within a run, the workflow's own sequence number.
+        runs_in_order = sorted({(first_seen[(wf, tries[0].run_id)], tries[0].run_id) for tries in keyed.values()})
+        run_index = {run: i for i, (_, run) in enumerate(runs_in_order)}
+        ids = {(run_index[tries[0].run_id], tries[0].activity_id): tries for tries in keyed.values()}
+        outcome = {key: ("ok" if any(a.outcome == "ok" for a in tries) else "not ok") for key, tries in ids.items()}
+        mutating = {key: tries[0].mutating is not False for key, tries in ids.items()}
+        stepped_back = {key for key, tries in ids.items() if any(a.after == "gate-failed" for a in tries)}
+        # Ramp sets in the chain's order, per ramp step: which of them the workflow recorded as a step-back.
+        ramp_sets: dict[str, list[tuple[tuple[int, int], int, tuple[int, str]]]] = defaultdict(list)
+        fan_out_failed: set[tuple[str, int, int]] = set()  # (step, run index, step attempt) with a failed item
+        labels: dict[str, list[tuple[tuple[int, int], tuple[int, str], bool]]] = defaultdict(list)
+        for key in ids:
+            label, n, fan_out = _split_id(key[1])
+            order = (key[0], n)
+            if fan_out and outcome[key] != "ok":
+                fan_out_failed.add((label.split("[", 1)[0], key[0], n))
             ramp = _RAMP_LABEL.match(label)
             if ramp and not fan_out:
-                ramp_sets[ramp["step"]].append((n, int(ramp["percent"]), aid))
-            if mutating[aid]:
-                labels[label].append((n, aid, fan_out))
-        step_backs: dict[str, list[int]] = {}  # ramp step -> seqs of step-back sets
+                ramp_sets[ramp["step"]].append((order, int(ramp["percent"]), key))
+            if mutating[key]:
+                labels[label].append((order, key, fan_out))
+        step_backs: dict[str, list[tuple[int, int]]] = {}  # ramp step -> orders of its recorded step-backs
         for step, sets in ramp_sets.items():
             sets.sort()
-            step_backs[step] = [sets[i][0] for i in range(1, len(sets)) if sets[i][1] < sets[i - 1][1]]
+            step_backs[step] = [sets[i][0] for i in range(1, len(sets))
+                                if sets[i][1] < sets[i - 1][1] and sets[i][2] in stepped_back]
         for label, scheduled in labels.items():
             scheduled.sort()
-            for (n_prev, prev, _), (n, aid, fan_out) in zip(scheduled, scheduled[1:]):
+            for (o_prev, prev, _), (o, key, fan_out) in zip(scheduled, scheduled[1:]):
                 why = None
                 if outcome[prev] != "ok":
                     why = "retried after failure"
-                elif fan_out and (label.split("[", 1)[0], n_prev) in fan_out_failed:
+                elif fan_out and (label.split("[", 1)[0], o_prev[0], o_prev[1]) in fan_out_failed:
                     why = "fan-out step retried after failed items"
                 else:
                     ramp = _RAMP_LABEL.match(label)
                     backs = step_backs.get(ramp["step"], []) if ramp else []
-                    if n in backs:
+                    if o in backs:
                         why = "ramp step-back after a failed gate"
-                    elif any(n_prev < b < n for b in backs):
+                    elif any(o_prev < b < o for b in backs):
                         why = "ramp forward again after a step-back"
                 if why is None:
-                    result.repeated.append(Repeat(wf, run, label, [prev, aid],
-                                                  f"scheduled again after {prev} completed ok"))
+                    result.repeated.append(Repeat(wf, ids[key][0].run_id, label, [prev[1], key[1]],
+                                                  f"scheduled again after {prev[1]} completed ok"
+                                                  + (" in an earlier run of its chain" if prev[0] != key[0] else "")))
                 else:
-                    result.rescheduled.append((label, aid, why))
+                    result.rescheduled.append((label, key[1], why))
     return result
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Literal
 
 import temporalio.converter
+from temporalio import workflow
 from temporalio.worker import (
     Interceptor,
     StartActivityInput,
@@ -18,6 +19,7 @@ from temporalio.worker import (
 
 __all__ = [
     "ACTIVITY_HEADER",
+    "CHAIN_HEADER",
     "ActivityTag",
     "HistoryTagInterceptor",
     "activity_tag",
@@ -29,6 +31,9 @@ __all__ = [
 # The header on every ActivityTaskScheduled event the workflow produces; plain JSON through the
 # SDK's default converter, so any reader (CLI, Web UI, a script) decodes it without our models.
 ACTIVITY_HEADER = "coldstart-step"
+# The first run id of the run's continue-as-new chain, on every activity: the action journal groups a run's
+# attempts by it, so a step repeated across continue-as-new is seen as one.
+CHAIN_HEADER = "coldstart-chain"
 _TIMER_SEPARATOR = ": "
 _CONVERTER = temporalio.converter.PayloadConverter.default
 
@@ -44,6 +49,8 @@ class ActivityTag:
     gate: str | None = None
     percent: int | None = None
     item: int | None = None
+    # Why the workflow scheduled it again, where it records one: "gate-failed" on a ramp's step-back.
+    after: str | None = None
 
 
 _current: contextvars.ContextVar[ActivityTag | None] = contextvars.ContextVar("coldstart_activity_tag", default=None)
@@ -93,6 +100,8 @@ class _Inbound(WorkflowInboundInterceptor):
 class _Outbound(WorkflowOutboundInterceptor):
     def start_activity(self, input: StartActivityInput) -> Any:
         tag = _current.get()
+        headers = {**input.headers, CHAIN_HEADER: _CONVERTER.to_payload(workflow.info().first_execution_run_id)}
         if tag is not None:
-            input.headers = {**input.headers, ACTIVITY_HEADER: _CONVERTER.to_payload(asdict(tag))}
+            headers[ACTIVITY_HEADER] = _CONVERTER.to_payload(asdict(tag))
+        input.headers = headers
         return super().start_activity(input)

@@ -677,7 +677,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 for g, gate in enumerate(spec.gates):
                     await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
             except StepFailed as exc:
-                await self._ramp_set(step, action, last_good, percent)
+                await self._ramp_set(step, action, last_good, percent, after="gate-failed")
                 state.percent = last_good
                 fallback = ""
                 # Added after the first recorded histories: runs already in flight replay without it.
@@ -701,14 +701,15 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 failing.append(name)
         return f" (gates at {percent}%: " + (f"still failing: {', '.join(failing)})" if failing else "passing)")
 
-    async def _ramp_set(self, step: RampStep, action: ActionDefaults, percent: int, previous: int) -> None:
+    async def _ramp_set(self, step: RampStep, action: ActionDefaults, percent: int, previous: int,
+                        after: str | None = None) -> None:
         args = self._resolve(step.ramp.with_, ramp={"percent": percent, "previous": previous})
         await execute_action(
             action,
             args,
             activity_id=self._next_id(f"{step.id}@{percent}"),
             summary=f"{step.id}: {action.name} to {percent}% (from {previous}%)",
-            tag=ActivityTag("ramp", step.id, percent=percent),
+            tag=ActivityTag("ramp", step.id, percent=percent, after=after),
         )
 
     async def _for_each(self, step: ForEachStep, state: StepState) -> dict[str, Any]:
