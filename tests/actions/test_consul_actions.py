@@ -180,7 +180,12 @@ def test_snapshot_save_preview_restore_idempotent(stack, tmp_path):
     out = snapshots.snapshot_restore(snapshots.SnapshotRestoreInput(consul=target, path=saved.path,
                                                                     expect_sha256=saved.sha256))
     assert out.restored and out.verified and "snap/keep" in out.preview.changed
+    # Read back from the agent, not from the action's own preview: the changed key is as it was, the deleted
+    # key came back, the key written since is gone, and nothing else is under the prefix.
     assert admin.kv.get("snap/keep")[1]["Value"] == b"original" and admin.kv.get("snap/extra")[1] is None
+    assert admin.kv.get("snap/gone")[1]["Value"] == b"2"
+    assert {e["Key"]: e["Value"] for e in admin.kv.get("snap/", recurse=True)[1]} == {
+        "snap/keep": b"original", "snap/gone": b"2"}
     again = snapshots.snapshot_restore(snapshots.SnapshotRestoreInput(consul=target, path=saved.path))
     assert not again.restored and again.preview.in_sync
     with pytest.raises(ApplicationError) as err:
