@@ -19,35 +19,30 @@ TEMPORAL_CLI = BIN / "temporal"
 TEST_SERVER = BIN / "temporal-test-server"
 
 
-# Tests that build network namespaces name host-wide things (bridges, veth prefixes, subnets): under
-# `pytest -n 2` each lab's tests stay on one worker, and the tests of labs that share names (the session
-# lab, tests/hosts' labs) on the same one; every other test is scheduled alone. The longest groups are
-# handed out first, so the two workers finish together. (xdist's own `--dist loadgroup` renames node ids,
+# The tests that build labs (network namespaces, real agents, load generators, gates timed against them)
+# run one after another on one worker under `pytest -n 2`: two labs at once on two cores starve each
+# other's gates (a cold cohort's cache warms too slowly), and some share host-wide names (the session lab
+# and tests/hosts share a veth prefix). The lab group is handed out first, the longest of it first; every
+# other test is scheduled alone, on the other worker. (xdist's own `--dist loadgroup` renames node ids,
 # which pytest 9 no longer lets a plugin do; a scheduler that groups by node id needs no renaming.)
-_LAB_GROUPS = (  # (node id prefix, group), longest first
-    ("tests/lab/test_cold_start_drill.py::", "drill"),  # + the backend: drill[real], drill[standin]
-    ("tests/lab/test_fault_drills.py::", "lab-faults"),
-    ("tests/lab/test_lab.py::", "lab-session"),
-    ("tests/lab/test_teardown.py::", "lab-session"),
-    ("tests/hosts/", "lab-session"),
-    ("tests/lab/test_drain_drill.py::", "lab-drain"),
+_LAB_TESTS = (  # node id prefixes, in the order the lab worker runs them
+    "tests/lab/test_cold_start_drill.py::",
+    "tests/lab/test_fault_drills.py::",
+    "tests/lab/test_lab.py::",
+    "tests/lab/test_teardown.py::",
+    "tests/hosts/",
+    "tests/lab/test_drain_drill.py::",
 )
+LAB_GROUP = "lab"
 
 
 def lab_group(nodeid: str) -> str | None:
-    """The group a test runs in (None: alone); a drill's backend (its parameter) is a group of its own."""
-    for prefix, group in _LAB_GROUPS:
-        if nodeid.startswith(prefix):
-            if group == "drill":
-                return f"drill[{nodeid.rsplit('[', 1)[-1].rstrip(']')}]"
-            return group
-    return None
+    """The group a test runs in: the lab group, or None (scheduled alone)."""
+    return LAB_GROUP if nodeid.startswith(_LAB_TESTS) else None
 
 
 def _rank(nodeid: str) -> int:
-    group = lab_group(nodeid)
-    names = [g for _, g in _LAB_GROUPS]
-    return names.index("drill" if group and group.startswith("drill[") else group) if group else len(names)
+    return next((i for i, prefix in enumerate(_LAB_TESTS) if nodeid.startswith(prefix)), len(_LAB_TESTS))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
