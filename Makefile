@@ -48,7 +48,7 @@ lock:
 	  rm -rf $(LOCK_TOOL) && $${PYTHON:-python3.11} -m venv $(LOCK_TOOL) && \
 	  grep -E '^uv==' requirements-tools.lock > $(LOCK_TOOL)/uv.txt && \
 	  $(LOCK_TOOL)/bin/pip install -q --require-hashes --no-deps -r $(LOCK_TOOL)/uv.txt; }
-	UV_CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_TOOL)/bin/uv pip compile -q pyproject.toml --extra test \
+	UV_CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_TOOL)/bin/uv pip compile -q pyproject.toml --all-extras \
 	  --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	  -o requirements.lock $(LOCK_ARGS)
 

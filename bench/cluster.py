@@ -21,9 +21,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from step_overhead import _gaps, _p99
 from activities.catalog import load_registry
-from cli.cluster import Cluster
-from cli.lab_harness import WorkerProcess
-from cli.runs import start_run
+from runtime.cluster import Cluster
+from lab.drills.harness import WorkerProcess
+from runtime.runs import start_run
 from runtime.connection import DATA_CONVERTER
 from runtime.server_config import dynamic_config_flags
 from runtime.worker import build_worker

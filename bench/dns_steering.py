@@ -21,7 +21,7 @@ from activities.dns.actions import SteerSetInput, steer_set  # noqa: E402
 from activities.dns.ecs import ecs_subnets, query_clients  # noqa: E402
 from activities.dns.steering import parse_server, steering_update  # noqa: E402
 from activities.secrets import VaultSecretRef, use_client_factory  # noqa: E402
-from lab.dns import PdnsLab, PdnsSettings, free_port, prepare, start, stop  # noqa: E402
+from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop  # noqa: E402
 
 __all__ = ["main", "run"]
 
@@ -154,7 +154,7 @@ def _report(steps: list[Step], clients: int, base: str, prefix: int) -> bool:
 async def run(
     clients: int, concurrency: int, state_dir: Path, ecs_base: str = "10.0.0.0/8", ecs_prefix: int = 24
 ) -> bool:
-    settings = PdnsSettings(port=free_port(), game_ip=GAME_IP, maint_ip=MAINT_IP, start_percent=0)
+    settings = PdnsSettings(port=free_dns_port(), game_ip=GAME_IP, maint_ip=MAINT_IP, start_percent=0)
     lab = prepare(state_dir, settings)
     proc = start(lab)
     try:

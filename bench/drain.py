@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cli.drain_drill import DrainDrill, Histogram  # noqa: E402
+from lab.drills.drain import DrainDrill, Histogram  # noqa: E402
 
 
 def _histogram_table(title: str, columns: dict[str, Histogram]) -> Table:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
-    from cli.lab_drill import run_lab_drill
+    from lab.drills.outage import run_lab_drill
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--scale", type=float, default=None,

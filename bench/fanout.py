@@ -27,8 +27,8 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
 from bench._cpu import cpu_seconds  # noqa: E402
-from cli.drill import start_process
-from cli.runs import start_run
+from runtime.processes import start_process
+from runtime.runs import start_run
 from lab.hashistack.local import VaultDev
 from runtime.connection import DATA_CONVERTER
 from runtime.worker import build_worker

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cli.fault_drills import CASES, FaultDrills  # noqa: E402
+from lab.drills.faults import CASES, FaultDrills  # noqa: E402
 
 
 async def main(cases: list[str], root: Path) -> int:

@@ -34,7 +34,6 @@ import io
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,9 +59,10 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from activities.catalog import load_registry  # noqa: E402
 from bench._cpu import cpu_seconds  # noqa: E402
 from cli import render  # noqa: E402
-from cli.runs import start_run  # noqa: E402
+from runtime.runs import start_run  # noqa: E402
 from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
 from runtime.logs import LOG_SAMPLE_ENV  # noqa: E402
+from runtime.processes import free_port  # noqa: E402
 from runtime.server_config import dynamic_config_flags  # noqa: E402
 from runtime.worker import READINGS_SHARE_ENV  # noqa: E402
 from tests import support  # noqa: E402
@@ -186,7 +186,7 @@ def _read_cpu(process: subprocess.Popen, into: list[float] = WORKER_CPU) -> None
 @asynccontextmanager
 async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sink: bool = False, sampled: bool = True,
                   settings: dict[str, str] | None = None):
-    port = _free_port()  # its metrics endpoint, on as `coldstart worker` has it by default
+    port = free_port()  # its metrics endpoint, on as `coldstart worker` has it by default
     process = subprocess.Popen(
         [sys.executable, __file__, "--worker", str(flood_per_s)], cwd=ROOT,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -209,12 +209,6 @@ async def _worker(address: str, queue: str, *, flood_per_s: int = 0, blocked_sin
             print(f"  (worker {queue} did not stop within 30 s of SIGTERM)")
             process.kill()
             process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def _shedding(worker: subprocess.Popen, reason: str, timeout: float = 60.0) -> float:

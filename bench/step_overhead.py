@@ -24,7 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 
 
 from bare_workflow import BareActivities
-from cli.runs import start_run
+from runtime.runs import start_run
 from runtime.connection import DATA_CONVERTER
 from runtime.server_config import dynamic_config_flags
 from runtime.worker import UNSANDBOXED_RUNNER, build_worker

@@ -10,8 +10,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from cli.polling import read_full_status, read_kept_status
-from cli.runs import TargetBusy
+from runtime.polling import read_full_status, read_kept_status
+from runtime.runs import TargetBusy
 from workflows import search
 from workflows.contract import FleetInput, FleetMember, FleetStatus, RunInput, RunStatus
 from workflows.fleet import FleetWorkflow, fleet_workflow_id

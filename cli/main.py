@@ -129,7 +129,7 @@ async def _client():
 
 
 def _workflow_id(run: str) -> str:
-    from cli.runs import workflow_id_for
+    from runtime.runs import workflow_id_for
 
     return run if run.startswith("coldstart-") else workflow_id_for(run)
 
@@ -228,7 +228,7 @@ def run(
 ) -> None:
     """Start a run of a runbook on its target (one run per target at a time), or on many targets in waves."""
     from runtime.connection import task_queue
-    from cli.runs import TargetBusy, start_run
+    from runtime.runs import TargetBusy, start_run
 
     if targets is not None:
         raise typer.Exit(_run_fleet(file, param, targets, waves, max_parallel, continue_on_failure, fleet_name,
@@ -240,7 +240,7 @@ def run(
         _fail(f"target {plan_input.target_name} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
 
     from cli.identity import start_source
-    from cli.runs import workflow_id_for
+    from runtime.runs import workflow_id_for
 
     source = start_source(plan_input, workflow_id_for(plan_input.target_name)) if vault_login else None
     if vault_login and source is None:
@@ -270,7 +270,7 @@ def _run_fleet(file: Path, param: list[str], targets: str, waves: Optional[str],
     """Plan every target's run (nothing starts if one is invalid), then start the fleet workflow."""
     from cli.fleet import FleetInvalid, plan_fleet
     from cli.fleet import start_fleet
-    from cli.runs import TargetBusy
+    from runtime.runs import TargetBusy
     from runtime.connection import task_queue
 
     names = [t.strip() for t in targets.split(",") if t.strip()]
@@ -359,7 +359,7 @@ async def _run_status(client, workflow_id: str, *, outputs: bool):
     a closed run's close event); else the status it keeps in its memo, from the server (cli/polling)."""
     from temporalio.service import RPCError
 
-    from cli.polling import read_full_status, read_kept_status
+    from runtime.polling import read_full_status, read_kept_status
 
     handle = client.get_workflow_handle(workflow_id)
     try:
@@ -673,7 +673,7 @@ def server(
 ) -> None:
     """Run a local Temporal dev server with the Web UI, our search attributes and a persistent database."""
     if postgres:
-        from cli.cluster import ClusterError, serve
+        from runtime.cluster import ClusterError, serve
         from workflows.loader import read_inventory
 
         try:
@@ -682,12 +682,10 @@ def server(
         except ClusterError as exc:
             _fail(str(exc), EXIT_FAILED)
         return
-    from runtime.server_config import dev_server_flags
+    from runtime.server_config import dev_server_argv
 
-    temporal = Path(sys.prefix) / "bin" / "temporal"
     db_file.parent.mkdir(parents=True, exist_ok=True)
-    argv = [str(temporal), "server", "start-dev", "--db-filename", str(db_file), "--port", str(port),
-            "--ui-port", str(ui_port), "--ip", ip, *dev_server_flags(), "--log-level", "warn"]
+    argv = dev_server_argv(db_file, port, ui_port=ui_port, ip=ip, log_level="warn")
     err.print(f"Temporal at {ip}:{port}, Web UI http://{ip}:{ui_port}, database {db_file}", highlight=False)
     os.execv(argv[0], argv)
 
@@ -720,25 +718,16 @@ def drill(
         return
     if len(args) != 1:
         _fail("usage: coldstart drill NAME", EXIT_INVALID)
-    from rich.markdown import Markdown
-
-    from cli.drill import run_demo_drill
-    from cli.lab_drill import DRILLS, print_report, run_lab_drill
     from workflows.loader import RunbookInvalid
 
-    if args[0] in DRILLS:
-        try:
-            lab_report = asyncio.run(run_lab_drill(args[0], state_dir, out, interactive=interactive, keep=keep))
-        except RunbookInvalid as exc:
-            _fail(exc.errors[0] + (f" (and {len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""), EXIT_INVALID)
-        print_report(out, lab_report)
-        raise typer.Exit(0 if lab_report.outcome == "succeeded" else EXIT_FAILED)
-    if args[0] != "demo":
-        _fail(f"no drill named {args[0]!r} (available: demo, {', '.join(DRILLS)})", EXIT_INVALID)
-    report = asyncio.run(run_demo_drill(state_dir, out, interactive=interactive))
-    out.print(Markdown(report.timeline_markdown.split("## Events")[0]))
-    out.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s; report written to {report.report_path}", highlight=False)
-    raise typer.Exit(0 if report.outcome == "succeeded" else EXIT_FAILED)
+    run_drill = _plugin("drill")
+    try:
+        succeeded = run_drill(args[0], state_dir, out, interactive=interactive, keep=keep)
+    except RunbookInvalid as exc:
+        _fail(exc.errors[0] + (f" (and {len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""), EXIT_INVALID)
+    except ValueError as exc:  # DrillNotFound: the message lists the drills there are
+        _fail(str(exc), EXIT_INVALID)
+    raise typer.Exit(0 if succeeded else EXIT_FAILED)
 
 
 def _schedule(name: str, cron: str, file: Optional[Path], target: Optional[str], paused: bool) -> None:
@@ -770,13 +759,37 @@ def _mount_worker() -> None:
 _mount_worker()
 
 
-def _mount_lab() -> None:
-    from lab.cli import lab_app
-
-    app.add_typer(lab_app, name="lab", help="The drill lab: a platform to recover on this machine.")
+PLUGIN_GROUP = "coldstart.plugins"
 
 
-_mount_lab()
+def _plugin(name: str) -> Any:
+    """What the drill lab contributes (`coldstart lab`, `coldstart drill NAME`), found through the package's
+    entry points: the controller never imports the lab, and an install without it says what is missing."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        found = {ep.name: ep for ep in distribution("coldstart").entry_points if ep.group == PLUGIN_GROUP}
+    except PackageNotFoundError:
+        found = {}
+    if name not in found:
+        _fail(f"`coldstart {name}` comes with the drill lab, which this install lacks (pip install 'coldstart[lab]')",
+              EXIT_INVALID)
+    try:
+        return found[name].load()
+    except ImportError as exc:
+        _fail(f"`coldstart {name}` needs the drill lab's packages (pip install 'coldstart[lab]'): {exc}", EXIT_INVALID)
+
+
+def _mount_lab(argv: list[str]) -> None:
+    """Mount `coldstart lab` when it is asked for or listed; other commands never load the lab."""
+    if argv[:1] == ["lab"] or not argv or argv[0] in ("--help", "-h"):
+        try:
+            lab_app = _plugin("lab")
+        except CliError:
+            if argv[:1] == ["lab"]:
+                raise
+            return
+        app.add_typer(lab_app, name="lab", help="The drill lab: a platform to recover on this machine.")
 
 
 def _mount_triggers() -> None:
@@ -796,7 +809,7 @@ def _mount_triggers() -> None:
         tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="and its private key (PEM)"),
     ) -> None:
         """Answer Alertmanager's webhook: allow-listed alerts start their runbook (POST /alerts)."""
-        from cli.triggers import TriggersInvalid, serve
+        from triggers.receiver import TriggersInvalid, serve
 
         try:
             serve(config, host, port, token_file, targets_dir or _targets_dir(), state=state, tls_cert=tls_cert,
@@ -813,7 +826,7 @@ def _mount_triggers() -> None:
     @triggers_app.command("check")
     def triggers_check(config: Path = typer.Argument(..., help="the triggers file")) -> None:
         """Check a triggers file and the runbooks it names; problems as file:line:col: message (exit 2)."""
-        from cli.triggers import TriggersInvalid, check
+        from triggers.receiver import TriggersInvalid, check
 
         try:
             checked = check(config)
@@ -843,6 +856,7 @@ def main() -> None:
 
 def _run() -> int:
     try:
+        _mount_lab(sys.argv[1:])
         code = app(standalone_mode=False)
         return code if isinstance(code, int) else 0
     except CliError as exc:

@@ -12,7 +12,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from cli.polling import RunWatch, Sleep
+from runtime.polling import RunWatch, Sleep
 from workflows.contract import RunInput, RunStatus
 from workflows.spec import ActionStep, ApprovalStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep, WaitStep
 
@@ -152,7 +152,7 @@ async def follow(client: Any, workflow_id: str, console: Console, *, interval: f
                  query_every: float = 2.0, sleep: Sleep = asyncio.sleep) -> int:
     """Show the run live until it ends; the exit code is 0 only if it succeeded.
 
-    Polls through RunWatch (cli/polling.py): the server every `interval`, jittered, the worker's
+    Polls through RunWatch (runtime/polling.py): the server every `interval`, jittered, the worker's
     status Query (runs older than the status memo only) when the run moved and at most every
     `query_every`, backing off with jitter while Temporal refuses. A recovery's steps take seconds
     to minutes, so a view refreshes every 3 s. What fifty views cost the run they watch, on two cores

@@ -15,7 +15,7 @@ from temporalio.client import (
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from cli.runs import workflow_id_for
+from runtime.runs import workflow_id_for
 from workflows import search
 from workflows.contract import RunInput
 from workflows.runbook_workflow import RunbookWorkflow

@@ -101,7 +101,7 @@ def _time(event: Any) -> datetime:
 
 async def _verified_controls(client: Client, workflow_id: str, run_id: str | None) -> dict[str, str]:
     """update id -> verified subject, from the control records the run keeps (latest run of the id only)."""
-    from cli.polling import read_kept_status
+    from runtime.polling import read_kept_status
 
     handle = client.get_workflow_handle(workflow_id)
     try:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from lab.settings import LabConfig
+if TYPE_CHECKING:
+    from lab.settings import LabConfig
+
 
 __all__ = ["lab_app"]
 
@@ -24,6 +26,8 @@ INVENTORY = typer.Option(Path("targets/lab.yaml"), "--inventory", help="target i
 
 
 def _cfg(state_dir: Path, subnet: str, inventory: Path, **extra) -> LabConfig:
+    from lab.settings import LabConfig  # asyncssh and the host specs stay off `coldstart --help`
+
     try:
         return LabConfig(state_dir=state_dir, subnet=ipaddress.IPv4Network(subnet), inventory_path=inventory, **extra)
     except ValueError as exc:

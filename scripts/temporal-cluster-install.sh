@@ -5,7 +5,7 @@
 #   GO                        the go binary (default: go on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
-# v1.32.2 needs a newer Go than this machine kind has (1.26.8); cli/cluster.py runs this script, so this is the one pin.
+# v1.32.2 needs a newer Go than this machine kind has (1.26.8); runtime/cluster.py runs this script, so this is the one pin.
 VERSION=v1.32.1
 CACHE=${COLDSTART_TEMPORAL_CACHE:-/var/cache/coldstart/temporal-server}
 DIR=$CACHE/$VERSION

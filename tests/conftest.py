@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.connection import DATA_CONVERTER
+from runtime.processes import free_port
 from runtime.server_config import dynamic_config_flags
 from workflows import search
 
@@ -58,12 +58,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return lab_group(nodeid) or nodeid
 
     return LabGroups(config, log)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

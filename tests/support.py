@@ -23,7 +23,7 @@ from activities.catalog import load_registry
 from activities.registry import Registry, action
 from activities.retry import Retry
 from cli.identity import DecisionSource, start_source
-from cli.runs import start_run, workflow_id_for
+from runtime.runs import start_run, workflow_id_for
 from runtime.catalog import Catalog
 from runtime.worker import build_worker
 from workflows.contract import RunRequest

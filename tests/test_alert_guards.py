@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from activities.catalog import load_registry
-from cli.triggers import default_planner
+from triggers.receiver import default_planner
 from runtime.catalog import Catalog, CatalogRefused
 from workflows.loader import RunbookInvalid, plan_run
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
-from cli.runs import start_run
+from runtime.runs import start_run
 from cli.timeline import build_timeline, render_markdown
 from runtime.catalog import Catalog
 from tests import support

@@ -9,7 +9,7 @@ import signal
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from cli.runs import TargetBusy
+from runtime.runs import TargetBusy
 from runtime.connection import DATA_CONVERTER
 from runtime.server_config import dynamic_config_flags
 from tests import support

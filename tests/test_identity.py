@@ -35,7 +35,8 @@ from activities.oidc import IdentityKeys
 from activities.vault import IdentityKeysInput, identity_keys
 from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token
 from lab.hashistack.binaries import _openbao_wheel
-from lab.hashistack.local import VaultDev, free_port
+from lab.hashistack.local import VaultDev
+from runtime.processes import free_port
 from tests import support
 from workflows.contract import ApproveRequest
 from lab.identity import (
@@ -493,7 +494,7 @@ def _lab_config(tmp_path: Path):
 
 
 def test_lab_approvers_cover_the_drill_runbook(tmp_path):
-    from cli.drill import DRILL_APPROVER
+    from lab.drills.demo import DRILL_APPROVER
 
     runbook = yaml.safe_load((REPO / "runbooks/consul-cold-start.yaml").read_text())
     assert set(runbook["approvers"]) | {DRILL_APPROVER, "drill-approver"} <= set(LAB_APPROVERS)

@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.vault import IdentityKeysInput, fetch_identity_keys
 from lab.hashistack.binaries import backends
-from lab.hashistack.local import free_port
+from runtime.processes import free_port
 from lab.identity import configure_identity
 from runtime.catalog import Catalog, CatalogRefused
 from tests import support

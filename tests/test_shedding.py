@@ -29,12 +29,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.telemetry import READ_ACTIONS, READ_MANY_ACTION, READ_MANY_TIMEOUT
 from cli import render
 from cli.timeline import build_timeline
-from cli.polling import RunWatch, read_full_status, read_status
+from runtime.polling import RunWatch, read_full_status, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from runtime.logs import configure_logging, flush_logging
 from runtime.shedding import READINGS_SLOWED, ShedCounter
 from tests import support
-from tests.conftest import free_port
+from runtime.processes import free_port
 from workflows.calls import READING_PRIORITY
 from workflows.contract import (ApproveRequest, ControlRequest, GateReading, RunStatus, StatusMemo, StepState,
                                 status_from_memo, status_memo, readings_queue)

@@ -1,4 +1,4 @@
-"""Alert-triggered runs: the Alertmanager webhook receiver (cli/triggers.py) on a stand-in starter, on the real dev
+"""Alert-triggered runs: the Alertmanager webhook receiver (triggers/receiver.py) on a stand-in starter, on the real dev
 server and start path, and the real Alertmanager."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 
-from cli.runs import TargetBusy
-from cli.triggers import (
+from runtime.runs import TargetBusy
+from triggers.receiver import (
     MAX_BODY_BYTES,
     Alert,
     TriggersFile,
@@ -29,7 +29,7 @@ from cli.triggers import (
 )
 from lab.alerting import ALERTMANAGER_BINARY, alertmanager_argv, alertmanager_config
 from tests import support
-from tests.conftest import free_port
+from runtime.processes import free_port
 from workflows.loader import RunbookInvalid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,7 +291,7 @@ async def test_a_repeated_firing_starts_nothing_after_the_receiver_restarts(tmp_
 
 
 def test_the_kept_firings_stay_bounded(tmp_path):
-    from cli.triggers import HandledFirings
+    from triggers.receiver import HandledFirings
 
     state = tmp_path / "handled.jsonl"
     kept = HandledFirings(state, most=3)
@@ -445,9 +445,9 @@ def test_the_receiver_serves_https_with_its_certificate(tmp_path):
 async def test_the_receiver_starts_real_runs_and_answers_busy_from_the_real_start_path(env, task_queue, tmp_path,
                                                                                       monkeypatch):
     """The receiver against the real dev server: the real planner on a target's inventory file, the real starter
-    (`cli.runs.start_run`), a worker resolving the run; a second host's alert while the run holds the target is
+    (`runtime.runs.start_run`), a worker resolving the run; a second host's alert while the run holds the target is
     503 from the real single-flight check, and starts once the target is free."""
-    from cli.triggers import default_planner, temporal_starter
+    from triggers.receiver import default_planner, temporal_starter
     from workflows.contract import ControlRequest
 
     targets = tmp_path / "targets"

@@ -7,7 +7,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from runtime.connection import connect
 from tests import support
-from tests.conftest import free_port
+from runtime.processes import free_port
 
 
 async def test_step_and_gate_metrics_are_exported(env, task_queue, tmp_path):

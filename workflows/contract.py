@@ -290,7 +290,7 @@ def status_from_memo(memo: dict[str, Any]) -> RunStatus | None:
 
 class RunResult(BaseModel):
     """How a run ended, in its close event: with the status last seen, all a closed run's view needs
-    (cli/polling.py), so nobody has to Query, and the worker replay, a run that is over."""
+    (runtime/polling.py), so nobody has to Query, and the worker replay, a run that is over."""
 
     state: Literal["succeeded", "failed", "aborted", "rolled_back"]
     steps: list[StepState]

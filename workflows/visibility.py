@@ -39,7 +39,7 @@ class RunVisibility:
     """RunbookWorkflow's Web UI face; reads the run's state, never changes it."""
 
     async def _keep_status_memo(self) -> None:
-        """Keep the run's status in its memo, for live views (cli/polling.py) that read the server.
+        """Keep the run's status in its memo, for live views (runtime/polling.py) that read the server.
 
         Runs beside the steps: its condition is checked whenever the workflow has run, so a change
         is in the memo by the end of the workflow task that made it, whichever code made it. Only

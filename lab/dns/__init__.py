@@ -5,7 +5,7 @@ from lab.dns.policy import render_policy
 from lab.dns.server import (
     PdnsLab,
     PdnsProcess,
-    free_port,
+    free_dns_port,
     prepare,
     start,
     stop,
@@ -22,7 +22,7 @@ __all__ = [
     "PdnsProcess",
     "PdnsSettings",
     "TsigKey",
-    "free_port",
+    "free_dns_port",
     "generate_key",
     "launch_spec",
     "prepare",

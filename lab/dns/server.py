@@ -25,7 +25,7 @@ from lab.dns.zone import create_database
 __all__ = [
     "PdnsLab",
     "PdnsProcess",
-    "free_port",
+    "free_dns_port",
     "prepare",
     "start",
     "stop",
@@ -88,7 +88,7 @@ def tsig_key_material(lab: PdnsLab) -> dict[str, str]:
     return lab.key.as_dict()
 
 
-def free_port(address: str = "127.0.0.1") -> int:
+def free_dns_port(address: str = "127.0.0.1") -> int:
     """A port free on both UDP and TCP right now (pdns needs both)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     for _ in range(50):

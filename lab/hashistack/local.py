@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -14,14 +13,9 @@ import httpx
 
 from lab.hashistack.binaries import Backends, backends
 from lab.hashistack.config import ConsulAgent, NomadAgent, VaultServer
+from runtime.processes import free_port
 
-__all__ = ["LocalStack", "VaultDev", "dev_unseal_key", "free_port", "missing_binaries", "release_mounts", "sweep_processes"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["LocalStack", "VaultDev", "dev_unseal_key", "missing_binaries", "release_mounts", "sweep_processes"]
 
 
 def missing_binaries(found: Backends | None = None) -> list[str]:

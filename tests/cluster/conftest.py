@@ -1,4 +1,4 @@
-"""The production topology under test: Temporal's real server on a private PostgreSQL (cli/cluster.py)."""
+"""The production topology under test: Temporal's real server on a private PostgreSQL (runtime/cluster.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.cluster import NoToolchain, install
+from runtime.cluster import NoToolchain, install
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import yaml
 from temporalio.api.enums.v1 import EventType
 
 from activities.inventory import Endpoints, Host, Inventory, Telemetry
-from cli.cluster import Cluster, ClusterError
+from runtime.cluster import Cluster, ClusterError
 from lab.hashistack.binaries import Backends
 from runtime.processes import pid_alive
 from lab.inventory import write_inventory

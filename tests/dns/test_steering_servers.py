@@ -10,13 +10,13 @@ from temporalio.exceptions import ApplicationError
 
 from activities.dns.actions import SteerGetInput, steer_get, steer_set
 from activities.dns.steering import encode_lua_rdata, steering_code
-from lab.dns import PdnsLab, PdnsSettings, free_port, prepare, start, stop
+from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop
 from tests.dns.support import FQDN, GAME_IP, MAINT_IP, FakeVault, raw_update, set_input
 
 
 @pytest.fixture(scope="module")
 def second(pdns_lab: PdnsLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdnsLab]:
-    settings = PdnsSettings(port=free_port(), game_ip=GAME_IP, maint_ip=MAINT_IP, start_percent=0)
+    settings = PdnsSettings(port=free_dns_port(), game_ip=GAME_IP, maint_ip=MAINT_IP, start_percent=0)
     lab = prepare(tmp_path_factory.mktemp("pdns2"), settings, key=pdns_lab.key)
     proc = start(lab)
     try:
@@ -46,7 +46,7 @@ async def test_two_servers_converge(pdns_lab: PdnsLab, second: PdnsLab, vault: F
 
 
 async def test_dead_server_is_retryable(pdns_lab: PdnsLab, vault: FakeVault) -> None:
-    dead = f"127.0.0.1:{free_port()}"
+    dead = f"127.0.0.1:{free_dns_port()}"
     with pytest.raises(ApplicationError) as err:
         await steer_set(set_input(pdns_lab, 30, servers=[pdns_lab.settings.address, dead], timeout_s=0.5))
     assert not err.value.non_retryable and dead in str(err.value)

@@ -43,7 +43,7 @@ def loop():
 
 
 def opened(loop: asyncio.AbstractEventLoop, make: Callable[[], Any]) -> Iterator[Any]:
-    """A drill harness (cli/lab_harness.py) opened on `loop` for a module's tests, closed after them."""
+    """A drill harness (lab/drills/harness.py) opened on `loop` for a module's tests, closed after them."""
     if reason := _skip_reason():
         pytest.skip(reason)
     from lab.hashistack.local import missing_binaries

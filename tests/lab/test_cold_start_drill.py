@@ -27,7 +27,7 @@ def drill_report(request, tmp_path_factory):
         pytest.skip(f"real backend: no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
     import asyncio
 
-    from cli.lab_drill import run_lab_drill
+    from lab.drills.outage import run_lab_drill
 
     state = tmp_path_factory.mktemp(f"drill-{request.param}")
     console = Console(file=(state / "console.txt").open("w"), width=120)

@@ -5,7 +5,7 @@ host, the real Temporal dev server, worker, Alertmanager and `coldstart triggers
 preemption notice fires HostPreemptionNotice; Alertmanager posts it; the trigger starts
 runbooks/preempted-host-drain.yaml; the test asserts what the lab holds afterwards (no container,
 no store entry of the host, the router's stuck episodes ended), that nothing ran twice, and that a
-second round on a fresh host works the same. The driver is cli/drain_drill.py (bench/drain.py
+second round on a fresh host works the same. The driver is lab/drills/drain.py (bench/drain.py
 runs it with 200 containers).
 """
 
@@ -23,7 +23,7 @@ CONTAINERS = 12
 
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory, loop):
-    from cli.drain_drill import DrainDrill
+    from lab.drills.drain import DrainDrill
 
     yield from opened(loop, lambda: DrainDrill(tmp_path_factory.mktemp("drain"), containers=CONTAINERS, log=print))
 
@@ -61,7 +61,7 @@ def test_a_second_notice_on_the_replaced_host_drains_it_again_and_a_cordoned_hos
 
 
 async def _runs(drill) -> int:
-    from cli.runs import workflow_id_for
+    from runtime.runs import workflow_id_for
 
     count = 0
     async for _ in drill.client.list_workflows(f"WorkflowId = '{workflow_id_for('lab')}'"):

@@ -5,7 +5,7 @@ one Temporal dev server on a persistent database, the real worker in a process o
 the action journal. Each case runs runbooks/fault-drill.yaml through one fault and asserts
 (a) the end state read back from the lab, (b) that no step ran twice (activities/journal.py),
 (c) that the run's status, timeline or history tell what happened. The driver is
-cli/fault_drills.py (shared with bench/faults.py).
+lab/drills/faults.py (shared with bench/faults.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.lab]
 
 @pytest.fixture(scope="module")
 def drills(tmp_path_factory, loop):
-    from cli.fault_drills import FAULT_LAB, FaultDrills
+    from lab.drills.faults import FAULT_LAB, FaultDrills
 
     yield from opened(loop, lambda: FaultDrills(tmp_path_factory.mktemp("faults")))
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -64,7 +64,8 @@ def test_worker_killed_mid_ramp(drills, loop):
     # (c) the history says another worker took the run over.
     took_over = [f for f in report.history if f.kind == "worker took over"]
     assert took_over and took_over[0].who.startswith(f"{new}@")
-    assert report.recovery_s is not None and report.recovery_s < 30
+    # It moved again; how soon is bench/faults.py's figure (seconds), the bound only catches a stall.
+    assert report.recovery_s is not None and report.recovery_s < 300
 
 
 def test_worker_killed_mid_fan_out(drills, loop):
@@ -98,7 +99,8 @@ def test_temporal_server_restarted(drills, loop):
     assert not [t for t in at if down < t < up] and [t for t in at if t > up]
     assert len([e for e in _entries(report, "action completed") if e.step == "players"]) == 2
     assert all(f.kind == "workflow task timed out" for f in report.history), report.history
-    assert report.recovery_s is not None and report.recovery_s < 30
+    # It moved again; how soon is bench/faults.py's figure (seconds), the bound only catches a stall.
+    assert report.recovery_s is not None and report.recovery_s < 300
 
 
 def test_prometheus_down_during_gate(drills, loop):

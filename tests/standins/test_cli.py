@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from lab.standins.clock import FakeClock
+from runtime.processes import free_port
 from lab.standins.inproc import InProcServer, free_socket
 from lab.standins.nomad import make_app as nomad_app, parse_node
 from lab.standins.nomad_state import NomadState
@@ -27,12 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 needs_netns = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2 for network namespaces"
 )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -55,7 +55,7 @@ _log = structlog.get_logger("coldstart.triggers")
 # What a planner gets and gives: the runbook file, templated params, the target's inventory name and
 # the initiator; a RunInput (workflows.contract), or RunbookInvalid / an inventory error.
 Planner = Callable[..., Any]
-# Starts a planned run; returns the workflow id. Raises cli.runs.TargetBusy when the target already has a
+# Starts a planned run; returns the workflow id. Raises runtime.runs.TargetBusy when the target already has a
 # run, TemporalUnavailable (or ConnectionError, OSError, TimeoutError) when Temporal cannot be reached.
 Starter = Callable[[Any], Awaitable[str]]
 
@@ -273,14 +273,14 @@ def default_planner(targets_dir: Path, *, registry: Any = None) -> Planner:
 
 
 def temporal_starter(task_queue: str | None = None) -> Starter:
-    """cli.runs.start_run through one client, connected on first use (runtime.connection.connect)."""
+    """runtime.runs.start_run through one client, connected on first use (runtime.connection.connect)."""
     client: list[Any] = []
     connecting = asyncio.Lock()
 
     async def starter(run: Any) -> str:
         from temporalio.service import RPCError, RPCStatusCode
 
-        from cli.runs import start_run
+        from runtime.runs import start_run
         from runtime.connection import connect
         from runtime.connection import task_queue as default_queue
 
@@ -443,7 +443,7 @@ class _Receiver:
 
     async def _start(self, trigger: Trigger, run: Any, params: dict[str, Any],
                      firing: tuple[str, str, str]) -> dict[str, Any]:
-        from cli.runs import TargetBusy
+        from runtime.runs import TargetBusy
 
         # Single flight per target in this process too: two deliveries at once start one run.
         lock = self.locks.setdefault(trigger.target, asyncio.Lock())

@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from activities.inventory import Inventory
-from cli.cluster_db import ClusterDatabase
+from runtime.cluster_db import ClusterDatabase
 from runtime.processes import kill_pid, pid_alive, process_starttime
 from runtime.connection import connect
 from runtime.independence import violations
@@ -190,7 +190,7 @@ class Cluster:
         state = self._load_state()
         self._stop_server(state)  # one left behind by a crashed run
         self.ports = self._choose_ports(state.get("ports") or {})
-        text = ("# Written by coldstart (cli/cluster.py); enable-template: the DB password comes from the"
+        text = ("# Written by coldstart (runtime/cluster.py); enable-template: the DB password comes from the"
                 f" environment ({PASSWORD_ENV}).\n" + yaml.safe_dump(self._server_config(), sort_keys=False))
         # Checked before anything is created: a refused config leaves no database behind.
         if problems := violations(self.address, text, self.inventory):

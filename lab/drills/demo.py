@@ -1,4 +1,4 @@
-"""`coldstart drill`: bring up what a runbook needs on this machine, run it as a drill, report."""
+"""The demo drill: a dev server, a worker and a Prometheus on this machine, the demo runbook run as a drill, a report."""
 
 from __future__ import annotations
 
@@ -21,61 +21,17 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
-from cli.polling import read_kept_status
+from runtime.polling import read_kept_status
 from runtime.connection import connect
-from cli.runs import start_run
+from runtime.runs import start_run
 from cli.timeline import build_timeline, render_markdown
-from runtime.server_config import dev_server_flags
+from runtime.server_config import dev_server_argv
 from workflows.contract import ApproveRequest
 from workflows.loader import plan_run
 
-__all__ = ["DRILL_APPROVER", "DrillReport", "free_port", "run_demo_drill", "start_process", "stop_process", "wait_port"]
+__all__ = ["DRILL_APPROVER", "DrillReport", "auto_approve", "run_demo_drill"]
 
 DRILL_APPROVER = "drill-bot"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_port(port: int, *, host: str = "127.0.0.1", timeout: float = 30.0, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode} before listening on {port}")
-        with socket.socket() as sock:
-            sock.settimeout(0.2)
-            if sock.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listened on {host}:{port} within {timeout:.0f} s")
-
-
-@contextmanager
-def start_process(argv: list[str], *, log: Path, port: int | None = None, timeout: float = 30.0) -> Iterator[subprocess.Popen]:
-    """Start a process in its own session, wait for its port, and always stop it (TERM, then KILL)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as output:
-        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        if port is not None:
-            wait_port(port, timeout=timeout, process=process)
-        yield process
-    finally:
-        stop_process(process, grace=10)
-
-
-def stop_process(process: subprocess.Popen | None, *, grace: float) -> None:
-    """SIGTERM the process group, SIGKILL after `grace` seconds."""
-    if process is not None and process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 @dataclass
@@ -97,7 +53,7 @@ def _prometheus_config(path: Path, prometheus_port: int, worker_metrics_port: in
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-async def _auto_approve(client, workflow_id: str, console: Console,
+async def auto_approve(client, workflow_id: str, console: Console,
                         identity_token: Callable[[Any], str] | None = None) -> None:
     """The drill approver: approves whatever waits, as the runbook's allow-list permits.
 
@@ -147,11 +103,9 @@ async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool
     (targets / "local.yaml").write_text(
         yaml.safe_dump({"name": "local", "drill": True, "telemetry": {"prometheus": f"http://127.0.0.1:{prom_port}"}})
     )
-    temporal = str(Path(sys.prefix) / "bin" / "temporal")
     started = time.monotonic()
     with start_process(
-        [temporal, "server", "start-dev", "--db-filename", str(state_dir / "temporal.db"), "--port", str(temporal_port),
-         "--ui-port", str(ui_port), "--ip", "127.0.0.1", *dev_server_flags(), "--log-level", "error"],
+        dev_server_argv(state_dir / "temporal.db", temporal_port, ui_port=ui_port),
         log=state_dir / "temporal.log", port=temporal_port,
     ), start_process(
         [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}", f"--storage.tsdb.path={prom_dir / 'data'}",
@@ -177,7 +131,7 @@ async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool
                 console.print(f"approve in the Web UI: http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
                               highlight=False)
             else:
-                approver = asyncio.create_task(_auto_approve(client, handle.id, console))
+                approver = asyncio.create_task(auto_approve(client, handle.id, console))
             code = await render.follow(client, handle.id, console)
             if approver:
                 approver.cancel()

@@ -26,12 +26,12 @@ import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
 from activities.telemetry import READ_ACTIONS
-from cli.drill import DRILL_APPROVER
-from cli.lab_harness import LabHarness
+from lab.drills.demo import DRILL_APPROVER
+from lab.drills.harness import LabHarness
 
 __all__ = ["ACTOR", "CASES", "FAULT_LAB", "CaseReport", "FaultDrills", "HistoryFact", "history_facts"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "runbooks" / "fault-drill.yaml"
 ACTOR = DRILL_APPROVER  # the runbook's declared approver; every retry/pause/resume goes as it
 # Apart from tests/lab (cst/10.214), the cold-start drill (csd/10.215) and a developer's lab (cs/10.213).
@@ -182,7 +182,7 @@ class FaultDrills(LabHarness):
 
     async def start(self, label: str, **params: Any) -> Any:
         from activities.catalog import load_registry
-        from cli.runs import start_run
+        from runtime.runs import start_run
         from workflows.loader import plan_run
 
         run = plan_run(RUNBOOK, registry=load_registry(), targets_dir=self.targets,

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from cli.drill import free_port, stop_process, wait_port
+from runtime.processes import free_port, stop_process, wait_port
 from workflows.loader import read_inventory
 
 __all__ = ["LabHarness", "TemporalServer", "WorkerProcess"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class TemporalServer:
@@ -32,14 +32,12 @@ class TemporalServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from runtime.server_config import dev_server_flags
+        from runtime.server_config import dev_server_argv
 
-        temporal = str(Path(sys.prefix) / "bin" / "temporal")
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [temporal, "server", "start-dev", "--db-filename", str(self.db), "--port", str(self.port),
-                 "--ip", "127.0.0.1", "--headless", *dev_server_flags(), "--log-level", "error"],
+                dev_server_argv(self.db, self.port),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         wait_port(self.port, timeout=60, process=self.process)
 
@@ -124,7 +122,7 @@ class LabHarness:
         await self.close()
 
     async def open(self) -> None:
-        from cli.lab_drill import _vault_token
+        from lab.drills.outage import vault_token
         from lab import lifecycle
         from runtime.connection import connect
 
@@ -134,7 +132,7 @@ class LabHarness:
         self._log(f"lab up in {time.monotonic() - t0:.1f} s "
                   f"({', '.join(f'{k} {v}' for k, v in self.lab_info['backends'].items())})")
         self.inventory = read_inventory(self.lab_info["inventory"]).as_target()
-        token = await asyncio.to_thread(_vault_token, self.inventory)
+        token = await asyncio.to_thread(vault_token, self.inventory)
         await asyncio.to_thread(self.server.start)
         self.client = await connect(target_host=self.server.address, namespace="default", ready_within=60)
         self.worker = WorkerProcess(self.server.address, self.queue, self.journal, self.root / "worker.log",

@@ -25,13 +25,13 @@ from typing import Any, Callable
 import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
-from cli.drill import stop_process, wait_port
-from cli.lab_harness import LabHarness
-from cli.polling import read_kept_status
+from runtime.processes import stop_process, wait_port
+from lab.drills.harness import LabHarness
+from runtime.polling import read_kept_status
 
 __all__ = ["DRAIN_LAB", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRIGGERS = REPO / "triggers" / "lab.yaml"
 # Apart from tests/lab (cst/10.214), the cold-start drill (csd/10.215) and the fault drills (csf/10.216).
 DRAIN_LAB = dict(prefix="csp", bridge="cspbr0", veth_prefix="cspv", subnet="10.217.0.0/24")
@@ -241,7 +241,7 @@ class DrainDrill(LabHarness):
     # ---- a round -------------------------------------------------------------------------------
     async def round(self, *, notice_s: float = 30.0, timeout: float = 90.0) -> DrainReport:
         """Fresh containers, a notice, and the triggered drain run measured from the notice."""
-        from cli.runs import workflow_id_for
+        from runtime.runs import workflow_id_for
         from workflows.contract import RunStatus
 
         count = self.cfg.containers
@@ -296,7 +296,7 @@ class DrainDrill(LabHarness):
         return report
 
     async def _latest_run_id(self) -> str | None:
-        from cli.runs import workflow_id_for
+        from runtime.runs import workflow_id_for
 
         try:
             return (await self.client.get_workflow_handle(workflow_id_for(self.inventory["name"])).describe()).run_id

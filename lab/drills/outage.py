@@ -19,11 +19,12 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from activities.catalog import load_registry
 from cli import render
 from runtime.connection import connect
-from cli.drill import DRILL_APPROVER, _auto_approve, free_port, start_process
+from lab.drills.demo import DRILL_APPROVER, auto_approve
+from runtime.processes import free_port, start_process
 from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, start_source
-from cli.runs import start_run, workflow_id_for
+from runtime.runs import start_run, workflow_id_for
 from cli.timeline import build_timeline, render_markdown
-from runtime.server_config import dev_server_flags
+from runtime.server_config import dev_server_argv
 from workflows.contract import RunStatus
 from workflows.loader import plan_run
 
@@ -74,7 +75,7 @@ class LabDrillReport:
 
 async def _abort_when_held(client: Any, workflow_id: str, console: Console, grace_s: float = 5.0) -> None:
     """Unattended, nobody answers a held step: end the drill as failed, naming the step and why."""
-    from cli.polling import read_kept_status
+    from runtime.polling import read_kept_status
     from workflows.contract import ControlRequest
 
     handle = client.get_workflow_handle(workflow_id)
@@ -120,7 +121,7 @@ def _drill_identity(inventory: dict[str, Any], user: str = DRILL_APPROVER
     return fetch
 
 
-def _vault_token(inventory: dict[str, Any]) -> str:
+def vault_token(inventory: dict[str, Any]) -> str:
     """Log the worker in with the lab's AppRole: the token lives in the worker's environment only."""
     import hvac
 
@@ -216,12 +217,10 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
             await asyncio.to_thread(lab_faults.inject, cfg, fault, **options)
             console.print(f"injected {fault}", highlight=False)
         inventory = read_inventory(info["inventory"]).as_target()
-        os.environ["VAULT_TOKEN"] = await asyncio.to_thread(_vault_token, inventory)
+        os.environ["VAULT_TOKEN"] = await asyncio.to_thread(vault_token, inventory)
         temporal_port, ui_port = free_port(), free_port()
-        temporal = str(Path(sys.prefix) / "bin" / "temporal")
         with start_process(
-            [temporal, "server", "start-dev", "--db-filename", str(state_dir / "temporal.db"), "--port", str(temporal_port),
-             "--ui-port", str(ui_port), "--ip", "127.0.0.1", *dev_server_flags(), "--log-level", "error"],
+            dev_server_argv(state_dir / "temporal.db", temporal_port, ui_port=ui_port),
             log=state_dir / "temporal.log", port=temporal_port,
         ):
             runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=cfg.worker_metrics)))
@@ -242,7 +241,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
                 handle = await start_run(client, run, queue, identity_token=token)
                 console.print(f"drill run {handle.id}; Web UI http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}",
                               highlight=False)
-                helpers = [] if interactive else [asyncio.create_task(_auto_approve(client, handle.id, console,
+                helpers = [] if interactive else [asyncio.create_task(auto_approve(client, handle.id, console,
                                                                                     _drill_identity(inventory))),
                                                   asyncio.create_task(_abort_when_held(client, handle.id, console))]
                 code = await render.follow(client, handle.id, console)
