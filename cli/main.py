@@ -18,8 +18,6 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from cli import render
-
 __all__ = ["app", "main"]
 
 EXIT_FAILED, EXIT_INVALID, EXIT_BUSY, EXIT_UNREACHABLE, EXIT_REFUSED = 1, 2, 3, 4, 5
@@ -202,6 +200,8 @@ def plan(
     if json_output:
         _print_json(run.model_dump(mode="json", by_alias=True))
     else:
+        from cli import render
+
         render.plan(out, run)
 
 
@@ -239,6 +239,7 @@ def run(
     if drill and not plan_input.target.get("drill"):
         _fail(f"target {plan_input.target_name} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
 
+    from cli import render
     from cli.identity import start_source
     from runtime.runs import workflow_id_for
 
@@ -331,6 +332,7 @@ def status(
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Where a run is: current step, each step's outcome and its gate readings (--json: with outputs)."""
+    from cli import render
 
     async def go() -> None:
         client = await _client()
@@ -375,6 +377,7 @@ def list_runs(
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Runs, newest first, with their runbook, target, current step and whether they await approval."""
+    from cli import render
     from workflows import search
 
     async def go() -> None:

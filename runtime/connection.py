@@ -11,16 +11,12 @@ from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from runtime.queues import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV, task_queue
+
 __all__ = ["DATA_CONVERTER", "DEFAULT_TASK_QUEUE", "TASK_QUEUE_ENV", "connect", "task_queue"]
 
-DEFAULT_TASK_QUEUE = "coldstart"
-TASK_QUEUE_ENV = "COLDSTART_TASK_QUEUE"
 # Pydantic models in and out of every workflow and action; one converter for workers and clients.
 DATA_CONVERTER = pydantic_data_converter
-
-
-def task_queue() -> str:
-    return os.environ.get(TASK_QUEUE_ENV, DEFAULT_TASK_QUEUE)
 
 
 async def connect(profile: str | None = None, *, runtime: Runtime | None = None, ready_within: float = 0.0,

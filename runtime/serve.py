@@ -9,8 +9,7 @@ from typing import Optional
 
 import typer
 
-from runtime.connection import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV
-from runtime.logs import configure_logging, flush_logging
+from runtime.queues import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV
 
 __all__ = ["leave", "serve"]
 
@@ -26,7 +25,9 @@ def serve(
     log_level: str = typer.Option("INFO", envvar="COLDSTART_LOG_LEVEL"),
 ) -> None:
     """Run a worker: the runbook workflows and every registered action."""
-    from runtime.worker import reading_settings, run_worker  # the worker's imports stay off the CLI's start-up path
+    # The worker's imports (Temporal, the actions, logging) stay off the CLI's start-up path.
+    from runtime.logs import configure_logging
+    from runtime.worker import reading_settings, run_worker
 
     try:
         reading_settings()
@@ -43,6 +44,8 @@ def leave() -> None:
 
     Temporal's native core keeps threads that can hold the interpreter's finalization (a worker seen
     alive 30 s after SIGTERM with its Python done), so it leaves without finalizing, as the CLI does."""
+    from runtime.logs import flush_logging
+
     flush_logging()
     sys.stdout.flush()
     sys.stderr.flush()
