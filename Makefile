@@ -1,7 +1,7 @@
 # coldstart: `make drill` runs a recovery drill end to end; `make test` runs the test suite.
 # Both install what is missing first (Debian packages, a .venv): run them as root.
 
-.PHONY: bootstrap temporal-server test drill cluster bench schema clean lock
+.PHONY: bootstrap temporal-server check test drill cluster bench schema clean lock
 
 # Real Consul/Nomad/Vault unpacked by .ci/run (or by hand, see README) take part when present.
 ifneq ($(wildcard .cache/hashistack/consul),)
@@ -17,6 +17,12 @@ bootstrap:
 temporal-server:
 	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then scripts/temporal-cluster-install.sh >/dev/null; \
 	else echo "no Go toolchain: the PostgreSQL cluster tests (tests/cluster) will be skipped"; fi
+
+# Static checks, seconds: ruff lints the whole tree, basedpyright type-checks the controller (both from
+# requirements.lock, configured in pyproject.toml; basedpyright runs on its own Node, nothing is downloaded).
+check: bootstrap
+	.venv/bin/ruff check --quiet .
+	.venv/bin/basedpyright
 
 # Two workers: most tests wait on servers, not on a core; tests/conftest.py keeps each lab on one worker.
 test: bootstrap temporal-server
@@ -37,7 +43,7 @@ bench: bootstrap temporal-server
 schema: bootstrap
 	.venv/bin/coldstart schema
 
-# requirements.lock: every runtime and test dependency pinned with its hashes, for Linux x86_64 /
+# requirements.lock: every runtime, test and check dependency pinned with its hashes, for Linux x86_64 /
 # CPython 3.11 (what bootstrap installs). Existing pins are kept; to move some on:
 # `make lock LOCK_ARGS='--upgrade-package NAME'` (or `LOCK_ARGS=--upgrade` for all). The resolver
 # (uv, pinned) lives in .cache/lock-tool, never in .venv.
