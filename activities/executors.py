@@ -10,6 +10,7 @@ from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import asyncssh
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from activities.errors import Unavailable
 
 __all__ = [
     "CommandResult",
@@ -34,7 +35,7 @@ class CommandResult(NamedTuple):
 _NETNS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(Unavailable, RuntimeError):
     """The command could not be run at all (connect, auth, host key, timeout) — not a non-zero rc."""
 
     def __init__(self, host: str, message: str, *, retryable: bool = True) -> None:

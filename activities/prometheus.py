@@ -7,11 +7,12 @@ import math
 import httpx
 
 from activities._http import async_client
+from activities.errors import Unavailable
 
 __all__ = ["PrometheusError", "instant_query", "range_query", "single_value"]
 
 
-class PrometheusError(Exception):
+class PrometheusError(Unavailable):
     """The query could not produce exactly one number."""
 
 

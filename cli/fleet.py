@@ -15,11 +15,12 @@ from runtime.runs import TargetBusy
 from workflows import search
 from workflows.contract import FleetInput, FleetMember, FleetStatus, RunInput, RunStatus
 from workflows.fleet import FleetWorkflow, fleet_workflow_id
+from activities.errors import InvalidInput
 
 __all__ = ["FleetInvalid", "combined_timeline", "plan_fleet", "render_status", "start_fleet", "wave_of"]
 
 
-class FleetInvalid(ValueError):
+class FleetInvalid(InvalidInput):
     """The targets and waves do not make a fleet (one line)."""
 
 

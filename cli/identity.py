@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from activities.oidc import DECISION_REDIRECT_URI
+from activities.errors import ColdstartError
 
 __all__ = ["DEFAULT_ROLE", "REDIRECT_URI", "DecisionSource", "IdentityTokenError", "decision_source",
            "fetch_decision_token", "fetch_identity_token", "start_source"]
@@ -21,7 +22,7 @@ DEFAULT_ROLE = "coldstart-approver"
 REDIRECT_URI = DECISION_REDIRECT_URI
 
 
-class IdentityTokenError(RuntimeError):
+class IdentityTokenError(ColdstartError, RuntimeError):
     """Getting the identity token failed; the message is one line and never holds a secret."""
 
 

@@ -17,12 +17,29 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+
+from activities.errors import ColdstartError, InvalidInput, LocatedErrors
 
 __all__ = ["app", "main"]
 
 EXIT_FAILED, EXIT_INVALID, EXIT_BUSY, EXIT_UNREACHABLE, EXIT_REFUSED = 1, 2, 3, 4, 5
 
+class _Commands(TyperGroup):
+    """The root command group: a runbook, inventory or triggers file refused anywhere below prints every
+    problem, each `file:line:col: message`, and exits 2 (the one handler of LocatedErrors)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LocatedErrors as exc:
+            for line in exc.errors:
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INVALID) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="Declarative runbook automation and staged recovery on Temporal.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -32,7 +49,7 @@ out = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
 
-class CliError(Exception):
+class CliError(ColdstartError):
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
@@ -64,20 +81,14 @@ def _params(pairs: list[str]) -> dict[str, Any]:
 
 
 def _inventory(target: Optional[str]) -> dict[str, Any] | None:
-    from workflows.loader import InventoryInvalid, load_inventory
-    from workflows.yaml_safety import YamlRefused
+    from workflows.loader import load_inventory
 
     if not target:
         return None
     try:
         return load_inventory(target, _targets_dir()).as_target()
-    except YamlRefused as exc:  # already one `file:line:col: message` line
-        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
-        raise CliError("", EXIT_INVALID) from None
-    except InventoryInvalid as exc:
-        for line in exc.errors:
-            err.print(line, markup=False, highlight=False, soft_wrap=True)
-        raise CliError("", EXIT_INVALID) from None
+    except LocatedErrors:
+        raise  # every line printed by _run
     except (OSError, ValueError) as exc:
         _fail(str(exc).splitlines()[0], EXIT_INVALID)
     return None
@@ -85,26 +96,21 @@ def _inventory(target: Optional[str]) -> dict[str, Any] | None:
 
 def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool = False, placeholders: bool = False):
     from activities.catalog import load_registry
-    from workflows.loader import RunbookInvalid, plan_run
+    from workflows.loader import plan_run
 
     inventory = _inventory(target)
     notes: list[str] = []
-    try:
-        planned = plan_run(
-            file,
-            registry=load_registry(),
-            params=_params(params),
-            inventory=inventory,
-            targets_dir=_targets_dir(),
-            initiator=_whoami(),
-            drill=drill,
-            placeholders=placeholders,
-            notes=notes,
-        )
-    except RunbookInvalid as exc:
-        for line in exc.errors:
-            err.print(line, markup=False, highlight=False, soft_wrap=True)
-        raise CliError("", EXIT_INVALID) from None
+    planned = plan_run(
+        file,
+        registry=load_registry(),
+        params=_params(params),
+        inventory=inventory,
+        targets_dir=_targets_dir(),
+        initiator=_whoami(),
+        drill=drill,
+        placeholders=placeholders,
+        notes=notes,
+    )
     for line in notes:
         if line not in _NOTED:  # a fleet plans one run per target: say it once
             _NOTED.add(line)
@@ -728,7 +734,7 @@ def drill(
         succeeded = run_drill(args[0], state_dir, out, interactive=interactive, keep=keep)
     except RunbookInvalid as exc:
         _fail(exc.errors[0] + (f" (and {len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""), EXIT_INVALID)
-    except ValueError as exc:  # DrillNotFound: the message lists the drills there are
+    except InvalidInput as exc:  # DrillNotFound: the message lists the drills there are
         _fail(str(exc), EXIT_INVALID)
     raise typer.Exit(0 if succeeded else EXIT_FAILED)
 
@@ -812,15 +818,13 @@ def _mount_triggers() -> None:
         tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="and its private key (PEM)"),
     ) -> None:
         """Answer Alertmanager's webhook: allow-listed alerts start their runbook (POST /alerts)."""
-        from triggers.receiver import TriggersInvalid, serve
+        from triggers.receiver import serve
 
         try:
             serve(config, host, port, token_file, targets_dir or _targets_dir(), state=state, tls_cert=tls_cert,
                   tls_key=tls_key)
-        except TriggersInvalid as exc:
-            for line in exc.errors:
-                err.print(line, markup=False, highlight=False, soft_wrap=True)
-            raise CliError("", EXIT_INVALID) from None
+        except LocatedErrors:
+            raise  # every line printed by _run
         except ValueError as exc:
             _fail(str(exc).splitlines()[0], EXIT_INVALID)
         except OSError as exc:  # e.g. the port is taken
@@ -829,14 +833,9 @@ def _mount_triggers() -> None:
     @triggers_app.command("check")
     def triggers_check(config: Path = typer.Argument(..., help="the triggers file")) -> None:
         """Check a triggers file and the runbooks it names; problems as file:line:col: message (exit 2)."""
-        from triggers.receiver import TriggersInvalid, check
+        from triggers.receiver import check
 
-        try:
-            checked = check(config)
-        except TriggersInvalid as exc:
-            for line in exc.errors:
-                err.print(line, markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_INVALID) from None
+        checked = check(config)
         out.print(f"{config}: ok ({len(checked.triggers)} trigger{'s' if len(checked.triggers) != 1 else ''})",
                   highlight=False)
 

@@ -19,11 +19,12 @@ from runtime.runs import workflow_id_for
 from workflows import search
 from workflows.contract import RunInput
 from workflows.runbook_workflow import RunbookWorkflow
+from activities.errors import Refused
 
 __all__ = ["DrillTargetRefused", "schedule_drill", "schedule_id_for"]
 
 
-class DrillTargetRefused(Exception):
+class DrillTargetRefused(Refused):
     """The target is not marked as a drill target."""
 
 

@@ -20,6 +20,7 @@ from workflows.identity import IdentityError, effective_identity, start_nonce, v
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest
 from workflows.spec import IdentityPolicy
 from workflows.yaml_safety import YamlRefused, load_text, read_text
+from activities.errors import Refused
 
 __all__ = ["CATALOG_ENV", "Catalog", "CatalogRefused", "CatalogRunbook", "RunResolver", "TARGETS_ENV"]
 
@@ -27,7 +28,7 @@ CATALOG_ENV = "COLDSTART_CATALOG"
 TARGETS_ENV = "COLDSTART_TARGETS"
 
 
-class CatalogRefused(Exception):
+class CatalogRefused(Refused):
     """A run request the catalog will not run; the message is one line saying why."""
 
 

@@ -30,6 +30,7 @@ from runtime.connection import connect
 from runtime.independence import violations
 from runtime.server_config import dynamic_config_file
 from workflows import search
+from activities.errors import ColdstartError
 
 __all__ = ["Cluster", "ClusterError", "FrontendTLS", "NoToolchain", "install", "serve"]
 
@@ -43,7 +44,7 @@ DATABASES = {"temporal": "temporal", "temporal_visibility": "visibility"}
 RETENTION = Duration(seconds=7 * 24 * 3600)
 
 
-class ClusterError(RuntimeError):
+class ClusterError(ColdstartError, RuntimeError):
     pass
 
 

@@ -9,13 +9,14 @@ import subprocess
 from pathlib import Path
 
 from runtime.postgres import PG_BIN, as_postgres
+from activities.errors import ColdstartError
 
 __all__ = ["ClusterDatabase", "DatabaseError"]
 
 _SUPERUSER = "postgres"
 
 
-class DatabaseError(RuntimeError):
+class DatabaseError(ColdstartError, RuntimeError):
     pass
 
 

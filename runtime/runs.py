@@ -9,11 +9,12 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from workflows import search
 from workflows.contract import RunInput, workflow_id_for
 from workflows.runbook_workflow import RunbookWorkflow
+from activities.errors import Refused
 
 __all__ = ["TargetBusy", "start_run", "workflow_id_for"]
 
 
-class TargetBusy(Exception):
+class TargetBusy(Refused):
     """Another run holds the target."""
 
 

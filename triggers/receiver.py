@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from workflows.loader import RunbookInvalid, _parse_yaml, _pydantic_errors, _Source, plan_run
 from workflows.yaml_safety import YamlRefused, load_file, read_text
+from activities.errors import LocatedErrors, Unavailable
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -60,15 +61,11 @@ Planner = Callable[..., Any]
 Starter = Callable[[Any], Awaitable[str]]
 
 
-class TriggersInvalid(ValueError):
+class TriggersInvalid(LocatedErrors):
     """A triggers file that cannot be used; every problem one `file:line:col: message` line."""
 
-    def __init__(self, errors: list[str]):
-        super().__init__("\n".join(errors))
-        self.errors = errors
 
-
-class TemporalUnavailable(Exception):
+class TemporalUnavailable(Unavailable):
     """Temporal could not be reached to start a run: answered 503 so Alertmanager retries."""
 
 

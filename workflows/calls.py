@@ -8,6 +8,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import Priority
 from temporalio.exceptions import ActivityError
+from activities.errors import ColdstartError
 
 with workflow.unsafe.imports_passed_through():
     from activities.retry import Retry
@@ -24,7 +25,7 @@ __all__ = ["READING_PRIORITY", "DeadlineMissed", "RunAborted", "StepFailed", "ca
 READING_PRIORITY = 4
 
 
-class StepFailed(Exception):
+class StepFailed(ColdstartError):
     def __init__(self, message: str, *, rollback: bool = False):
         super().__init__(message)
         self.rollback = rollback
@@ -34,7 +35,7 @@ class DeadlineMissed(StepFailed):
     """A step could not finish before its deadline: it is neither held nor retried."""
 
 
-class RunAborted(Exception):
+class RunAborted(ColdstartError):
     pass
 
 

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from activities.oidc import IdentityKeys
 from workflows.spec import ActionDefaults, ForEachSpec, Runbook
+from activities.errors import InvalidInput
 
 __all__ = [
     "ApprovalRecord",
@@ -371,7 +372,7 @@ class ControlRequest(_Request):
                                                   "newest first) before it ends")
 
 
-class RequestError(ValueError):
+class RequestError(InvalidInput):
     """An operator request that does not fit its model, said in one line."""
 
 

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from activities.oidc import IdentityKeys
 from activities.policy import TargetIdentity
 from workflows.spec import IdentityPolicy
+from activities.errors import InvalidInput
 
 __all__ = [
     "ALLOWED_ALGORITHMS",
@@ -98,7 +99,7 @@ def effective_identity(book: IdentityPolicy | None, held: TargetIdentity | None)
                           name_claim=held.name_claim, controls=controls)  # type: ignore[arg-type]
 
 
-class IdentityError(ValueError):
+class IdentityError(InvalidInput):
     """A token that does not prove who sent the request; the message is one operator-readable line."""
 
 

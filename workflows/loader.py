@@ -11,6 +11,7 @@ from typing import Annotated, Any, Iterable
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from activities.errors import LocatedErrors
 from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.policy import TargetPolicy
@@ -57,12 +58,8 @@ _RUNTIME_ROOTS = {"steps", "run", "ramp"}
 _START_ROOTS = {"params", "target"}
 
 
-class RunbookInvalid(Exception):
+class RunbookInvalid(LocatedErrors):
     """Every problem found in a runbook, one `file:line:col: message` line each."""
-
-    def __init__(self, errors: list[str]):
-        super().__init__("\n".join(errors))
-        self.errors = errors
 
 
 Path_ = tuple[Any, ...]
@@ -197,12 +194,8 @@ def _loc_to_path(loc: Iterable[Any], data: Any) -> Path_:
     return tuple(path)
 
 
-class InventoryInvalid(ValueError):
+class InventoryInvalid(LocatedErrors):
     """A target file that reads as YAML but breaks the inventory contract; every problem `file:line:col: message`."""
-
-    def __init__(self, errors: list[str]):
-        super().__init__("\n".join(errors))
-        self.errors = errors
 
 
 def read_inventory(path: str | Path, *, default_name: str | None = None) -> Inventory:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, Iterator
+from activities.errors import InvalidInput
 
 __all__ = ["RefError", "REF", "contains_refs", "iter_refs", "lookup", "resolve", "split_path"]
 
@@ -12,7 +13,7 @@ REF = re.compile(r"\$\{\{\s*([^{}]*?)\s*\}\}")
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)|\[(\d+)\]|\.")
 
 
-class RefError(ValueError):
+class RefError(InvalidInput):
     """A reference that does not resolve."""
 
 

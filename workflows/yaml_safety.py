@@ -15,6 +15,8 @@ from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent, CollectionStartEvent, ScalarEvent
 from yaml.resolver import Resolver
 
+from activities.errors import LocatedErrors
+
 __all__ = [
     "MAX_ALIASES",
     "MAX_DEPTH",
@@ -53,15 +55,15 @@ _BOMS = {
 }
 
 
-class YamlRefused(ValueError):
-    """A file refused before or while it was read: where (1-based line and column) and why.
+class YamlRefused(LocatedErrors):
+    """A file refused before or while it was read: where (1-based line and column) and why (one located error).
 
     A ValueError, so callers that already catch a malformed file's ValueError catch this too.
     """
 
     def __init__(self, line: int, column: int, message: str, file: str | None = None):
         self.line, self.column, self.message, self.file = line, column, message, file
-        super().__init__(self.located(file) if file else f"{line}:{column}: {message}")
+        super().__init__([self.located(file) if file else f"{line}:{column}: {message}"])
 
     def located(self, file: str) -> str:
         return f"{file}:{self.line}:{self.column}: {self.message}"

@@ -16,6 +16,7 @@ from typing import IO, Any
 import msgpack
 
 from activities._files import open_private
+from activities.errors import InvalidInput
 
 __all__ = ["ArchiveError", "SnapshotInfo", "append_kv", "kv_diff", "normalize", "read_meta", "read_snapshot",
            "taken_at"]
@@ -28,7 +29,7 @@ MEMBERS = ("meta.json", "state.bin", "SHA256SUMS")
 _CHUNK = 1 << 20
 
 
-class ArchiveError(ValueError):
+class ArchiveError(InvalidInput):
     """The file is not a readable, intact snapshot archive."""
 
 

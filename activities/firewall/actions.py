@@ -22,6 +22,7 @@ from activities.firewall.rules import (
     _reject_rule,
 )
 from activities.registry import action
+from activities.errors import ColdstartError
 
 __all__ = [
     "DEFAULT_CHAIN",
@@ -173,7 +174,7 @@ class StatusOutput(BaseModel):
 # --------------------------------------------------------------------------- host plumbing
 
 
-class HostFailure(Exception):
+class HostFailure(ColdstartError):
     """A host-level failure; `retryable` says whether running the activity again could help."""
 
     def __init__(self, message: str, *, retryable: bool = True) -> None:

@@ -8,10 +8,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markdown import Markdown
 
+from activities.errors import InvalidInput
+
 __all__ = ["DrillNotFound", "drill_names", "run_drill"]
 
 
-class DrillNotFound(ValueError):
+class DrillNotFound(InvalidInput):
     """No drill by that name; the message lists the ones there are."""
 
 
