@@ -184,14 +184,44 @@ def _with_interval(definition: dict[str, Any], interval: str) -> dict[str, Any]:
     return {**definition, key: interval}
 
 
-def _agent_matches(live: dict[str, Any], body: dict[str, Any]) -> bool:
-    """Does the agent's check show what `body` registers? (Interval, Timeout, Name, ServiceID, Notes: all the
-    agent reports of a definition.)"""
-    return (_seconds(live.get("Interval")) == _seconds(_ci(body, "Interval"))
-            and _seconds(live.get("Timeout")) == _seconds(_ci(body, "Timeout"))
-            and live.get("Name") == (_ci(body, "Name") or live.get("Name"))
-            and live.get("ServiceID", "") == (_ci(body, "ServiceID") or "")
-            and live.get("Notes", "") == (_ci(body, "Notes") or ""))
+# A check's kind (the Type the agent reports) by the field that defines it.
+_CHECK_KINDS = (("HTTP", "http"), ("TCP", "tcp"), ("UDP", "udp"), ("GRPC", "grpc"), ("H2PING", "h2ping"),
+                ("OSService", "os_service"))
+
+
+def _check_kind(body: dict[str, Any]) -> str | None:
+    """The Type the agent reports for a check registered from `body`; None when the body names no single kind."""
+    kinds = {kind for field, kind in _CHECK_KINDS if _ci(body, field)}
+    if _ci(body, "Args") or _ci(body, "ScriptArgs"):
+        kinds.add("docker" if _ci(body, "DockerContainerID") else "script")
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _agent_differences(live: dict[str, Any], body: dict[str, Any]) -> list[str]:
+    """Each field in which the agent's check differs from what `body` registers, as "Field: want .., agent has ..".
+
+    Compared: every field the agent reports of a registration (Name, ServiceID, Notes, Type, Interval, Timeout).
+    The rest of the body (HTTP target, Method, Header, Body, TCP address, ...) is reported by no endpoint of
+    Consul (1.22.7): the agent keeps it only in the running check and in its data dir. HealthCheck.Definition,
+    where it could show, is filled in only for checks written through /v1/catalog/register, never by the agent,
+    so it is empty in /v1/agent/checks, /v1/health/checks/:service, /v1/health/node/:node and
+    /v1/agent/health/service/id/:id alike. The Output of an HTTP check names its method and target, but of its
+    last run, which a re-registration keeps: it says nothing of the registration now in force. Status is not
+    compared either: re-registering a check keeps its status, whatever the body says.
+    """
+    diffs = []
+    for field in ("Name", "ServiceID", "Notes"):
+        want, have = _ci(body, field) or "", live.get(field) or ""
+        if want != have:
+            diffs.append(f"{field}: want {want!r}, agent has {have!r}")
+    kind = _check_kind(body)
+    if kind is not None and live.get("Type") != kind:
+        diffs.append(f"Type: want {kind!r}, agent has {live.get('Type')!r}")
+    for field in ("Interval", "Timeout"):
+        want, have = _ci(body, field), live.get(field)
+        if _seconds(want) != _seconds(have):
+            diffs.append(f"{field}: want {want or 'unset'!r}, agent has {have or 'unset'!r}")
+    return diffs
 
 
 def _observe_agent_check(inp: UserDisableInput, client: consul.Consul) -> AgentCheckRecord:
@@ -199,22 +229,25 @@ def _observe_agent_check(inp: UserDisableInput, client: consul.Consul) -> AgentC
     agent = svc.check_agent or inp.consul.address
     live = _read_agent_check(_agent_client(inp, client, agent), agent, svc.check_id)
     want = str(_ci(svc.check_definition, "Interval"))
-    have = live.get("Interval")
-    if _seconds(have) not in (_seconds(want), _seconds(inp.check_interval)):
+    diffs = _agent_differences(live, svc.check_definition)
+    if diffs and _agent_differences(live, _with_interval(svc.check_definition, inp.check_interval)):
+        # Neither as the inventory registers it nor as a disable stretched it: re-registering the check from
+        # the inventory would change more than its interval, and enable could not put the original back.
         raise ApplicationError(
-            f"check {svc.check_id} on {agent} runs every {have or 'never'}, but the inventory's check_definition "
-            f"says {want}: the inventory is out of date; not re-registering the check from it",
+            f"check {svc.check_id} on agent {agent} differs from the inventory's check_definition "
+            f"({'; '.join(diffs)}): the inventory is out of date; not re-registering the check from it",
             type="Conflict", non_retryable=True)
     return AgentCheckRecord(agent=agent, check_id=svc.check_id, interval=want, definition=svc.check_definition)
 
 
 def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckRecord, interval: str,
                         changed: list[str]) -> None:
-    """Register the recorded definition with `interval` unless the agent already shows it; read back.
-    "check" goes into `changed` as soon as the agent took the registration."""
+    """Register the recorded definition with `interval` unless the agent already shows it; read back and compare
+    every field the agent reports (see _agent_differences). "check" goes into `changed` as soon as the agent
+    took the registration."""
     agent_client = _agent_client(inp, client, rec.agent)
     body = {**_with_interval(rec.definition, interval), "ID": rec.check_id}
-    if _agent_matches(_read_agent_check(agent_client, rec.agent, rec.check_id), body):
+    if not _agent_differences(_read_agent_check(agent_client, rec.agent, rec.check_id), body):
         return
     # The agent keeps the check's status and output across a re-registration of the same ID.
     ok = call(f"register check {rec.check_id} on {rec.agent}", lambda: agent_client.http.put(
@@ -222,10 +255,14 @@ def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckReco
     if not ok:
         raise unavailable(f"agent {rec.agent} refused to register check {rec.check_id}")
     changed.append("check")
-    after = _read_agent_check(agent_client, rec.agent, rec.check_id)
-    if not _agent_matches(after, body):
-        raise unavailable(f"registered check {rec.check_id} on {rec.agent} every {interval}, but it reads back "
-                          f"every {after.get('Interval')!r}")
+    diffs = _agent_differences(_read_agent_check(agent_client, rec.agent, rec.check_id), body)
+    if diffs:
+        # The agent took the body and shows something else (another writer, or an agent that rewrites it):
+        # registering the same body again cannot settle that.
+        raise ApplicationError(
+            f"registered check {rec.check_id} on agent {rec.agent} from the inventory's check_definition (every "
+            f"{interval}), but the agent reads back otherwise: {'; '.join(diffs)}", type="Conflict",
+            non_retryable=True)
 
 
 # --------------------------------------------------------------------------- the Nomad job: check and count

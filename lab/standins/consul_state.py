@@ -645,6 +645,7 @@ class ConsulCluster:
             raise ValueError("Invalid check: TTL must be > 0 for TTL checks")
         svc = self.services[node].get(sid) if sid else None
         old = self.checks[node].get(cid)
+        chk_type = check_type(body, ctype, interval_ns, timeout_ns, ttl_ns)
         idx = self._touch_catalog()
 
         def shown(ns: int) -> str:
@@ -665,6 +666,8 @@ class ConsulCluster:
             "Interval": shown(interval_ns),
             "Timeout": shown(timeout_ns),
             "TTLSeconds": ttl_ns / 1e9 if ttl_ns else None,
+            # Not shown by any endpoint (public_check), as on the real agent: see check_type.
+            "ChkType": chk_type,
             "UpdatedAt": self.clock.time(),
             "CreateIndex": old["CreateIndex"] if old else idx,
             "ModifyIndex": idx,
@@ -787,6 +790,44 @@ class ConsulCluster:
         out.append(Series("consul_server_isLeader", "gauge", 1.0 if server == self.leader else 0.0))
         out.append(Series("consul_raft_state_term", "gauge", float(self.term)))
         return out
+
+
+# The agent's own record of a check's registration (Consul's structs.CheckType) as a real agent persists it in
+# its data dir, checks/<sha256 of the check ID>: {"Check": ..., "ChkType": {...}, "Token", "Source"}. Durations
+# are integer nanoseconds; unset fields are zero values, as Go writes them.
+CHECK_TYPE_FIELDS = {
+    "CheckID": "", "Name": "", "Status": "", "Notes": "", "ScriptArgs": None, "HTTP": "", "H2PING": "",
+    "H2PingUseTLS": False, "Header": None, "Method": "", "Body": "", "DisableRedirects": False, "TCP": "",
+    "TCPUseTLS": False, "UDP": "", "Interval": 0, "AliasNode": "", "AliasService": "", "DockerContainerID": "",
+    "Shell": "", "GRPC": "", "GRPCUseTLS": False, "OSService": "", "TLSServerName": "", "TLSSkipVerify": False,
+    "Timeout": 0, "TTL": 0, "SuccessBeforePassing": 0, "FailuresBeforeWarning": 0, "FailuresBeforeCritical": 0,
+    "ProxyHTTP": "", "ProxyGRPC": "", "DeregisterCriticalServiceAfter": 0, "OutputMaxSize": 0,
+}
+_CHECK_TYPE_DURATIONS = ("Interval", "Timeout", "TTL", "DeregisterCriticalServiceAfter")
+MIN_CHECK_INTERVAL_NS = 10**9  # checks.MinInterval: the agent raises a shorter interval to it
+
+
+def check_type(body: dict[str, Any], ctype: str, interval_ns: int, timeout_ns: int, ttl_ns: int) -> dict[str, Any]:
+    """The CheckType a Consul 1.22.7 agent keeps for a check registered from `body`: the registration's own
+    fields (HTTP target, Method, Header, Body, TCP address, ...), as given, with the agent's defaults applied
+    (a shorter interval raised to 1s, H2PingUseTLS on for H2PING, FailuresBeforeWarning = FailuresBeforeCritical).
+    No endpoint shows it: HealthCheck.Definition stays empty for agent-registered checks."""
+    out = dict(CHECK_TYPE_FIELDS)
+    for name in CHECK_TYPE_FIELDS:
+        value = ci_get(body, name)
+        if value is not None and name not in _CHECK_TYPE_DURATIONS:
+            out[name] = value
+    out["CheckID"] = ci_get(body, "CheckID") or ci_get(body, "ID") or ""
+    out["ScriptArgs"] = ci_get(body, "ScriptArgs") or ci_get(body, "Args") or None
+    out["Header"] = {k: list(v) for k, v in out["Header"].items()} if out["Header"] else None
+    out["Interval"] = max(interval_ns, MIN_CHECK_INTERVAL_NS) if ctype in INTERVAL_TYPES else interval_ns
+    out["Timeout"], out["TTL"] = timeout_ns, ttl_ns
+    out["DeregisterCriticalServiceAfter"] = duration_ns(ci_get(body, "DeregisterCriticalServiceAfter"))
+    if ci_get(body, "H2PingUseTLS") is None:
+        out["H2PingUseTLS"] = bool(out["H2PING"])
+    if not out["FailuresBeforeWarning"]:
+        out["FailuresBeforeWarning"] = out["FailuresBeforeCritical"]
+    return out
 
 
 def public_check(chk: dict[str, Any], agent: bool = False) -> dict[str, Any]:

@@ -6,8 +6,12 @@ skipped, with the reason, only when a real binary is missing from PATH.
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import consul
@@ -67,6 +71,21 @@ class Stack:
         """A py-consul client with the management token, for arranging and asserting (not under test)."""
         url = urlsplit(self.consul_urls[index])
         return consul.Consul(url.hostname, url.port, token=CONSUL_TOKEN)
+
+    def check_registration(self, check_id: str, index: int = 0) -> dict[str, Any]:
+        """How agent `index` has check `check_id` registered: Consul's CheckType (HTTP target, Method, Header,
+        Body, TCP address, Interval and Timeout in nanoseconds, ...), read from the agent, not from an action.
+
+        No HTTP endpoint returns it (HealthCheck.Definition stays empty for agent-registered checks), so it is
+        read where the agent itself keeps it: a real agent persists every check registered over its API in its
+        data dir as checks/<sha256 of the check ID>, {"Check", "ChkType", "Token", "Source"}, rewritten at each
+        registration before the API answers; the stand-in keeps the same CheckType in its model.
+        """
+        if self.real:
+            path = self.local.consuls[index].data_dir / "checks" / hashlib.sha256(check_id.encode()).hexdigest()
+            return json.loads(path.read_text())["ChkType"]  # the file's Token stays in it
+        node = list(self.consul.ports)[index]
+        return copy.deepcopy(self.consul.cluster.checks[node][check_id]["ChkType"])
 
     def nomad_api(self) -> nomad.Nomad:
         url = urlsplit(self.nomad_url)

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.consul import kv, leadership, snapshots, users
 from activities.consul._kv import KvEntry
 from activities.consul.services import UserService
-from activities._clients import ConsulTarget
+from activities._clients import ConsulTarget, go_duration_seconds
 from activities.secrets import forget_cached_secrets
 
 from .conftest import CONSUL_TOKEN
@@ -396,6 +396,22 @@ def _observed(stack, names):
     return out
 
 
+def _ns(duration: str) -> int:
+    return round(go_duration_seconds(duration) * NS_PER_S)
+
+
+def _assert_registered_as(stack, svc: UserService, interval: str) -> None:
+    """The agent's own registration of the service's check (read from the agent, not from an action's answer)
+    is the inventory's check_definition: the same HTTP target, method, headers, body and timeout, every
+    `interval`."""
+    d = svc.check_definition
+    reg = stack.check_registration(svc.check_id)
+    want = {"Name": d["Name"], "HTTP": d["HTTP"], "Method": d.get("Method", ""), "Header": d.get("Header"),
+            "Body": d.get("Body", ""), "TCP": d.get("TCP", ""), "Notes": d.get("Notes", ""),
+            "Timeout": _ns(d.get("Timeout", "0s")), "Interval": _ns(interval)}
+    assert {k: reg[k] for k in want} == want, f"check {svc.check_id} as the agent has it registered"
+
+
 def test_users_agent_checks_answer_like_real_consul(stack):
     """GET /v1/agent/checks as Consul 1.22.7 answers: no definition, Go durations at the top level."""
     headers = {"X-Consul-Token": CONSUL_TOKEN}
@@ -419,6 +435,21 @@ def test_users_agent_checks_answer_like_real_consul(stack):
         "Node": "consul2", "Status": "passing", "Notes": "n", "ServiceName": "shape", "ServiceTags": [],
         "Type": "http", "Interval": "1h0m0s", "Timeout": "1.5s", "ExposedPort": 0, "Definition": {},
         "CreateIndex": 0, "ModifyIndex": 0}
+    # No endpoint shows the target, method or headers: the catalog's view has no definition either.
+    catalog = stack.wait_until(lambda: len(c := httpx.get(f"{url}/v1/health/checks/shape", headers=headers)
+                                            .raise_for_status().json()) == 3 and c)  # anti-entropy syncs it
+    assert sorted(c["CheckID"] for c in catalog) == ["service:shape:1", "service:shape:2", "shape-http"]
+    assert all(c["Definition"] == {} for c in catalog)
+    # The agent keeps them in its own record of the registration (CheckType; its data dir on a real agent).
+    reg = stack.check_registration("shape-http", index=1)
+    assert {k: reg[k] for k in ("CheckID", "Name", "Status", "Notes", "HTTP", "Method", "Header", "Body", "TCP",
+                                "Interval", "Timeout", "TTL")} == {
+        "CheckID": "shape-http", "Name": "shape http", "Status": "passing", "Notes": "n", "HTTP": "http://127.0.0.1:1/",
+        "Method": "POST", "Header": {"X": ["y"]}, "Body": "", "TCP": "", "Interval": 3600 * NS_PER_S,
+        "Timeout": 1_500_000_000, "TTL": 0}
+    tcp = stack.check_registration("service:shape:1", index=1)
+    assert (tcp["CheckID"], tcp["Name"], tcp["TCP"], tcp["HTTP"], tcp["Interval"]) == ("", "", "127.0.0.1:1", "",
+                                                                                       90 * NS_PER_S)
     shown = {cid: (c["Type"], c["Interval"], c["Timeout"]) for cid, c in checks.items() if cid.startswith(
         ("service:shape", "shape-ttl"))}
     # Unset durations: "" in a service's own checks, "0s" in a check registered alone.
@@ -430,6 +461,10 @@ def test_users_agent_checks_answer_like_real_consul(stack):
         "Interval": "2h", "Status": "critical"}).raise_for_status()
     again = httpx.get(f"{url}/v1/agent/checks", headers=headers).json()["shape-http"]
     assert (again["Status"], again["Interval"], again["Timeout"], again["Notes"]) == ("passing", "2h0m0s", "0s", "")
+    # ... while the registration is the new body's, field for field: no method, no headers any more.
+    reg = stack.check_registration("shape-http", index=1)
+    assert (reg["Status"], reg["Method"], reg["Header"], reg["Interval"], reg["Timeout"]) == (
+        "critical", "", None, 7200 * NS_PER_S, 0)
     bad = httpx.put(f"{url}/v1/agent/check/register", headers=headers,
                     json={"ID": "shape-bad", "Name": "b", "HTTP": "http://127.0.0.1:1/"})
     assert (bad.status_code, bad.text) == (400, "Invalid check: Interval must be > 0 for Script, HTTP, H2PING, TCP, "
@@ -452,11 +487,15 @@ def test_users_disable_then_enable_restores_exactly(stack):
         assert (value, flags, count) == (b"disabled", 1, 1)
         assert check == {**before[name][2], "Interval": "10m0s"}  # status, timeout, notes as they were
     assert during["auth"] == before["auth"]
+    for svc in services:  # target, method and headers as the inventory has them; only the interval stretched
+        _assert_registered_as(stack, svc, svc.check_definition["Interval"] if svc.essential else "10m")
     second = users.users_disable(inp)
     assert second.changed == {} and second.restore.records == out.restore.records  # journal kept the originals
     enabled = users.users_enable(out.restore)
     assert enabled.changed == {name: ["flag", "check", "scale"] for name in ("cart", "forum", "mail")}
     assert _observed(stack, names) == before
+    for svc in services:
+        _assert_registered_as(stack, svc, svc.check_definition["Interval"])
     assert stack.admin().kv.get("coldstart/journal/users/", recurse=True)[1] is None
     assert users.users_enable(out.restore).changed == {}
     assert CONSUL_TOKEN not in dump(out) + dump(enabled)
@@ -467,6 +506,7 @@ def test_user_disable_per_service_and_crash_safe_record(stack):
     inp = users.UserDisableInput(consul=stack.consul_target(), nomad=stack.nomad_target(), service=svc, scale_to=2)
     first = users.user_disable(inp)
     assert first.changed == ["flag", "check", "scale"]
+    _assert_registered_as(stack, svc, "10m")
     assert first.record.flag.previous.value_base64 == "ZW5hYmxlZA=="  # "enabled"
     assert first.record.scale.count == 3 and first.record.check.owner == "agent"
     assert first.record.check.definition == svc.check_definition and first.record.check.interval == "60s"
@@ -479,6 +519,7 @@ def test_user_disable_per_service_and_crash_safe_record(stack):
     assert entry["Value"] == b"enabled" and entry["Flags"] == 1
     assert stack.nomad_api().job.get_job("search")["TaskGroups"][0]["Count"] == 3
     assert stack.admin().agent.checks()["search-http"]["Interval"] == "1m0s"
+    _assert_registered_as(stack, svc, "60s")
 
 
 def test_users_disable_partial_failure_reports_and_restores_every_change(stack):
@@ -518,6 +559,28 @@ def test_users_disable_partial_failure_reports_and_restores_every_change(stack):
     enabled = users.users_enable(restore)
     assert enabled.changed == {"billing": ["flag", "check", "scale"], "gifts": ["flag", "check"]}
     assert _observed(stack, names) == before
+    for svc in services:
+        _assert_registered_as(stack, svc, "60s")
+
+
+def test_user_disable_refuses_a_check_the_inventory_no_longer_describes(stack):
+    [svc] = _arrange_services(stack, ["drift"], essential=set())
+    # Someone re-registered the check since the inventory was written: other notes, another timeout.
+    httpx.put(f"{stack.consul_urls[0]}/v1/agent/check/register", headers={"X-Consul-Token": CONSUL_TOKEN},
+              json={**svc.check_definition, "ID": svc.check_id, "Notes": "by hand", "Timeout": "2s"}
+              ).raise_for_status()
+    inp = users.UserDisableInput(consul=stack.consul_target(), nomad=stack.nomad_target(), service=svc,
+                                 journal_prefix=None)
+    with pytest.raises(ApplicationError) as err:
+        users.user_disable(inp)
+    assert err.value.type == "Conflict" and err.value.non_retryable
+    assert (
+        f"check drift-http on agent {stack.consul_urls[0]} differs from the inventory's check_definition (Notes: "
+        "want 'drift liveness', agent has 'by hand'; Timeout: want '5s', agent has '2s'): the inventory is out "
+        "of date; not re-registering the check from it") in str(err.value)
+    live = stack.admin().agent.checks()["drift-http"]
+    assert (live["Interval"], live["Notes"]) == ("1m0s", "by hand")  # left as it was
+    assert stack.check_registration("drift-http")["Timeout"] == 2 * NS_PER_S
 
 
 def test_user_service_says_who_owns_the_check():
