@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Annotated, Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import consul
@@ -22,12 +23,11 @@ from activities.registry import invalid_argument
 from activities.secrets import VaultSecretRef, forget_cached_secrets, read_kv_secret
 
 __all__ = [
+    "CLIENT_ERRORS",
     "ConsulTarget",
     "NomadTarget",
-    "CLIENT_ERRORS",
     "bad",
     "call",
-    "translate",
     "consul_client",
     "consul_get",
     "consul_token",
@@ -39,6 +39,7 @@ __all__ = [
     "nomad_client",
     "resume_details",
     "secret_of",
+    "translate",
     "unavailable",
 ]
 

@@ -3,7 +3,8 @@ job spec, which is where they are changed, since Nomad's service sync resets any
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pydantic import BaseModel, Field
 

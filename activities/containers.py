@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -101,7 +101,7 @@ class _Named(BaseModel):
     hosts: Annotated[list[HostTarget], unique_names("host")] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _known_host(self) -> "_Named":
+    def _known_host(self) -> _Named:
         if self.host not in {h.name for h in self.hosts}:
             raise ValueError(f"host {self.host!r} is not one of {sorted(h.name for h in self.hosts)}")
         return self
@@ -179,9 +179,9 @@ class NoticeOutput(BaseModel):
 
 def _instant(text: str) -> datetime:
     try:
-        return datetime.fromtimestamp(float(text), tz=timezone.utc)
+        return datetime.fromtimestamp(float(text), tz=UTC)
     except ValueError:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(text)
         if moment.tzinfo is None:
             raise ValueError(f"{text!r} has no time zone") from None
         return moment

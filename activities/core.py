@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,7 +87,7 @@ def note(inp: NoteInput) -> NoteOutput:
                 return NoteOutput(key=key, written=False, journal=str(path))
     entry = {
         "key": key,
-        "at": datetime.now(timezone.utc).isoformat(),
+        "at": datetime.now(UTC).isoformat(),
         "level": inp.level,
         "message": inp.message,
         "workflow_id": info.workflow_id,

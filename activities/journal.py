@@ -28,6 +28,8 @@ with them either).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import os
@@ -35,10 +37,11 @@ import re
 import socket
 import threading
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from temporalio import activity
 from temporalio.worker import (
@@ -69,7 +72,7 @@ _RAMP_LABEL = re.compile(r"^(?P<step>[^/@\[]+)@(?P<percent>\d+)$")
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class ActionJournal:
@@ -125,10 +128,8 @@ class ActionJournal:
             self.dropped += 1
             dropped = self.dropped
         if self._on_drop is not None:
-            try:
+            with contextlib.suppress(Exception):  # counting must not fail an action either
                 self._on_drop()
-            except Exception:  # noqa: BLE001 - counting must not fail an action either
-                pass
         return dropped
 
     def close(self) -> None:
@@ -200,15 +201,13 @@ def _from_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     from temporalio.converter import PayloadConverter
 
     found: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(Exception):  # a header it cannot read leaves the line without it
         if _CHAIN_HEADER in headers:
             found["chain"] = PayloadConverter.default.from_payload(headers[_CHAIN_HEADER])
         if _TAG_HEADER in headers:
             tag = PayloadConverter.default.from_payload(headers[_TAG_HEADER])
             if isinstance(tag, dict) and tag.get("after"):
                 found["after"] = str(tag["after"])
-    except Exception:  # noqa: BLE001 - a header it cannot read leaves the line without it
-        pass
     return found
 
 
@@ -374,13 +373,13 @@ def check_journal(entries: Iterable[Mapping[str, Any]]) -> JournalCheck:
     # the chain's order: its runs by their first attempt, then each run's own sequence.
     chains: dict[tuple[str, str], dict[tuple[int, str], list[Attempt]]] = defaultdict(dict)
     first_seen: dict[tuple[str, str], str] = {}
-    for (wf, run, activity_id), tries in by_id.items():
+    for (wf, run, _), tries in by_id.items():
         start = min((a.started_at or "" for a in tries), default="")
         first_seen[(wf, run)] = min(first_seen.get((wf, run), start), start)
     for (wf, run, activity_id), tries in by_id.items():
         chain = next((a.chain for a in tries if a.chain), None) or run
         chains[(wf, chain)][(0, f"{first_seen[(wf, run)]}\x00{run}\x00{activity_id}")] = tries
-    for (wf, chain), keyed in chains.items():
+    for (wf, _), keyed in chains.items():
         # Runs in order of their first attempt; within a run, the workflow's own sequence number.
         runs_in_order = sorted({(first_seen[(wf, tries[0].run_id)], tries[0].run_id) for tries in keyed.values()})
         run_index = {run: i for i, (_, run) in enumerate(runs_in_order)}
@@ -409,7 +408,7 @@ def check_journal(entries: Iterable[Mapping[str, Any]]) -> JournalCheck:
                                 if sets[i][1] < sets[i - 1][1] and sets[i][2] in stepped_back]
         for label, scheduled in labels.items():
             scheduled.sort()
-            for (o_prev, prev, _), (o, key, fan_out) in zip(scheduled, scheduled[1:]):
+            for (o_prev, prev, _), (o, key, fan_out) in itertools.pairwise(scheduled):
                 why = None
                 if outcome[prev] != "ok":
                     why = "retried after failure"

@@ -22,7 +22,8 @@ from activities._clients import (
     translate,
     unavailable,
 )
-from activities._nomad_checks import group_of as _group, read_job as _job
+from activities._nomad_checks import group_of as _group
+from activities._nomad_checks import read_job as _job
 from activities.registry import action
 from activities.retry import Retry
 

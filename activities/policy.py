@@ -45,7 +45,7 @@ class TargetPolicy(BaseModel):
         description="the unattended drills' own approvers: refused for every decision on a run that is not a drill")
 
     @classmethod
-    def of(cls, target: dict[str, Any]) -> "TargetPolicy":
+    def of(cls, target: dict[str, Any]) -> TargetPolicy:
         """The policy in a target's inventory (as runbooks see it); none set: nothing restricted."""
         return cls.model_validate(target.get("policy") or {})
 

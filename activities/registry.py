@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
@@ -96,7 +97,7 @@ class Registry:
     def activities(self) -> list[Callable[..., Any]]:
         return [spec.fn for spec in self.specs.values()]
 
-    def merged(self, *others: "Registry") -> "Registry":
+    def merged(self, *others: Registry) -> Registry:
         combined = Registry(dict(self.specs))
         for other in others:
             for spec in other.specs.values():

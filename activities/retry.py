@@ -17,7 +17,8 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\
 def parse_duration(value: Any) -> Any:
     """Accept 90, "90s", "10m", "1h30m", "250ms"; leave anything else (ISO 8601, timedelta) to pydantic."""
     if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string such as 30s, 10m, 1h")
+        # pydantic reports a ValueError as the field's error; a TypeError would escape validation.
+        raise ValueError("a duration is a number of seconds or a string such as 30s, 10m, 1h")  # noqa: TRY004
     if isinstance(value, (int, float)):
         if value < 0:
             raise ValueError("a duration cannot be negative")

@@ -6,8 +6,9 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import hvac
 import hvac.exceptions
@@ -38,7 +39,7 @@ class VaultSecretRef(BaseModel):
                     "a fan-out uses thousands of times; a secret whose absence must fail a step at once keeps 0")
 
     @model_validator(mode="after")
-    def _shape(self) -> "VaultSecretRef":
+    def _shape(self) -> VaultSecretRef:
         if not self.address.startswith(("http://", "https://")):
             raise ValueError("address must be an http(s) URL")
         if not self.path.strip("/") or not self.field or not self.mount.strip("/"):

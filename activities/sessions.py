@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import consul
 import consul.exceptions as cex

@@ -18,8 +18,23 @@ from activities.prometheus import PrometheusError, instant_query, single_value
 from activities.registry import action
 from activities.retry import Retry
 
-__all__ = ["MAX_READS_PER_BATCH", "READ_MANY_TIMEOUT", "READ_ACTION", "WAITED_IN_READING", "READ_ACTIONS", "READ_MANY_ACTION", "GateRead", "ReadInput", "ReadManyInput", "Reading", "Readings", "pace_readings",
-           "read", "read_many", "wait_before"]
+__all__ = [
+    "MAX_READS_PER_BATCH",
+    "READ_ACTION",
+    "READ_ACTIONS",
+    "READ_MANY_ACTION",
+    "READ_MANY_TIMEOUT",
+    "WAITED_IN_READING",
+    "GateRead",
+    "ReadInput",
+    "ReadManyInput",
+    "Reading",
+    "Readings",
+    "pace_readings",
+    "read",
+    "read_many",
+    "wait_before",
+]
 
 # A batch waits for its slots inside its activity: runtime/worker.py keeps no more in flight than the
 # slowest pace reads in half of read_many's timeout (and at least 3).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import hvac
@@ -13,9 +13,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities import secrets as vault_secrets
 from activities._clients import bad, unavailable
+from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.registry import action
 from activities.retry import Retry
-from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.secrets import VaultSecretRef
 
 __all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "fetch_identity_keys",
@@ -160,7 +160,7 @@ def fetch_identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
     if not keys:
         raise ApplicationError(f"Vault at {inp.address} has no OIDC signing key, so no approver can prove who they "
                                f"are: {_HOW_TO_CONFIGURE}", type="VaultIdentityUnconfigured", non_retryable=True)
-    return IdentityKeys(issuer=issuer, keys=keys, captured_at=datetime.now(timezone.utc))
+    return IdentityKeys(issuer=issuer, keys=keys, captured_at=datetime.now(UTC))
 
 
 @action(IDENTITY_KEYS_ACTION, timeout=60, retry=Retry(max_attempts=5))

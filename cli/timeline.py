@@ -305,7 +305,7 @@ def _gate_readings(activity_type: str, tag: ActivityTag | None, args: Any,
         results = value.get("readings") if isinstance(value, dict) else [{"error": value}] * len(reads)
     return [(read.get("step"), read.get("gate") or "?", read.get("query") or read.get("endpoint", ""),
              (result or {}).get("value"), (result or {}).get("error"))
-            for read, result in zip(reads, results or [])]
+            for read, result in zip(reads, results or [], strict=False)]  # a partial history: what it has
 
 
 def _touch(timeline: Timeline, step: str | None, started: datetime, ended: datetime, *, activity: bool = False,

@@ -6,6 +6,6 @@ from pathlib import Path
 # `pulumi up` runs this file from infra/; make the repo root importable so `infra.*` resolves.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.program import main  # noqa: E402
+from infra.program import main
 
 main()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["ResourceRecord", "Violation", "find_violations", "watched_hosts"]

@@ -7,9 +7,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Optional
 
 import typer
 
@@ -20,7 +19,7 @@ def serve(
     task_queue: str = typer.Option(DEFAULT_TASK_QUEUE, envvar=TASK_QUEUE_ENV, help="the task queue to poll"),
     metrics: str = typer.Option("127.0.0.1:9464", envvar="COLDSTART_METRICS",
                                 help="Prometheus metrics bind address, '' to disable"),
-    journal: Optional[str] = typer.Option(None, envvar=JOURNAL_ENV,
+    journal: str | None = typer.Option(None, envvar=JOURNAL_ENV,
                                           help="append one JSON line per action attempt start/end to this file"),
     log_level: str = typer.Option("INFO", envvar="COLDSTART_LOG_LEVEL"),
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from types import TracebackType
+from typing import Self
 
 import structlog
 from temporalio.client import Client
@@ -24,10 +25,10 @@ from runtime.catalog import Catalog, RunResolver
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from runtime.step_load import StepLoad, StepLoadInterceptor
-from workflows.history_tags import HistoryTagInterceptor
-from workflows.fanout import FanOutWorkflow
 from workflows.contract import readings_queue
+from workflows.fanout import FanOutWorkflow
 from workflows.fleet import FleetWorkflow
+from workflows.history_tags import HistoryTagInterceptor
 from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
@@ -72,7 +73,7 @@ class ControllerWorker:
         self.readings = readings
         self._stack = AsyncExitStack()
 
-    async def __aenter__(self) -> "ControllerWorker":
+    async def __aenter__(self) -> Self:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(self.runs)
             if self.readings is not None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import temporalio.converter
 from temporalio import workflow

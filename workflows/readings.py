@@ -59,12 +59,13 @@ class ReadingBatch:
     async def _call(self, part: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]) -> None:
         try:
             results = await self._read_many([request for request, _ in part])
-        except Exception as exc:  # the activity failed as a whole: each gate sees it as its reading's failure
+        except Exception as exc:  # noqa: BLE001 - passed on to every gate that asked
+            # The activity failed as a whole: each gate sees it as its reading's failure.
             for _, answer in part:
                 if not answer.done():
                     answer.set_exception(exc)
             return
-        for (_, answer), result in zip(part, results):
+        for (_, answer), result in zip(part, results, strict=True):
             if not answer.done():
                 answer.set_result(result)
 

@@ -16,8 +16,19 @@ with workflow.unsafe.imports_passed_through():
     from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
     from activities.retry import Retry
     from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
-    from workflows.calls import READING_PRIORITY, DeadlineMissed, RunAborted, StepFailed, call_action, compare, execute_action, failure_message, referenced
+    from workflows.calls import (
+        READING_PRIORITY,
+        DeadlineMissed,
+        RunAborted,
+        StepFailed,
+        call_action,
+        compare,
+        execute_action,
+        failure_message,
+        referenced,
+    )
     from workflows.contract import (
+        RESOLVE_RUN_ACTIVITY,
         ApprovalRecord,
         ApproveRequest,
         ControlRecord,
@@ -25,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
         FanOutInput,
         GateReading,
         ResumeState,
-        RESOLVE_RUN_ACTIVITY,
         RunInput,
         RunResult,
         RunStatus,
@@ -243,7 +253,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         left = end - workflow.now()
         try:
             await workflow.wait_condition(task.done, timeout=left, timeout_summary=f"{step.id}: deadline")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
             try:
                 await task
@@ -352,7 +362,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             await workflow.wait_condition(
                 lambda: self._abort is not None, timeout=duration, timeout_summary=summary[:200]
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         raise RunAborted()
 
@@ -642,7 +652,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 timeout=spec.timeout,
                 timeout_summary=f"{step_id}: approval deadline",
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._awaiting.pop(step_id, None)
             state.awaiting = None
             state.status = previous

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -20,6 +21,8 @@ from pydantic import (
 from activities.retry import Duration, Retry
 
 __all__ = [
+    "STEP_KINDS",
+    "STEP_TYPES",
     "ActionDefaults",
     "ActionStep",
     "ApprovalSpec",
@@ -33,14 +36,12 @@ __all__ = [
     "IdentityPolicy",
     "Metadata",
     "OnFailure",
-    "Param",
     "ParallelStep",
+    "Param",
     "RampSpec",
     "RampStep",
     "Runbook",
     "Step",
-    "STEP_KINDS",
-    "STEP_TYPES",
     "UndoSpec",
     "WaitStep",
     "step_kind",
@@ -71,7 +72,7 @@ class Param(_Strict):
     )
 
 
-class OnFailure(str, Enum):
+class OnFailure(StrEnum):
     abort = "abort"
     hold = "hold"
     rollback = "rollback"
@@ -124,7 +125,7 @@ class GateSpec(_Strict):
     timeout: Duration = timedelta(minutes=5)
 
     @model_validator(mode="after")
-    def _query_for_prometheus(self) -> "GateSpec":
+    def _query_for_prometheus(self) -> GateSpec:
         if self.source == "prometheus" and not self.query.strip():
             raise ValueError("a prometheus gate needs a query")
         if self.interval <= timedelta(0):
@@ -170,11 +171,11 @@ class RampSpec(_Strict):
         return list(range(self.start, self.stop + 1, self.step))
 
     @model_validator(mode="after")
-    def _increasing(self) -> "RampSpec":
+    def _increasing(self) -> RampSpec:
         plan = self.schedule()
         if not plan:
             raise ValueError("the ramp schedule is empty")
-        if any(b <= a for a, b in zip(plan, plan[1:])):
+        if any(b <= a for a, b in itertools.pairwise(plan)):
             raise ValueError("ramp percentages must increase")
         if plan[0] <= self.baseline:
             raise ValueError("the first ramp percentage must be above the baseline")
@@ -209,7 +210,7 @@ class ForEachStep(_StepBase):
 
 
 class ParallelStep(_StepBase):
-    parallel: list["Step"]
+    parallel: list[Step]
 
     @field_validator("parallel")
     @classmethod
@@ -244,7 +245,8 @@ def step_kind(value: Any) -> str | None:
 
 
 Step = Annotated[
-    Union[tuple(Annotated[model, Tag(kind)] for kind, model in STEP_TYPES.items())],  # type: ignore[valid-type]
+    # A Union of a computed tuple has no `X | Y` spelling.
+    Union[tuple(Annotated[model, Tag(kind)] for kind, model in STEP_TYPES.items())],  # type: ignore[valid-type]  # noqa: UP007
     Discriminator(
         step_kind,
         custom_error_type="step_kind",
@@ -289,7 +291,7 @@ class DeadlineSpec(_Strict):
         description="with `at`: refuse a run whose end is already past or further ahead than this when it is "
                     "planned (a notice's deadline is minutes away, never hours, never gone)",
     )
-    on_miss: list["Step"] = Field(
+    on_miss: list[Step] = Field(
         default_factory=list,
         description="steps run when a step cannot finish in time (not bound by the deadline); the run then fails",
     )
@@ -300,7 +302,7 @@ class DeadlineSpec(_Strict):
     )
 
     @model_validator(mode="after")
-    def _has_end(self) -> "DeadlineSpec":
+    def _has_end(self) -> DeadlineSpec:
         if self.at is None and self.within is None:
             raise ValueError("a deadline needs `at`, `within` or both")
         return self

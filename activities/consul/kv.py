@@ -11,8 +11,17 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import ConsulTarget, bad, call, consul_client, heartbeat, resume_details, unavailable
-from activities.consul._kv import (ABSENT, CAS_ATTEMPTS, KvEntry, _Absent, _check_key, _entry, _read_prefix, _text,
-                                   kv_ensure)
+from activities.consul._kv import (
+    ABSENT,
+    CAS_ATTEMPTS,
+    KvEntry,
+    _Absent,
+    _check_key,
+    _entry,
+    _read_prefix,
+    _text,
+    kv_ensure,
+)
 from activities.consul.archive import normalize
 from activities.registry import action
 
@@ -27,9 +36,9 @@ __all__ = [
     "StreamingSetInput",
     "StreamingSetOutput",
     "kv_delete_prefix",
-    "kv_undo",
     "kv_restore",
     "kv_set",
+    "kv_undo",
     "streaming_set",
 ]
 
@@ -54,7 +63,7 @@ class KvSetInput(BaseModel):
         return _check_key(key)
 
     @model_validator(mode="after")
-    def _one_value(self) -> "KvSetInput":
+    def _one_value(self) -> KvSetInput:
         given = (self.value is not None) + (self.value_base64 is not None)
         if self.delete and given:
             raise ValueError("delete takes no value")

@@ -54,7 +54,7 @@ class UserService(BaseModel):
         return None if key is None else _check_key(key)
 
     @model_validator(mode="after")
-    def _owner(self) -> "UserService":
+    def _owner(self) -> UserService:
         nomad_fields = [n for n in ("check_service", "check_name") if getattr(self, n) is not None]
         agent_fields = [n for n in ("check_id", "check_agent", "check_definition") if getattr(self, n) is not None]
         if self.check_owner != "nomad" and nomad_fields:

@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,7 @@ from temporalio.exceptions import ApplicationError
 from activities._clients import ConsulTarget, bad, call, consul_client, describe, heartbeat, unavailable
 from activities._files import open_private, private_directory
 from activities.consul._kv import _read_prefix
-from activities.consul.archive import (ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot,
-                                       taken_at)
+from activities.consul.archive import ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot, taken_at
 from activities.registry import action
 from activities.retry import Retry
 
@@ -189,7 +188,7 @@ def snapshot_select(inp: SnapshotSelectInput) -> SnapshotSelectOutput:
             f"no readable snapshot in {store} ({inp.pattern}) taken before {inp.before.isoformat()} "
             f"({considered} files, {len(unreadable)} unreadable)", type="NotFound", non_retryable=True)
     when, path, meta = best
-    age = (datetime.now(timezone.utc) - when).total_seconds()
+    age = (datetime.now(UTC) - when).total_seconds()
     if inp.max_age_seconds is not None and age > inp.max_age_seconds:
         raise ApplicationError(f"newest snapshot before {inp.before.isoformat()} is {path.name}, "
                                f"{age:.0f}s old: older than max_age_seconds={inp.max_age_seconds:.0f}",
@@ -256,7 +255,7 @@ def _preview(client: consul.Consul, path: Path,
     total = len(added) + len(removed) + len(changed)
     preview = SnapshotPreview(
         path=str(path), snapshot_id=str(snap.meta.get("ID")), taken_at=when,
-        age_seconds=round((datetime.now(timezone.utc) - when).total_seconds(), 3),
+        age_seconds=round((datetime.now(UTC) - when).total_seconds(), 3),
         index=int(snap.meta.get("Index", 0)), sha256=_sha256(path), in_sync=total == 0,
         added=added[:max_keys], removed=removed[:max_keys], changed=changed[:max_keys],
         added_count=len(added), removed_count=len(removed), changed_count=len(changed),

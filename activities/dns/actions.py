@@ -54,7 +54,7 @@ class _Target(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _name_in_zone(self) -> "_Target":
+    def _name_in_zone(self) -> _Target:
         try:
             fqdn = self.fqdn
         except dns.exception.DNSException as exc:
@@ -80,7 +80,7 @@ class SteerSetInput(_Target):
     tsig_secret: VaultSecretRef = Field(description="where the TSIG secret lives; read inside the activity")
 
     @model_validator(mode="after")
-    def _distinct(self) -> "SteerSetInput":
+    def _distinct(self) -> SteerSetInput:
         if self.game_ip == self.maint_ip:
             raise ValueError("game_ip and maint_ip must differ")
         return self
@@ -129,7 +129,7 @@ class SteerSampleInput(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _room(self) -> "SteerSampleInput":
+    def _room(self) -> SteerSampleInput:
         ecs_subnets(self.ecs_base, self.ecs_prefix, self.clients)
         return self
 
@@ -179,7 +179,7 @@ def _undo_input(inp: SteerSetInput, before: list[ServerState]) -> SteerSetInput:
     # Servers may have disagreed; going back to the lowest share never admits anyone who
     # was not admitted somewhere before.
     percents = [s.percent if s.percent is not None else 0.0 for s in before]
-    return inp.model_copy(update={"percent": int(math.floor(min(percents)))})
+    return inp.model_copy(update={"percent": math.floor(min(percents))})
 
 
 def _at_target(state: ServerState, inp: SteerSetInput) -> bool:
@@ -197,7 +197,7 @@ async def _tsig_key(inp: SteerSetInput) -> dns.tsig.Key:
     secret = await asyncio.to_thread(read_kv_secret, inp.tsig_secret)
     try:
         return dns.tsig.Key(inp.tsig_key_name, secret, dns.tsig.HMAC_SHA256)
-    except Exception:
+    except ValueError:  # binascii.Error
         raise ApplicationError(
             "the TSIG secret in Vault is not valid base64", type="VaultMissing", non_retryable=True
         ) from None

@@ -102,7 +102,7 @@ async def query_clients(
                 try:
                     transport.sendto(query.to_wire())
                     reply = await asyncio.wait_for(future, timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 finally:
                     proto.waiting.pop(qid, None)

@@ -177,7 +177,7 @@ class HostFirewall:
     jump_index: list[int] = field(default_factory=list)  # positions (0-based) in INPUT
 
     @classmethod
-    def parse(cls, save_output: str, chain: str) -> "HostFirewall":
+    def parse(cls, save_output: str, chain: str) -> HostFirewall:
         fw = cls()
         input_pos = 0
         in_filter = False

@@ -45,7 +45,7 @@ class RecoveryDashboards(pulumi.ComponentResource):
                 json_data_encoded=json.dumps({"httpMethod": "POST", "timeInterval": "15s"}),
                 opts=child,
             )
-        primary_uid = f"coldstart-telemetry-{sorted(args.prometheus_urls)[0]}"
+        primary_uid = f"coldstart-telemetry-{min(args.prometheus_urls)}"
         self.dashboard = grafana.oss.Dashboard(
             f"{name}-recovery",
             folder=self.folder.uid,

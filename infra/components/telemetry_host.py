@@ -11,11 +11,17 @@ from pulumi_command import remote
 from infra.components.remote_file import deploy_file, sudo_prefix
 from infra.telemetry.alertmanager_config import render_alertmanager_config
 from infra.telemetry.blackbox_config import render_blackbox_config
-from infra.telemetry.prometheus_config import CONFIG_FILENAME, RULES_FILENAME, dump_yaml, render_rules, render_scrape_config
+from infra.telemetry.prometheus_config import (
+    CONFIG_FILENAME,
+    RULES_FILENAME,
+    dump_yaml,
+    render_rules,
+    render_scrape_config,
+)
 from infra.telemetry.targets import ScrapeTargets
 from infra.telemetry.thresholds import AlertThresholds
 
-__all__ = ["PACKAGES", "PROMETHEUS_PORT", "ALERTMANAGER_PORT", "TelemetryHost", "TelemetryHostArgs"]
+__all__ = ["ALERTMANAGER_PORT", "PACKAGES", "PROMETHEUS_PORT", "TelemetryHost", "TelemetryHostArgs"]
 
 # Debian packages: installable from the distribution mirror, which does not depend on Consul.
 PACKAGES = ("prometheus", "prometheus-alertmanager", "prometheus-blackbox-exporter")

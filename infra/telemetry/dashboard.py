@@ -6,7 +6,7 @@ from typing import Any
 
 from infra.telemetry.thresholds import AlertThresholds
 
-__all__ = ["RECOVERY_DASHBOARD_UID", "recovery_dashboard", "dashboard_queries"]
+__all__ = ["RECOVERY_DASHBOARD_UID", "dashboard_queries", "recovery_dashboard"]
 
 RECOVERY_DASHBOARD_UID = "coldstart-recovery"
 
@@ -45,7 +45,7 @@ def recovery_dashboard(datasource_uid: str, thresholds: AlertThresholds | None =
     t = thresholds or AlertThresholds()
     # A variable, not a fixed uid: if one Prometheus replica is down, switch to its peer in one click.
     ds = {"type": "prometheus", "uid": "${datasource}"}
-    p = lambda *a, **k: _panel(*a, ds=ds, **k)  # noqa: E731 - keeps the layout table readable
+    p = lambda *a, **k: _panel(*a, ds=ds, **k)
     panels = [
         p(1, "Consul KV apply p50", [("coldstart:consul_kvs_apply_p50_ms", "max p50"),
                                      ('consul_kvs_apply{quantile="0.5"}', "{{instance}}")],

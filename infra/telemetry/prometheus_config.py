@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
-from infra.telemetry.rules import RULES_FILENAME, DEFAULT_RUNBOOK_BASE, render_rules as _render_rules
+from infra.telemetry.rules import DEFAULT_RUNBOOK_BASE, RULES_FILENAME
+from infra.telemetry.rules import render_rules as _render_rules
 from infra.telemetry.targets import ScrapeTargets, check_static_address
 from infra.telemetry.thresholds import AlertThresholds
 

@@ -108,7 +108,7 @@ def alert_rules(t: AlertThresholds | None = None) -> list[Alert]:
         Alert(
             "ConsulKVApplySlow", "coldstart-consul",
             f"coldstart:consul_kvs_apply_p50_ms > {_num(t.kv_apply_p50_ms)}", "5m", "critical",
-            "Consul KV apply p50 is {{ $value | humanize }} ms (normal < %s ms)" % _num(t.kv_apply_p50_ms),
+            "Consul KV apply p50 is {{ $value | humanize }} ms (normal < " + _num(t.kv_apply_p50_ms) + " ms)",
             "KV writes are queueing on the Raft leader. In Oct 2021 this sat at ~2 s for days: "
             "check streaming, the leader's BoltDB freelist and write load before replacing hardware.",
         ),

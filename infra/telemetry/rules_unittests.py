@@ -9,7 +9,7 @@ from pathlib import Path
 from infra.telemetry.prometheus_config import dump_yaml, render_rules
 from infra.telemetry.rules import DEFAULT_RUNBOOK_BASE, RULES_FILENAME, alert_rules, runbook_anchor
 
-__all__ = ["CASES", "Case", "TESTS_FILENAME", "committed_tests_path", "render_rules_tests", "write_rules_tests"]
+__all__ = ["CASES", "TESTS_FILENAME", "Case", "committed_tests_path", "render_rules_tests", "write_rules_tests"]
 
 TESTS_FILENAME = "rules_test.yaml"
 

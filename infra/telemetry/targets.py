@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["ScrapeTargets", "ForbiddenTargetError", "check_static_address"]
+__all__ = ["ForbiddenTargetError", "ScrapeTargets", "check_static_address"]
 
 # Telemetry must not resolve anything through Consul: a `.consul` name only resolves while
 # Consul DNS is healthy, which is exactly when we do not need the alerts.
@@ -76,7 +77,7 @@ class ScrapeTargets:
                     check_static_address(target)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> "ScrapeTargets":
+    def from_mapping(cls, data: Mapping[str, Any]) -> ScrapeTargets:
         """Build from stack config / lab YAML; accepts camelCase or snake_case keys."""
         known = {f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AlertThresholds", "MIB"]
+__all__ = ["MIB", "AlertThresholds"]
 
 MIB = 1024 * 1024
 
