@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -32,7 +32,7 @@ def _cfg(state_dir: Path, subnet: str, inventory: Path, **extra) -> LabConfig:
         return LabConfig(state_dir=state_dir, subnet=ipaddress.IPv4Network(subnet), inventory_path=inventory, **extra)
     except ValueError as exc:
         _out.print(f"[red]bad lab settings:[/red] {exc}")
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _running(state_dir: Path, subnet: str, inventory: Path) -> LabConfig:
@@ -56,8 +56,8 @@ def _ports(spec: str | None) -> dict:
 @lab_app.command()
 def up(
     state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVENTORY,
-    ports: Optional[str] = typer.Option(None, help="override ports, e.g. consul_http=18500,edge_http=18080"),
-    worker_metrics: Optional[str] = typer.Option(None, help="host:port of the coldstart worker's metrics"),
+    ports: str | None = typer.Option(None, help="override ports, e.g. consul_http=18500,edge_http=18080"),
+    worker_metrics: str | None = typer.Option(None, help="host:port of the coldstart worker's metrics"),
 ) -> None:
     """Build (or complete) the lab and write the inventory; idempotent."""
     from lab.hosts.shell import LabError
@@ -68,7 +68,7 @@ def up(
         info = do_up(cfg)
     except LabError as exc:
         _out.print(f"[red]lab up failed:[/red] {exc}\n(run `coldstart lab down` to clean up)")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     _out.print_json(json.dumps(info))
     if fallback := [name for name, how in info["backends"].items() if how == "stand-in"]:
         _out.print(f"lab: {', '.join(fallback)} on the stand-ins (no {', '.join(fallback)} binary on PATH)",
@@ -96,12 +96,13 @@ def status(state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVE
 def inject(
     name: str = typer.Argument(..., help="consul-contention|slow-leader|stale-scheduling-data|"
                                           "unhealthy-node-eligible|cold-cache|preempted-host|clear"),
-    target: Optional[str] = typer.Option(None, help="server/node/host the fault hits (fault-specific default)"),
-    notice_s: Optional[float] = typer.Option(None, help="preempted-host: seconds of notice"),
+    target: str | None = typer.Option(None, help="server/node/host the fault hits (fault-specific default)"),
+    notice_s: float | None = typer.Option(None, help="preempted-host: seconds of notice"),
     state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVENTORY,
 ) -> None:
     """Inject a fault scenario into the running lab."""
-    from lab.faults import FAULTS, inject as do_inject
+    from lab.faults import FAULTS
+    from lab.faults import inject as do_inject
 
     if name not in FAULTS:
         _out.print(f"[red]unknown fault {name!r}[/red]; known: {', '.join(FAULTS)}")

@@ -252,7 +252,7 @@ class ContainerHost:
                     pass
         results = await asyncio.gather(*(asyncio.wait_for(c.proc.wait(), timeout) for c in live),
                                        return_exceptions=True)
-        leftovers = [c for c, res in zip(live, results) if isinstance(res, asyncio.TimeoutError)]
+        leftovers = [c for c, res in zip(live, results, strict=True) if isinstance(res, asyncio.TimeoutError)]
         for c in leftovers:  # the polite stop was ignored: finish it the hard way
             if pid := c.init_pid:
                 try:
@@ -280,11 +280,11 @@ async def session_answers(sock: Path, timeout: float = 0.5) -> bool:
     """True when the session behind the unix socket answers (a dead container's socket refuses)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(sock)), timeout)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return False
     try:
         return (await asyncio.wait_for(reader.readline(), timeout)).startswith(b"ok")
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return False
     finally:
         writer.close()

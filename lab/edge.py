@@ -76,7 +76,7 @@ class EdgeService:
                             if nodes and nodes != self.nodes:
                                 self.nodes = [str(n) for n in nodes]
                                 self.cache_nodes.set(len(self.nodes))
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                except (TimeoutError, aiohttp.ClientError, ValueError):
                     pass  # keep serving with the last placement we knew: Consul being down is the drill
                 await asyncio.sleep(2.0)
 
@@ -144,7 +144,7 @@ async def _game(request: web.Request) -> web.Response:
     except ValueError:
         code = 400
         return web.json_response({"error": "player must be an integer"}, status=400)
-    except Exception as exc:  # the database being down is a 503 the gates must see, not a crash
+    except Exception as exc:  # noqa: BLE001 - the database being down is a 503 the gates must see, not a crash
         code = 503
         return web.json_response({"error": f"backend unavailable: {type(exc).__name__}"}, status=503)
     finally:

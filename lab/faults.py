@@ -11,8 +11,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import redis
@@ -209,7 +210,7 @@ def cold_cache(cfg: LabConfig, **_: Any) -> Any:
         try:
             client.flushall()
             out[host] = "OK"
-        except Exception as exc:  # one dead node must not stop flushing the others
+        except Exception as exc:  # noqa: BLE001 - one dead node must not stop flushing the others
             out[host] = f"error: {exc}"
         finally:
             client.close()

@@ -61,7 +61,7 @@ def _policy(role: str, provider: str) -> str:
 
 
 def configure_identity(
-    client: "hvac.Client",
+    client: hvac.Client,
     users: Mapping[str, str],
     *,
     key: str = IDENTITY_KEY,
@@ -103,7 +103,7 @@ def configure_identity(
             "provider": IDENTITY_PROVIDER, "client_id": client_id}
 
 
-def _provider(client: "hvac.Client", key: str, audience: str, entity_ids: list[str], issuer: str | None) -> str:
+def _provider(client: hvac.Client, key: str, audience: str, entity_ids: list[str], issuer: str | None) -> str:
     """The OIDC provider, its public client (PKCE, no secret) and the scope naming the person; the client's
     id (Vault makes it) is the decision tokens' audience, returned."""
     import base64
@@ -128,7 +128,7 @@ def _provider(client: "hvac.Client", key: str, audience: str, entity_ids: list[s
     return client_id
 
 
-def _entity_with_alias(client: "hvac.Client", name: str, accessor: str) -> str:
+def _entity_with_alias(client: hvac.Client, name: str, accessor: str) -> str:
     """An entity named `name` with the userpass alias `name`; an alias Vault made implicitly (a login
     before this ran) is moved onto it, so the token's name claim is always the user name."""
     ident = client.secrets.identity
@@ -145,7 +145,7 @@ def _entity_with_alias(client: "hvac.Client", name: str, accessor: str) -> str:
     return entity_id
 
 
-def approver_password(sec: "Secrets", name: str) -> str:
+def approver_password(sec: Secrets, name: str) -> str:
     """The lab approver's Vault password (generated once, 0600 in the lab's secrets dir)."""
     path = sec.file(f"vault-password-{name}")
     if not path.exists():
@@ -156,7 +156,7 @@ def approver_password(sec: "Secrets", name: str) -> str:
     return path.read_text().strip()
 
 
-def identity_facts(cfg: "LabConfig", sec: "Secrets", approvers: Iterable[str] = LAB_APPROVERS) -> dict[str, Any]:
+def identity_facts(cfg: LabConfig, sec: Secrets, approvers: Iterable[str] = LAB_APPROVERS) -> dict[str, Any]:
     """The inventory's `facts.identity`: what `coldstart approve --vault-login` and the run's verifier need."""
     client_id = sec.file("vault-oidc-client-id")
     return {"role": IDENTITY_ROLE, "vault": cfg.vault_url, "provider": IDENTITY_PROVIDER,
@@ -166,7 +166,7 @@ def identity_facts(cfg: "LabConfig", sec: "Secrets", approvers: Iterable[str] = 
             "password_files": {name: str(sec.file(f"vault-password-{name}")) for name in approvers}}
 
 
-def configure_lab_identity(cfg: "LabConfig", sec: "Secrets", client: "hvac.Client") -> dict[str, Any]:
+def configure_lab_identity(cfg: LabConfig, sec: Secrets, client: hvac.Client) -> dict[str, Any]:
     """The lab's Vault (root `client`): the setup above for LAB_APPROVERS, issuer pinned to the lab's Vault URL."""
     users = {name: approver_password(sec, name) for name in LAB_APPROVERS}
     setup = configure_identity(client, users, issuer=cfg.vault_url)

@@ -73,7 +73,7 @@ class InternalLoad:
                     flags = {e["Key"]: base64.b64decode(e["Value"] or "").decode() for e in entries}
                     for user in self.users:
                         self.enabled[user["name"]] = user["essential"] or flags.get(user["flag"]) == "enabled"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             pass  # Consul blocked or down: the services keep doing what they did
         for user in self.users:
             if not (self.args.nomad and user.get("job")):
@@ -84,7 +84,7 @@ class InternalLoad:
                         job = await resp.json()
                         self.counts[user["name"]] = 0 if job.get("Stop") else sum(
                             g.get("Count", 0) for g in job["TaskGroups"])
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError):
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError):
                 pass
         for user in self.users:
             name = user["name"]
@@ -108,7 +108,7 @@ class InternalLoad:
             async with req as resp:
                 await resp.read()
                 ok = resp.status < 500 and resp.status not in (403, 429)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
         self.requests.labels("ok" if ok else "error").inc()
         self.last_ok = ok
@@ -132,7 +132,7 @@ class InternalLoad:
                     index = resp.headers.get("X-Consul-Index", "0") if resp.status == 200 else "0"
                     if resp.status != 200:
                         await asyncio.sleep(1.0)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 await asyncio.sleep(1.0)  # blocked or down: try again later, like a client library
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -172,7 +172,7 @@ class InternalLoad:
                     task.add_done_callback(inflight.discard)
                 try:
                     await asyncio.wait_for(stop.wait(), 0.05)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             for task in [*inflight, *watchers]:
                 task.cancel()

@@ -16,21 +16,28 @@ from activities._clients import ConsulTarget, NomadTarget
 from activities.executors import HostTarget, ShellAccess
 from activities.inventory import DnsSteering, Endpoints, Host, Inventory, Telemetry, VaultLogin
 from activities.secrets import VaultSecretRef
+from lab.agents import NOMAD_CLIENTS, poll_until, start_consul, start_nomad, start_vault, wait_ready
+from lab.containers import remove_sessions_cgroup, sessions_cgroup
+from lab.hashistack import Backends, backends
 from lab.hosts import create, destroy, leftovers, netns_usable, setup_ssh, ssh_target
 from lab.hosts.processes import pid_alive, start_daemon, wait_for_port
 from lab.hosts.shell import LabError, sh
 from lab.hosts.state import load_state
-from lab.containers import remove_sessions_cgroup, sessions_cgroup
-from lab.inventory import write_inventory
-from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
-from lab.users import register_users, user_services, write_users_file
-from lab.agents import NOMAD_CLIENTS, poll_until, start_consul, start_nomad, start_vault, wait_ready
-from lab.hashistack import Backends, backends
 from lab.identity import identity_facts
+from lab.inventory import write_inventory
 from lab.services import (
-    STEER_NAME, STEER_ZONE, Secrets, edge_argv, internal_argv, node_agent_argv, players_argv, redis_args,
+    STEER_NAME,
+    STEER_ZONE,
+    Secrets,
+    edge_argv,
+    internal_argv,
+    node_agent_argv,
+    players_argv,
+    redis_args,
     session_router_argv,
 )
+from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+from lab.users import register_users, user_services, write_users_file
 from workflows.loader import read_inventory
 from workflows.yaml_safety import load_file
 
@@ -296,7 +303,7 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     wait_until_answering(dns_lab, timeout=15)
     for address, port, daemon in ((cfg.ip("edge"), cfg.ports.edge_http, edge),
                                   (cfg.maint_ip, cfg.ports.edge_http, edge),
-                                  *((cfg.ip(h), cfg.ports.node_agent, a) for h, a in zip(CACHE_HOSTS, agents)),
+                                  *((cfg.ip(h), cfg.ports.node_agent, a) for h, a in zip(CACHE_HOSTS, agents, strict=True)),
                                   (cfg.ip("players"), cfg.ports.players_metrics, players),
                                   (cfg.ip("edge"), cfg.ports.session_router, router),
                                   (cfg.ip("prom"), cfg.ports.alertmanager, alertmanager),
@@ -402,7 +409,7 @@ def _signal_daemons(cfg: LabConfig) -> None:
     destroy() then SIGKILLs whatever is left, so `down` stays quick even with a stuck daemon."""
     state = load_state(cfg.state_dir)
     live = [(r.pid, r.starttime) for r in state.daemons.values() if pid_alive(r.pid, r.starttime)]
-    for key, r in state.daemons.items():
+    for r in state.daemons.values():
         if pid_alive(r.pid, r.starttime):
             try:
                 os.kill(r.pid, signal.SIGINT if r.name == "postgres" else signal.SIGTERM)

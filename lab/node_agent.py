@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiohttp import web
@@ -105,7 +105,7 @@ class NodeAgent:
     def aws_instance_action(self) -> dict | None:
         if self.notice_deadline is None:
             return None
-        when = datetime.fromtimestamp(self.notice_deadline, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = datetime.fromtimestamp(self.notice_deadline, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {"action": "terminate", "time": when}
 
     # ---- metrics -------------------------------------------------------------------------

@@ -52,7 +52,7 @@ class PlayerLoad:
         try:
             state = await read_state(a.dns, a.zone, a.name, timeout=1.0)
             self.target.set(state.percent if state.percent is not None else float("nan"))
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever the failure, the target is unknown
             self.target.set(float("nan"))  # unknown beats stale: a gate must not pass on old data
 
     async def play(self, http: aiohttp.ClientSession, client: int) -> None:
@@ -73,7 +73,7 @@ class PlayerLoad:
                     self.requests.labels("maintenance").inc()
                 else:
                     self.requests.labels("error").inc()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             self.requests.labels("error").inc()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -102,7 +102,7 @@ class PlayerLoad:
                     task.add_done_callback(inflight.discard)
                 try:
                     await asyncio.wait_for(stop.wait(), max(0.0, 1.0 - (time.monotonic() - tick)))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             for task in list(inflight):
                 task.cancel()

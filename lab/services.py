@@ -19,8 +19,8 @@ __all__ = [
     "node_agent_argv",
     "nomad_argv",
     "players_argv",
-    "session_router_argv",
     "restart_load",
+    "session_router_argv",
 ]
 
 PY = sys.executable
@@ -68,8 +68,8 @@ def nomad_argv(cfg: LabConfig) -> list[str]:
         # netns in Meta is how the stand-in's raw_exec driver places a task in the node's namespace.
         argv += ["--node", f"{host}:netns={cfg.spec.netns(host)},class=cache,address={cfg.ip(host)}"]
     # The internal services' jobs run here, in a datacenter of their own (lab/users.py).
-    argv += ["--node", f"internal:netns={cfg.spec.netns('internal')},class=services,dc=services,"
-                       f"address={cfg.ip('internal')}"]
+    argv += ["--node", (f"internal:netns={cfg.spec.netns('internal')},class=services,dc=services,"
+                        f"address={cfg.ip('internal')}")]
     return argv
 
 

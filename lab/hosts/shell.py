@@ -18,7 +18,7 @@ class LabError(RuntimeError):
 def sh(
     argv: list[str], *, check: bool = True, input: str | None = None, timeout: float = 30.0
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise LabError(f"{' '.join(argv)} -> rc={proc.returncode}: {proc.stderr.strip()}")
     return proc

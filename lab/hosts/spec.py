@@ -62,7 +62,7 @@ class LabSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LabSpec":
+    def _consistent(self) -> LabSpec:
         size = self.subnet.num_addresses
         offsets = {self.gateway_offset: "gateway"}
         for name, offset in self.hosts.items():

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NamedTuple, Optional
+from typing import Annotated, NamedTuple
 
 import typer
 
 from .consul import run as _run_consul
 from .consul_state import STREAMING_KEY
 from .listeners import ListenSpec, parse_listen
-from .nomad import parse_node, run as _run_nomad
+from .nomad import parse_node
+from .nomad import run as _run_nomad
 
 __all__ = ["app", "main"]
 
@@ -39,15 +40,15 @@ def _parse_server(text: str) -> _Server:
 
 @app.command()
 def consul(
-    server: Annotated[Optional[list[_Server]], typer.Option(
+    server: Annotated[list[_Server] | None, typer.Option(
         parser=_parse_server, metavar=f"NAME={_ADDRESS}", help="one per server listener (repeat)")] = None,
-    listen: Annotated[Optional[list[ListenSpec]], typer.Option(
+    listen: Annotated[list[ListenSpec] | None, typer.Option(
         parser=parse_listen, metavar=_ADDRESS, help="extra listener answering as the first server (repeat)")] = None,
     servers: Annotated[int, typer.Option(help="cluster size when fewer --server are given")] = 3,
     datacenter: str = "dc1",
-    acl_token: Optional[str] = None,
-    acl_token_file: Optional[Path] = None,
-    state_dir: Optional[Path] = None,
+    acl_token: str | None = None,
+    acl_token_file: Path | None = None,
+    state_dir: Path | None = None,
     streaming_key: str = STREAMING_KEY,
     seed: int = 0,
 ) -> None:
@@ -62,12 +63,12 @@ def consul(
 @app.command()
 def nomad(
     listen: Annotated[list[ListenSpec], typer.Option(parser=parse_listen, metavar=_ADDRESS, help="(repeat)")],
-    node: Annotated[Optional[list[dict]], typer.Option(
+    node: Annotated[list[dict] | None, typer.Option(
         parser=parse_node, metavar="NAME[:netns=NS,class=C,key=value]",
         help="client node (repeat); default client1..3")] = None,
     datacenter: str = "dc1",
     region: str = "global",
-    state_dir: Optional[Path] = None,
+    state_dir: Path | None = None,
 ) -> None:
     """Nomad HTTP API stand-in: one server and its client nodes; raw_exec tasks are real processes."""
     _run_nomad(listen, list(node or []), datacenter=datacenter, region=region, state_dir=state_dir)

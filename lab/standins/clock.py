@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-__all__ = ["Clock", "RealClock", "FakeClock"]
+__all__ = ["Clock", "FakeClock", "RealClock"]
 
 
 class Clock:

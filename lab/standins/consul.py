@@ -28,7 +28,7 @@ from .consul_state import (
 from .listeners import LABEL, ListenSpec, bind_socket, serve_forever
 from .promtext import render
 
-__all__ = ["make_app", "build_cluster", "run", "CLUSTER", "SERVER"]
+__all__ = ["CLUSTER", "SERVER", "build_cluster", "make_app", "run"]
 
 CLUSTER = web.AppKey("cluster", ConsulCluster)
 SERVER = web.AppKey("server", str)
@@ -152,7 +152,7 @@ async def consul_middleware(request: web.Request, handler):
         return web.Response(status=400, text=str(exc))
     except NotFoundError as exc:
         return web.Response(status=404, text=str(exc))
-    except Exception as exc:  # Consul surfaces internal errors as 500 + message text
+    except Exception as exc:  # noqa: BLE001 - Consul surfaces internal errors as 500 + message text
         return web.Response(status=500, text=str(exc))
 
 
@@ -834,7 +834,7 @@ def build_cluster(
 ) -> ConsulCluster:
     hosts = [h for _, h in names_hosts]
     raft = raft_addresses(hosts)
-    return ConsulCluster([(n, h, r) for (n, h), r in zip(names_hosts, raft)], **kwargs)
+    return ConsulCluster([(n, h, r) for (n, h), r in zip(names_hosts, raft, strict=True)], **kwargs)
 
 
 def run(
@@ -854,7 +854,7 @@ def run(
             names.add(name)
     hosts = [spec.host if spec else f"127.0.0.{k + 1}" for k, (_, spec) in enumerate(specs)]
     cluster = build_cluster(
-        [(n, h) for (n, _), h in zip(specs, hosts)],
+        [(n, h) for (n, _), h in zip(specs, hosts, strict=True)],
         datacenter=datacenter,
         acl_token=acl_token,
         state_dir=state_dir,

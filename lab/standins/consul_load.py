@@ -6,7 +6,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["LoadParams", "LoadModel"]
+__all__ = ["LoadModel", "LoadParams"]
 
 
 @dataclass

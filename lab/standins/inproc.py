@@ -42,7 +42,7 @@ class InProcServer:
     def addresses(self) -> list[tuple[str, int]]:
         return [sock.getsockname()[:2] for _, sock in self.pairs]
 
-    def start(self) -> "InProcServer":
+    def start(self) -> InProcServer:
         self._thread.start()
         self._runners = self.call(start_sites(self.pairs))
         return self

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-__all__ = ["LABEL", "ListenSpec", "parse_listen", "bind_socket", "setns", "serve_forever", "start_sites"]
+__all__ = ["LABEL", "ListenSpec", "bind_socket", "parse_listen", "serve_forever", "setns", "start_sites"]
 
 CLONE_NEWNET = 0x40000000
 LABEL = web.AppKey("standin_label", str)  # what a listener serves, for the startup log

@@ -15,7 +15,7 @@ from .nomad_model import NOMAD_VERSION, NomadError, public
 from .nomad_state import NomadState
 from .promtext import Series, render
 
-__all__ = ["make_app", "run", "STATE", "parse_node"]
+__all__ = ["STATE", "make_app", "parse_node", "run"]
 
 STATE = web.AppKey("nomad_state", NomadState)
 RPC_ADDR = web.AppKey("rpc_addr", str)

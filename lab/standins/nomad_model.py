@@ -8,8 +8,19 @@ import json
 from typing import Any
 
 __all__ = [
-    "NS_PER_S", "NOMAD_VERSION", "DEFAULT_UPDATE", "DEPLOYMENT_TYPES", "ACTIVE_DEPLOYMENT", "NomadError", "public",
-    "by_id", "rfc3339", "json_hash", "alloc_index", "task_state", "ByJob",
+    "ACTIVE_DEPLOYMENT",
+    "DEFAULT_UPDATE",
+    "DEPLOYMENT_TYPES",
+    "NOMAD_VERSION",
+    "NS_PER_S",
+    "ByJob",
+    "NomadError",
+    "alloc_index",
+    "by_id",
+    "json_hash",
+    "public",
+    "rfc3339",
+    "task_state",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -83,7 +94,7 @@ def by_id(table: dict[str, dict[str, Any]], key: str, what: str) -> dict[str, An
 
 
 def rfc3339(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def json_hash(obj: Any) -> str:

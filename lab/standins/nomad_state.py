@@ -12,8 +12,17 @@ from .clock import Clock, RealClock
 from .nomad_allocs import AllocsMixin
 from .nomad_deployments import DeploymentsMixin
 from .nomad_driver import ProcessDriver
-from .nomad_model import (ACTIVE_DEPLOYMENT, ByJob, DEFAULT_UPDATE, DEPLOYMENT_TYPES, NOMAD_VERSION, NS_PER_S, NomadError,
-                          json_hash, rfc3339)
+from .nomad_model import (
+    ACTIVE_DEPLOYMENT,
+    DEFAULT_UPDATE,
+    DEPLOYMENT_TYPES,
+    NOMAD_VERSION,
+    NS_PER_S,
+    ByJob,
+    NomadError,
+    json_hash,
+    rfc3339,
+)
 from .nomad_scheduler import SchedulerMixin
 from .persist import load_json, save_json
 

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["Series", "render", "quantile", "SampleWindow"]
+__all__ = ["SampleWindow", "Series", "quantile", "render"]
 
 # generate_latest spells whole numbers as Python does ("1.0"); Go's exposition, which Consul and Nomad
 # serve, writes "1" (both write 1.234567e+06 from a million on).
