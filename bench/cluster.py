@@ -17,19 +17,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from _targets import development_target
+from step_overhead import _gaps, _p99
 from temporalio.testing import WorkflowEnvironment
 
-from step_overhead import _gaps, _p99
 from activities.catalog import load_registry
-from runtime.cluster import Cluster
 from lab.drills.harness import WorkerProcess
-from runtime.runs import start_run
+from runtime.cluster import Cluster
 from runtime.connection import DATA_CONVERTER
+from runtime.runs import start_run
 from runtime.server_config import dynamic_config_flags
 from runtime.worker import build_worker
 from workflows import search
 from workflows.loader import plan_run
-from _targets import development_target  # noqa: E402
 
 
 def _book(work: Path, name: str, steps: int) -> Path:

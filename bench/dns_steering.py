@@ -13,15 +13,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import dns.asyncquery  # noqa: E402
-import dns.rcode  # noqa: E402
-import dns.tsig  # noqa: E402
+import dns.asyncquery
+import dns.rcode
+import dns.tsig
 
-from activities.dns.actions import SteerSetInput, steer_set  # noqa: E402
-from activities.dns.ecs import ecs_subnets, query_clients  # noqa: E402
-from activities.dns.steering import parse_server, steering_update  # noqa: E402
-from activities.secrets import VaultSecretRef, use_client_factory  # noqa: E402
-from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop  # noqa: E402
+from activities.dns.actions import SteerSetInput, steer_set
+from activities.dns.ecs import ecs_subnets, query_clients
+from activities.dns.steering import parse_server, steering_update
+from activities.secrets import VaultSecretRef, use_client_factory
+from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop
 
 __all__ = ["main", "run"]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from lab.drills.drain import DrainDrill, Histogram  # noqa: E402
+from lab.drills.drain import DrainDrill, Histogram
 
 
 def _histogram_table(title: str, columns: dict[str, Histogram]) -> Table:
@@ -43,7 +43,7 @@ def _histogram_table(title: str, columns: dict[str, Histogram]) -> Table:
 async def main(args: argparse.Namespace, root: Path) -> int:
     console = Console(width=160)
     started = time.monotonic()
-    log = lambda m: console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {m}", highlight=False)  # noqa: E731
+    log = lambda m: console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {m}", highlight=False)
     async with DrainDrill(root, containers=args.containers, drain_s=args.drain_s, log=log) as drill:
         # Graceful: every container SIGTERMed at once, waited for, then the store entries dropped.
         await drill.fresh_host(args.containers)

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import socket
-
 import sys
 import tempfile
 import time
@@ -21,21 +20,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import consul
-import hvac
 import httpx
+import hvac
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
-from bench._cpu import cpu_seconds  # noqa: E402
-from runtime.processes import start_process
-from runtime.runs import start_run
+from bench._cpu import cpu_seconds
+from bench._targets import development_target
 from lab.hashistack.local import VaultDev
 from runtime.connection import DATA_CONVERTER
+from runtime.processes import start_process
+from runtime.runs import start_run
 from runtime.worker import build_worker
 from workflows import search
 from workflows.contract import RunStatus
 from workflows.loader import plan_run
-from bench._targets import development_target  # noqa: E402
 
 TOKEN = "bench-consul-token"
 
@@ -183,7 +182,6 @@ async def main(count: int, concurrency: int, failing: int) -> None:
         finally:
             await env.shutdown()
     outputs = status.steps[0].outputs
-    host, port = consul_url.removeprefix("http://").split(":")
     print(f"disable {count} services, concurrency {concurrency}: succeeded {outputs['succeeded']}, "
           f"failed {outputs['failed']} (threshold 1 % = {count // 100})")
     print(f"per item: queued {timings[0]:.0f} ms median, running {timings[1]:.0f} ms median (p90 {timings[2]:.0f} ms)")

@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from lab.drills.faults import CASES, FaultDrills  # noqa: E402
+from lab.drills.faults import CASES, FaultDrills
 
 
 async def main(cases: list[str], root: Path) -> int:

@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from temporalio.testing import WorkflowEnvironment  # noqa: E402
+import shedding
+from _targets import development_target
+from temporalio.testing import WorkflowEnvironment
 
-import shedding  # noqa: E402  (its worker process, clients and scripted Prometheus)
-from _targets import development_target  # noqa: E402
-from runtime.worker import READINGS_PER_SECOND_ENV  # noqa: E402
+from runtime.worker import READINGS_PER_SECOND_ENV
 
 RUNS, STEPS = 50, 300
 SETTLE = 20.0  # seconds for the server to finish a phase's tail before the quiet is measured
@@ -122,8 +122,8 @@ async def main(repeats: int, seconds: float) -> None:
           f"{os.cpu_count()} cores; medians over the repeats (min to max)")
     print(f"{'phase':<14} {'server s/s':>20} {'worker s/s':>20} {'events/s':>9} {'server ms each':>15} {'worker ms each':>15}")
     for name, rows in figures.items():
-        server, worker, rate = (statistics.median(column) for column in zip(*rows))
-        spread = [f"{min(column):.3f} to {max(column):.3f}" for column in list(zip(*rows))[:2]]
+        server, worker, rate = (statistics.median(column) for column in zip(*rows, strict=True))
+        spread = [f"{min(column):.3f} to {max(column):.3f}" for column in list(zip(*rows, strict=True))[:2]]
         # All a phase spent beyond the quiet, a reading or step at a time (the held phase shows what
         # 50 runs waiting at their gates cost with nothing read).
         each = "" if rate < 0.5 else f"{server / rate * 1000:15.1f} {worker / rate * 1000:15.1f}"

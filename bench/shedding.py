@@ -42,7 +42,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -52,24 +52,26 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rich.console import Console  # noqa: E402
-from temporalio.api.enums.v1 import EventType  # noqa: E402
-from temporalio.testing import WorkflowEnvironment  # noqa: E402
+import itertools
 
-from activities.catalog import load_registry  # noqa: E402
-from bench._cpu import cpu_seconds  # noqa: E402
-from cli import render  # noqa: E402
-from runtime.runs import start_run  # noqa: E402
-from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV  # noqa: E402
-from runtime.logs import LOG_SAMPLE_ENV  # noqa: E402
-from runtime.processes import free_port  # noqa: E402
-from runtime.server_config import dynamic_config_flags  # noqa: E402
-from runtime.worker import READINGS_SHARE_ENV  # noqa: E402
-from tests import support  # noqa: E402
-from workflows import search  # noqa: E402
-from workflows.contract import RunStatus  # noqa: E402
-from workflows.loader import plan_run  # noqa: E402
-from _targets import development_target  # noqa: E402
+from _targets import development_target
+from rich.console import Console
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from activities.catalog import load_registry
+from bench._cpu import cpu_seconds
+from cli import render
+from runtime.connection import DATA_CONVERTER, TASK_QUEUE_ENV
+from runtime.logs import LOG_SAMPLE_ENV
+from runtime.processes import free_port
+from runtime.runs import start_run
+from runtime.server_config import dynamic_config_flags
+from runtime.worker import READINGS_SHARE_ENV
+from tests import support
+from workflows import search
+from workflows.contract import RunStatus
+from workflows.loader import plan_run
 
 STEPS, RUNS, POLLERS, GATES = 30, 3, 50, 50
 ROUNDS = 5  # a p95 over 5 x 3 x 29 gaps is the 22nd slowest step, not the 13th of 3 rounds
@@ -91,7 +93,7 @@ STORM_CPU: list[float] = []  # and of each process of pollers
 
 def _gaps(history) -> list[float]:
     done = [e.event_time.ToDatetime() for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
-    return [(b - a).total_seconds() * 1000 for a, b in zip(done, done[1:])]
+    return [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(done)]
 
 
 def _cpu_seconds() -> dict[str, float]:
@@ -257,7 +259,7 @@ async def _at_their_gates(handles, timeout: float = 120.0) -> float:
             sys.exit(f"{len(waiting)} flood runs asked for no reading within {timeout:.0f} s")
         await asyncio.sleep(0.25)
         described = await asyncio.gather(*(handle.describe() for handle in waiting))
-        waiting = [handle for handle, d in zip(waiting, described) if not d.raw_description.pending_activities]
+        waiting = [handle for handle, d in zip(waiting, described, strict=True) if not d.raw_description.pending_activities]
     return time.time() - began
 
 
@@ -325,15 +327,15 @@ def _storm_main(address: str, kind: str) -> None:
         asked: Counter[str] = Counter()
 
         class Counting(OutboundInterceptor):
-            async def describe_workflow(self, input):  # noqa: ANN001, ANN202
+            async def describe_workflow(self, input):
                 asked["describes"] += 1
                 return await super().describe_workflow(input)
 
-            def fetch_workflow_history_events(self, input):  # noqa: ANN001, ANN202
+            def fetch_workflow_history_events(self, input):
                 asked["history reads"] += 1
                 return super().fetch_workflow_history_events(input)
 
-            async def query_workflow(self, input):  # noqa: ANN001, ANN202
+            async def query_workflow(self, input):
                 asked["Queries"] += 1
                 return await super().query_workflow(input)
 
@@ -360,11 +362,9 @@ def _storm_main(address: str, kind: str) -> None:
                     continue
                 handle = client.get_workflow_handle(current[-1])
                 while True:
-                    try:
+                    with suppress(Exception):  # a storm does not stop on an error
                         if (await handle.query("status", result_type=RunStatus)).state not in ("running", "paused"):
                             break
-                    except Exception:  # noqa: BLE001 - a storm does not stop on an error
-                        pass
                     await asyncio.sleep(0.5)
 
         pollers = [asyncio.create_task(poller()) for _ in range(POLLERS)]
@@ -565,7 +565,7 @@ async def main() -> None:
     # The order effect the alternation cancels: each scenario's paired ratios by which ran first.
     print("paired ratios (median / p95) by order:  baseline first | scenario first")
     for name, rounds in by_round.items():
-        split = [[measured for measured, first in zip(rounds, firsts[name]) if first == want] for want in (True, False)]
+        split = [[measured for measured, first in zip(rounds, firsts[name], strict=True) if first == want] for want in (True, False)]
         print(f"  {name:<36} " + " | ".join(
             f"{_ratio(half, statistics.median):.2f}x / {_ratio(half, _p95):.2f}x ({len(half)})" if half else "-"
             for half in split))
@@ -575,7 +575,7 @@ async def main() -> None:
     if GAPS_FILE:  # every gap in order (RUNS runs of STEPS - 1 a round), to find where the slow ones fall
         GAPS_FILE.write_text(json.dumps({"steps": STEPS, "runs": RUNS, "rounds": {
             name: [{"gaps": gaps, "baseline": baseline, "baseline_first": first}
-                   for (gaps, baseline), first in zip(rounds, firsts[name])] for name, rounds in by_round.items()}}))
+                   for (gaps, baseline), first in zip(rounds, firsts[name], strict=True)] for name, rounds in by_round.items()}}))
         print(f"gaps written to {GAPS_FILE}")
 
 

@@ -12,6 +12,7 @@ client start-up is not counted.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import sys
 import tempfile
@@ -19,25 +20,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _targets import development_target
+from bare_workflow import BareActivities
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-
-from bare_workflow import BareActivities
-from runtime.runs import start_run
 from runtime.connection import DATA_CONVERTER
+from runtime.runs import start_run
 from runtime.server_config import dynamic_config_flags
 from runtime.worker import UNSANDBOXED_RUNNER, build_worker
 from workflows import search
 from workflows.loader import plan_run
-from _targets import development_target  # noqa: E402
 
 STEPS = 200
 
 
 def _gaps(history) -> list[float]:
     done = [e.event_time.ToDatetime() for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
-    return [(b - a).total_seconds() * 1000 for a, b in zip(done, done[1:])]
+    return [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(done)]
 
 
 def _p99(values: list[float]) -> float:

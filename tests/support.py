@@ -9,9 +9,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -23,8 +24,8 @@ from activities.catalog import load_registry
 from activities.registry import Registry, action
 from activities.retry import Retry
 from cli.identity import DecisionSource, start_source
-from runtime.runs import start_run, workflow_id_for
 from runtime.catalog import Catalog
+from runtime.runs import start_run, workflow_id_for
 from runtime.worker import build_worker
 from workflows.contract import RunRequest
 from workflows.loader import plan_run
@@ -127,7 +128,7 @@ class ScriptedPrometheus:
         result = [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
-    async def start(self) -> "ScriptedPrometheus":
+    async def start(self) -> ScriptedPrometheus:
         app = web.Application()
         app.router.add_get("/api/v1/query", self._query)
         self._runner = web.AppRunner(app)

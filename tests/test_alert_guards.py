@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from activities.catalog import load_registry
-from triggers.receiver import default_planner
 from runtime.catalog import Catalog, CatalogRefused
+from triggers.receiver import default_planner
 from workflows.loader import RunbookInvalid, plan_run
 
 DRAIN = Path("runbooks/preempted-host-drain.yaml")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from temporalio.client import WorkflowUpdateFailedError
-from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests import support
 from workflows.contract import ApproveRequest, ControlRequest, RequestError, parse_request

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
-from runtime.runs import start_run
 from cli.timeline import build_timeline, render_markdown
 from runtime.catalog import Catalog
+from runtime.runs import start_run
 from tests import support
 from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunStatus
 from workflows.loader import plan_run, runbook_digest

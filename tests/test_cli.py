@@ -26,7 +26,7 @@ async def prom():
 def cli(env_vars: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args], cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, **env_vars},
+        env={**os.environ, **env_vars}, check=False,
     )
 
 

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _coldstart(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "COLUMNS": "100"})
+                          timeout=60, env={**os.environ, "COLUMNS": "100"}, check=False)
 
 
 def test_the_lab_group_is_mounted_from_its_entry_point():
@@ -36,6 +36,7 @@ def test_commands_other_than_the_lab_load_no_lab_module():
              "code = main._run()\n"
              "assert code == 0, code\n"
              "print(sorted(m for m in sys.modules if m == 'lab' or m.startswith('lab.')))")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

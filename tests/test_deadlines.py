@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.client import WorkflowFailureError
@@ -55,7 +55,7 @@ async def test_a_step_is_stopped_at_its_deadline_and_on_miss_runs(env, task_queu
 
 async def test_a_step_that_needs_more_than_is_left_fails_fast_without_starting(env, task_queue, tmp_path):
     out = tmp_path / "out.txt"
-    deadline = datetime.now(timezone.utc) + timedelta(seconds=20)
+    deadline = datetime.now(UTC) + timedelta(seconds=20)
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: needs}}
         target: t
@@ -203,8 +203,8 @@ async def test_a_run_well_inside_its_deadline_is_unchanged(env, task_queue, tmp_
         ("deadline: {within: 1m, on_miss: [{id: r, wait: 1s, deadline: 1s}]}\nsteps: [{id: a, wait: 1s}]",
          "on_miss steps run after the deadline"),
         ("deadline: {within: 1m, on_miss: [{id: a, wait: 1s}]}\nsteps: [{id: a, wait: 1s}]", "duplicate step id 'a'"),
-        ("deadline: {within: 1m, on_miss: [{id: r, action: core.note, with: {message: '${{ steps.a.status }}'}}]}\n"
-         "steps: [{id: a, wait: 1s}]", "reference cycle"),
+        (("deadline: {within: 1m, on_miss: [{id: r, action: core.note, with: {message: '${{ steps.a.status }}'}}]}\n"
+          "steps: [{id: a, wait: 1s}]"), "reference cycle"),
     ],
 )
 def test_deadline_mistakes_are_refused_with_their_place(tmp_path, snippet, message):

@@ -9,8 +9,8 @@ import signal
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.runs import TargetBusy
 from runtime.connection import DATA_CONVERTER
+from runtime.runs import TargetBusy
 from runtime.server_config import dynamic_config_flags
 from tests import support
 from tests.conftest import TEMPORAL_CLI

@@ -8,10 +8,10 @@ import hvac
 import pytest
 from temporalio.client import WorkflowFailureError
 
+from lab.hashistack.local import VaultDev
 from tests import support
 from tests.dns.conftest import pdns_lab  # noqa: F401 - a real pdns_server fixture
 from tests.dns.support import GAME_IP, MAINT_IP
-from lab.hashistack.local import VaultDev
 
 ROOT_TOKEN = "root-token"
 

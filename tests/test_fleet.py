@@ -3,6 +3,7 @@ single flight per target kept, approvals per target, and the CLI's combined stat
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -113,7 +114,7 @@ async def test_a_failed_wave_stops_the_fleet_unless_told_to_continue(env, task_q
     assert states == {a: "succeeded", b: "failed", c: "succeeded"}
     assert status.state == "failed" and b in (status.error or "")
     spans = sorted(status.members, key=lambda m: m.started_at)
-    assert all(earlier.ended_at <= later.started_at for earlier, later in zip(spans, spans[1:]))
+    assert all(earlier.ended_at <= later.started_at for earlier, later in itertools.pairwise(spans))
     assert sorted(line.split()[-1] for line in support.lines(out)) == sorted([a, c])
 
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import stat
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import hvac
@@ -36,9 +36,6 @@ from activities.vault import IdentityKeysInput, identity_keys
 from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token
 from lab.hashistack.binaries import _openbao_wheel
 from lab.hashistack.local import VaultDev
-from runtime.processes import free_port
-from tests import support
-from workflows.contract import ApproveRequest
 from lab.identity import (
     IDENTITY_AUDIENCE,
     IDENTITY_ROLE,
@@ -48,6 +45,9 @@ from lab.identity import (
     configure_lab_identity,
     identity_facts,
 )
+from runtime.processes import free_port
+from tests import support
+from workflows.contract import ApproveRequest
 from workflows.identity import (
     CLOCK_SKEW,
     MAX_TOKEN_BYTES,
@@ -117,7 +117,7 @@ def idp(request, tmp_path_factory):
 def refused(token: str, keys: IdentityKeys, expected: str, **kw) -> str:
     """verify_identity_token refuses with one line containing `expected`, and never echoes the token."""
     kw.setdefault("audience", IDENTITY_AUDIENCE)
-    kw.setdefault("now", datetime.now(timezone.utc))
+    kw.setdefault("now", datetime.now(UTC))
     with pytest.raises(IdentityError) as caught:
         verify_identity_token(token, keys, **kw)
     message = str(caught.value)
@@ -136,7 +136,7 @@ def b64(data: bytes | dict) -> str:
 
 def parts(token: str) -> tuple[dict, dict, str]:
     header, payload, sig = token.split(".")
-    pad = lambda s: s + "=" * (-len(s) % 4)  # noqa: E731
+    pad = lambda s: s + "=" * (-len(s) % 4)
     return (json.loads(base64.urlsafe_b64decode(pad(header))), json.loads(base64.urlsafe_b64decode(pad(payload))),
             sig)
 
@@ -145,7 +145,7 @@ def parts(token: str) -> tuple[dict, dict, str]:
 
 def test_approver_token_verifies_to_the_entity(idp):
     token = idp.token("sre-lead")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     who = verify_identity_token(token, idp.keys, audience=IDENTITY_AUDIENCE, now=now)
     entity = idp.root.secrets.identity.read_entity_by_name("sre-lead")["data"]
     assert who == VerifiedIdentity(subject=entity["id"], name="sre-lead", issuer=f"{idp.url}/v1/identity/oidc",
@@ -162,7 +162,7 @@ def test_approver_token_verifies_to_the_entity(idp):
 def test_capture_is_public_and_says_how_to_configure(idp, monkeypatch):
     assert idp.keys.issuer == idp.setup["issuer"] == f"{idp.url}/v1/identity/oidc"
     assert all({"kid", "kty"} <= k.keys() for k in idp.keys.keys)
-    assert abs(idp.keys.captured_at - datetime.now(timezone.utc)) < timedelta(minutes=5)
+    assert abs(idp.keys.captured_at - datetime.now(UTC)) < timedelta(minutes=5)
     assert IdentityKeys.model_validate_json(idp.keys.model_dump_json()) == idp.keys  # travels in a history
     # The worker's own Vault token does not travel to the public endpoints.
     import requests
@@ -196,13 +196,13 @@ def test_wrong_audience_and_another_roles_token(idp):
             audience="someone-else")
     # Same Vault, same user, signed by a captured key, but minted for another role: its audience.
     other = idp.token("sre-lead", role=OTHER_ROLE)
-    assert verify_identity_token(other, idp.keys, audience=OTHER_AUDIENCE, now=datetime.now(timezone.utc)).name
+    assert verify_identity_token(other, idp.keys, audience=OTHER_AUDIENCE, now=datetime.now(UTC)).name
     refused(other, idp.keys, "is for audience 'other-audience', not 'coldstart-approvals'")
 
 
 def test_expired_token(idp):
     token = idp.token("sre-lead")
-    exp = datetime.fromtimestamp(parts(token)[1]["exp"], timezone.utc)
+    exp = datetime.fromtimestamp(parts(token)[1]["exp"], UTC)
     # Up to CLOCK_SKEW (30 s) past exp still passes; from then on it is expired.
     assert verify_identity_token(token, idp.keys, audience=IDENTITY_AUDIENCE,
                                  now=exp + CLOCK_SKEW - timedelta(seconds=1))
@@ -235,7 +235,7 @@ def test_token_from_another_vault_or_a_key_made_after_capture(idp, tmp_path):
                                      password=approver_password(sec, "drill-bot"))
         own_keys = identity_keys(IdentityKeysInput(address=other.url, provider=lab["provider"]))
         assert own_keys.issuer == lab["issuer"]  # pinned to the lab's Vault URL, not the address asked
-        who = verify_identity_token(token, own_keys, audience=lab["audience"], now=datetime.now(timezone.utc),
+        who = verify_identity_token(token, own_keys, audience=lab["audience"], now=datetime.now(UTC),
                                     nonce=nonce)
         assert who.name == "drill-bot" and who.subject == facts["users"]["drill-bot"]
     finally:
@@ -254,7 +254,7 @@ def test_token_from_another_vault_or_a_key_made_after_capture(idp, tmp_path):
     late = idp.token("incident-commander", role="late-role")
     refused(late, idp.keys, "which is not among the ", audience="late-audience")
     fresh = identity_keys(IdentityKeysInput(address=idp.url))
-    assert verify_identity_token(late, fresh, audience="late-audience", now=datetime.now(timezone.utc)).name == \
+    assert verify_identity_token(late, fresh, audience="late-audience", now=datetime.now(UTC)).name == \
         "incident-commander"
 
 
@@ -301,9 +301,9 @@ def test_oversized_and_garbage(idp):
     refused(f"{b64(b'[1, 2]')}.e30.AAAA", idp.keys, "header is not a base64url-encoded JSON object")
     refused(token + "\u00e9", idp.keys, "is not a compact JWS")
     with pytest.raises(IdentityError, match="must be a string"):
-        verify_identity_token(token.encode(), idp.keys, audience=IDENTITY_AUDIENCE, now=datetime.now(timezone.utc))
+        verify_identity_token(token.encode(), idp.keys, audience=IDENTITY_AUDIENCE, now=datetime.now(UTC))
     # Surrounding whitespace (a token pasted from a terminal) is fine.
-    assert verify_identity_token(f"  {token}\n", idp.keys, audience=IDENTITY_AUDIENCE, now=datetime.now(timezone.utc))
+    assert verify_identity_token(f"  {token}\n", idp.keys, audience=IDENTITY_AUDIENCE, now=datetime.now(UTC))
 
 
 def test_fetch_refuses_a_token_without_identity_and_bad_logins(idp, monkeypatch):
@@ -322,7 +322,7 @@ def test_fetch_refuses_a_token_without_identity_and_bad_logins(idp, monkeypatch)
     # The approver's existing login: a token given, or VAULT_TOKEN / ~/.vault-token.
     login = hvac.Client(url=idp.url, token="")
     login.auth.userpass.login("incident-commander", USERS["incident-commander"])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     given = fetch_identity_token(idp.url, IDENTITY_ROLE, token=login.token)
     assert verify_identity_token(given, idp.keys, audience=IDENTITY_AUDIENCE, now=now).name == "incident-commander"
     monkeypatch.setenv("VAULT_TOKEN", login.token)
@@ -372,7 +372,7 @@ async def test_cli_vault_login_fetches_a_token_bound_to_the_decision(idp, env, t
         described = await handle.describe()
         nonce = decision_nonce(handle.id, described.run_id, "approve", "ready")
         keys = identity_keys(IdentityKeysInput(address=idp.url, provider=idp.setup["provider"]))
-        who = verify_identity_token(token, keys, audience=idp.setup["client_id"], now=datetime.now(timezone.utc),
+        who = verify_identity_token(token, keys, audience=idp.setup["client_id"], now=datetime.now(UTC),
                                     nonce=nonce)
         assert who.name == "sre-lead"
 
@@ -392,7 +392,7 @@ async def _awaiting(handle, step: str) -> bool:
 # ---- pure verifier checks with locally made keys -----------------------------------------------------------
 
 ISSUER = "https://vault.example:8200/v1/identity/oidc"
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _local_keys():
@@ -539,7 +539,7 @@ def test_cli_identity_token_options(monkeypatch, local, tmp_path):
     assert result.exit_code == 0, (result.output, result.exception)
     result = runner.invoke(_app(), ["pause", "local", "--as", "dave"])
     assert result.exit_code == 0, (result.output, result.exception)
-    (r1, n1, approve), (r2, n2, skip), (r3, n3, pause) = sent
+    (r1, n1, approve), (_r2, n2, skip), (_r3, n3, pause) = sent
     assert (r1, n1, approve.step, approve.approver, approve.comment, approve.identity_token) == \
         ("local", "approve", "go", "bob", "ok", token)
     assert (n2, skip.step, skip.actor, skip.identity_token) == ("skip", "held", "carol", token)

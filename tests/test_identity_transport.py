@@ -3,6 +3,7 @@ outside drills and development targets. A real Vault with its own dev TLS certif
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from pathlib import Path
@@ -13,9 +14,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.vault import IdentityKeysInput, fetch_identity_keys
 from lab.hashistack.binaries import backends
-from runtime.processes import free_port
 from lab.identity import configure_identity
 from runtime.catalog import Catalog, CatalogRefused
+from runtime.processes import free_port
 from tests import support
 from tests.test_catalog import GUARDED  # an approval under four eyes, then a change
 from workflows.loader import plan_run
@@ -39,11 +40,9 @@ def tls_vault(tmp_path_factory):
     try:
         deadline = time.monotonic() + 30
         while True:
-            try:
+            with contextlib.suppress(Exception):  # not listening yet
                 if ca.exists() and hvac.Client(url=url, token=ROOT, verify=str(ca)).sys.is_initialized():
                     break
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"the TLS dev server did not start: {(certs / 'vault.log').read_text()[-500:]}")
             time.sleep(0.2)

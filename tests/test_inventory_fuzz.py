@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
 from activities.inventory import Inventory
 from lab.inventory import write_inventory
 from workflows import loader
@@ -597,7 +598,7 @@ def validate_with_target(directory: Path, monkeypatch: pytest.MonkeyPatch) -> tu
 def test_fuzz_cli_validate_with_target(tmp_path, monkeypatch, data):
     """`coldstart validate --target fuzz`: exit 0, or 2 with one located line per problem (the
     inventory's refusal verbatim), never a traceback."""
-    read, refused = read_inventory(tmp_path, data)
+    _read, refused = read_inventory(tmp_path, data)
     code, lines = validate_with_target(tmp_path, monkeypatch)
     if refused is not None:
         assert code == 2 and lines == refusal_lines(refused), (lines, refusal_lines(refused))

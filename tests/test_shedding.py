@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
-import os
 import logging
+import os
 import signal
-from datetime import datetime, timedelta, timezone
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 import structlog
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
@@ -29,15 +30,24 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.telemetry import READ_ACTIONS, READ_MANY_ACTION, READ_MANY_TIMEOUT
 from cli import render
 from cli.timeline import build_timeline
-from runtime.polling import RunWatch, read_full_status, read_status
 from runtime.connection import TASK_QUEUE_ENV, connect
 from runtime.logs import configure_logging, flush_logging
+from runtime.polling import RunWatch, read_full_status, read_status
+from runtime.processes import free_port
 from runtime.shedding import READINGS_SLOWED, ShedCounter
 from tests import support
-from runtime.processes import free_port
 from workflows.calls import READING_PRIORITY
-from workflows.contract import (ApproveRequest, ControlRequest, GateReading, RunStatus, StatusMemo, StepState,
-                                status_from_memo, status_memo, readings_queue)
+from workflows.contract import (
+    ApproveRequest,
+    ControlRequest,
+    GateReading,
+    RunStatus,
+    StatusMemo,
+    StepState,
+    readings_queue,
+    status_from_memo,
+    status_memo,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,10 +215,10 @@ async def _awaiting_ok(handle: Any) -> bool:
 
 def test_the_status_memo_upserts_what_changed_cuts_long_texts_and_stops_within_its_budget():
     steps = [StepState(id=f"s{i}", kind="action", outputs={"big": "x" * 5000},
-                       readings=[GateReading(gate="g", at=datetime.now(timezone.utc), value=float(k)) for k in range(3)])
+                       readings=[GateReading(gate="g", at=datetime.now(UTC), value=float(k)) for k in range(3)])
              for i in range(3)]
     status = RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
-                       started_at=datetime.now(timezone.utc), steps=steps)
+                       started_at=datetime.now(UTC), steps=steps)
     memo = StatusMemo()
     first = memo.changes(status)
     assert sorted(first) == ["coldstart.run", "coldstart.step.s0", "coldstart.step.s1", "coldstart.step.s2"]
@@ -275,8 +285,8 @@ async def test_a_gate_reading_flood_is_counted_reading_by_reading_while_another_
     port = free_port()
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{port}")))
     client = await connect(runtime=runtime, target_host=env.client.service_client.config.target_host)
-    flood = support.write_runbook(tmp_path, f"""
-        metadata: {{name: flood}}
+    flood = support.write_runbook(tmp_path, """
+        metadata: {name: flood}
         target: t
         steps:
           - id: readings
@@ -419,11 +429,11 @@ def _readings_done(history) -> list:
 async def test_a_sub_second_gate_interval_is_waited_in_the_reading_and_kept(env, task_queue, tmp_path):
     """A 0.6 s interval is waited by the reading's activity (Temporal fires such a timer about a
     second late), and no reading comes sooner than 0.6 s after the one before."""
-    history, calls = await _gated_run(env, task_queue, tmp_path, "waited", gates=1, consecutive=3, interval="0.6s")
+    history, _calls = await _gated_run(env, task_queue, tmp_path, "waited", gates=1, consecutive=3, interval="0.6s")
     assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
     done = _readings_done(history)
     # A lower bound only, which load cannot break (the server's and the worker's clocks are this machine's).
-    assert len(done) == 3 and all((b - a).total_seconds() >= 0.59 for a, b in zip(done, done[1:])), done
+    assert len(done) == 3 and all((b - a).total_seconds() >= 0.59 for a, b in itertools.pairwise(done)), done
 
 
 async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env, task_queue, tmp_path):
@@ -478,7 +488,7 @@ async def test_a_workers_readings_yield_to_the_steps_it_runs_and_are_counted(env
     done = _readings_done(history)
     # Slots 5 s apart at a twentieth of 4 a second (at the full pace the timer's ~1 s would set the
     # gap): a lower bound only, which load cannot break.
-    assert len(done) == 3 and all((b - a).total_seconds() >= 4.9 for a, b in zip(done, done[1:])), done
+    assert len(done) == 3 and all((b - a).total_seconds() >= 4.9 for a, b in itertools.pairwise(done)), done
 
 
 async def _step_started(handle: Any) -> bool:
@@ -529,7 +539,7 @@ class _Described:
     async def query(self, *args: Any, **kwargs: Any) -> RunStatus:
         self.queries += 1
         return RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
-                         started_at=datetime.now(timezone.utc), steps=[])
+                         started_at=datetime.now(UTC), steps=[])
 
 
 async def test_a_watch_spreads_a_reconnect_storm_and_its_queries():
@@ -567,7 +577,7 @@ class _Waiting:
         self.describes = 0
         self._left = 0  # the first describe sees it move
         self.status = RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
-                                started_at=datetime.now(timezone.utc), steps=[])
+                                started_at=datetime.now(UTC), steps=[])
 
     async def describe(self) -> Any:
         from temporalio.client import WorkflowExecutionStatus

@@ -15,9 +15,13 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from temporalio.client import WorkflowFailureError
 from typer.testing import CliRunner
 
+from lab.alerting import ALERTMANAGER_BINARY, alertmanager_argv, alertmanager_config
+from runtime.processes import free_port
 from runtime.runs import TargetBusy
+from tests import support
 from triggers.receiver import (
     MAX_BODY_BYTES,
     Alert,
@@ -27,9 +31,6 @@ from triggers.receiver import (
     load_triggers,
     render_params,
 )
-from lab.alerting import ALERTMANAGER_BINARY, alertmanager_argv, alertmanager_config
-from tests import support
-from runtime.processes import free_port
 from workflows.loader import RunbookInvalid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -487,7 +488,7 @@ async def test_the_receiver_starts_real_runs_and_answers_busy_from_the_real_star
             assert refused["outcome"] == "busy" and f"target {name} is busy" in refused["reason"]
 
             await handle.execute_update("abort", ControlRequest(actor="oncall", reason="test"))
-            with pytest.raises(Exception):
+            with pytest.raises(WorkflowFailureError):
                 await handle.result()
             retried = await client.post("/alerts", json=_payload(other), headers=AUTH)
             assert retried.status == 200 and (await retried.json())["results"][0]["outcome"] == "started"

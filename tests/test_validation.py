@@ -161,7 +161,8 @@ def test_parameters_are_typed(tmp_path):
 
 
 def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          check=False)
 
 
 def test_cli_validate_exit_codes(tmp_path):
@@ -402,12 +403,12 @@ def test_hostile_files_through_the_cli(tmp_path):
     argvs = [["validate", str(file)] for file in files.values()]
     argvs += [["validate", "--target", name, "runbooks/demo.yaml"] for name in files]
     result = subprocess.run([sys.executable, "-c", _CLI_DRIVER, json.dumps(argvs)], cwd=REPO, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "COLDSTART_TARGETS": str(tmp_path)})
+                            text=True, timeout=120, env={**os.environ, "COLDSTART_TARGETS": str(tmp_path)}, check=False)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     outputs = result.stderr.split("@@@\n")[1:]
     assert len(outputs) == len(argvs) == len(report["runs"])
-    for (name, file), run, output in zip([*files.items(), *files.items()], report["runs"], outputs):
+    for (name, file), run, output in zip([*files.items(), *files.items()], report["runs"], outputs, strict=True):
         lines = output.strip().splitlines()
         assert run["code"] == 2 and len(lines) == 1, (name, run, output)
         _assert_refused(lines[0], file, name)

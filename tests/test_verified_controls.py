@@ -6,7 +6,7 @@ import asyncio
 
 import hvac
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from cli.identity import decision_source, fetch_decision_token, fetch_identity_token
 from cli.timeline import build_timeline
@@ -249,7 +249,7 @@ async def test_the_timeline_says_verified_only_from_the_runs_own_records(env, ta
         handle = await support.start(env.client, book, task_queue)
         await support.wait_for(lambda: _held(handle, "flaky"))
         await handle.execute_update("abort", ControlRequest(actor="mallory", reason="verified by nobody"))
-        with pytest.raises(Exception):
+        with pytest.raises(WorkflowFailureError):
             await handle.result()
         status = await support.status(handle)
         timeline = await build_timeline(env.client, handle.id)

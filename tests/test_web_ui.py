@@ -110,7 +110,7 @@ async def _command_on_page(page, pattern: str, timeout: float = 30) -> re.Match:
         for frame in page.frames:
             try:
                 found = re.search(pattern, await frame.locator("body").inner_text(timeout=2000))
-            except Exception:  # noqa: BLE001 - a frame detached while the page re-renders
+            except Exception:  # noqa: BLE001, S112 - a frame detached while the page re-renders
                 continue
             if found:
                 return found

@@ -6,8 +6,8 @@ import httpx
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from runtime.connection import connect
-from tests import support
 from runtime.processes import free_port
+from tests import support
 
 
 async def test_step_and_gate_metrics_are_exported(env, task_queue, tmp_path):

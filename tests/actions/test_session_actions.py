@@ -48,7 +48,7 @@ class Host:
                 f.write(str(os.getpid()))
 
         proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
-                                preexec_fn=join, stdin=subprocess.DEVNULL)
+                                preexec_fn=join, stdin=subprocess.DEVNULL)  # noqa: PLW1509 - joins the cgroup
         self.procs[name] = proc
         deadline = time.monotonic() + 5
         while len((group / "cgroup.procs").read_text().split()) < 4 and time.monotonic() < deadline:
@@ -90,7 +90,7 @@ async def test_kill_inits_kills_each_namespace_with_one_signal_and_is_idempotent
         # Three processes inside (sh and two sleeps) plus unshare outside; one of them is the namespace's PID 1.
         assert c.processes == 4 and len(c.inits) == 1
         status = Path(f"/proc/{c.inits[0]}/status").read_text()
-        assert [line for line in status.splitlines() if line.startswith("NSpid:")][0].split()[-1] == "1"
+        assert next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1] == "1"
 
     out = await kill_inits(_on(host, KillInitsInput))
     assert out.killed == sorted(listed.alive) and out.already_gone == []
@@ -107,7 +107,9 @@ async def test_kill_inits_kills_each_namespace_with_one_signal_and_is_idempotent
 async def test_kill_inits_leaves_processes_that_are_no_namespace_init_and_says_so(host):
     group = host.base / "box-plain"
     group.mkdir()
-    plain = subprocess.Popen(["sleep", "600"], preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    # The child joins the cgroup itself, before exec: only preexec_fn runs there.
+    plain = subprocess.Popen(["sleep", "600"],
+                             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))  # noqa: PLW1509
     host.procs["box-plain"] = plain
     host.start("box-r0001")
     with pytest.raises(ApplicationError) as caught:

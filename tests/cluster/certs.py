@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -26,7 +26,7 @@ class Authority:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (
             x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
             .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
@@ -43,7 +43,7 @@ class Authority:
     def issue(self, name: str, *, dns: Sequence[str] = (), ips: Sequence[str] = (), server: bool = False) -> tuple[Path, Path]:
         """A leaf cert for clientAuth, or serverAuth with server=True; returns (cert, key) paths."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         usages = [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = (
             x509.CertificateBuilder().subject_name(_name(name)).issuer_name(self.cert.subject)

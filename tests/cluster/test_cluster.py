@@ -13,14 +13,14 @@ import yaml
 from temporalio.api.enums.v1 import EventType
 
 from activities.inventory import Endpoints, Host, Inventory, Telemetry
-from runtime.cluster import Cluster, ClusterError
 from lab.hashistack.binaries import Backends
-from runtime.processes import pid_alive
 from lab.inventory import write_inventory
 from lab.lifecycle import build_inventory
 from lab.services import Secrets
 from lab.settings import LabConfig
+from runtime.cluster import Cluster, ClusterError
 from runtime.independence import violations
+from runtime.processes import pid_alive
 from runtime.server_config import DYNAMIC_CONFIG, dynamic_config_file, dynamic_config_flags
 from tests import support
 from workflows.loader import read_inventory
@@ -116,12 +116,12 @@ async def test_server_crashed_mid_run_the_run_continues_from_postgres(cluster, t
 
 def _platform(**changes) -> Inventory:
     """A platform like the lab's: Consul servers, Nomad and Vault on their hosts, Prometheus apart."""
-    fields = dict(
-        name="prod", telemetry=Telemetry(prometheus="http://10.0.9.10:9090"),
-        endpoints=Endpoints(consul=["http://10.0.1.11:8500", "http://10.0.1.12:8500", "http://10.0.1.13:8500"],
+    fields = {
+        "name": "prod", "telemetry": Telemetry(prometheus="http://10.0.9.10:9090"),
+        "endpoints": Endpoints(consul=["http://10.0.1.11:8500", "http://10.0.1.12:8500", "http://10.0.1.13:8500"],
                             nomad=["http://10.0.2.10:4646"], vault=["https://vault.internal:8200"]),
-        hosts={f"consul{i}": Host(address=f"10.0.1.1{i}", roles=["consul-server"]) for i in (1, 2, 3)},
-    )
+        "hosts": {f"consul{i}": Host(address=f"10.0.1.1{i}", roles=["consul-server"]) for i in (1, 2, 3)},
+    }
     return Inventory(**{**fields, **changes})
 
 

@@ -13,8 +13,8 @@ import pytest
 from temporalio.service import TLSConfig
 
 from activities.journal import check_journal, read_journal
-from runtime.cluster import Cluster, FrontendTLS
 from lab.drills.harness import WorkerProcess
+from runtime.cluster import Cluster, FrontendTLS
 from runtime.connection import connect
 from tests import support
 from tests.cluster.certs import Authority

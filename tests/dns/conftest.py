@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from activities.secrets import use_client_factory
 from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop
 from tests.dns.support import GAME_IP, MAINT_IP, FakeVault
+
 
 @pytest.fixture(scope="session")
 def pdns_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdnsLab]:

@@ -33,7 +33,7 @@ class FakeVault:
         self.calls.append(kwargs)
         return {"data": {"data": {"secret": self.secret}, "metadata": {"version": 1}}}
 
-    def factory(self, url: str, token: str, verify: Any) -> "FakeVault":
+    def factory(self, url: str, token: str, verify: Any) -> FakeVault:
         self.calls.append({"url": url, "token": token})
         return self
 
@@ -43,17 +43,17 @@ def secret_ref() -> VaultSecretRef:
 
 
 def set_input(lab: PdnsLab, percent: int, **overrides: Any) -> SteerSetInput:
-    fields: dict[str, Any] = dict(
-        zone=lab.settings.zone,
-        name="play",
-        servers=[lab.settings.address],
-        game_ip=GAME_IP,
-        maint_ip=MAINT_IP,
-        percent=percent,
-        ttl=lab.settings.record_ttl,
-        tsig_key_name=lab.settings.key_name,
-        tsig_secret=secret_ref(),
-    )
+    fields: dict[str, Any] = {
+        "zone": lab.settings.zone,
+        "name": "play",
+        "servers": [lab.settings.address],
+        "game_ip": GAME_IP,
+        "maint_ip": MAINT_IP,
+        "percent": percent,
+        "ttl": lab.settings.record_ttl,
+        "tsig_key_name": lab.settings.key_name,
+        "tsig_secret": secret_ref(),
+    }
     fields.update(overrides)
     return SteerSetInput(**fields)
 

@@ -20,6 +20,7 @@ from activities.dns.steering import encode_lua_rdata, parse_server, steering_cod
 from lab.dns import PdnsLab
 from tests.dns.support import FQDN, GAME_IP, MAINT_IP, FakeVault, raw_update, set_input
 
+
 async def _percent(lab: PdnsLab) -> float | None:
     return (await read_state(lab.settings.address, lab.settings.zone, FQDN)).percent
 

@@ -27,10 +27,10 @@ ZONE = "play.coldstart.lab."
 
 
 def _set_fields(**overrides: object) -> dict[str, object]:
-    fields: dict[str, object] = dict(
-        zone=ZONE, name="play", servers=["127.0.0.1:5353"], game_ip=GAME_IP, maint_ip=MAINT_IP,
-        percent=30, tsig_key_name="coldstart-steer.", tsig_secret=secret_ref(),
-    )
+    fields: dict[str, object] = {
+        "zone": ZONE, "name": "play", "servers": ["127.0.0.1:5353"], "game_ip": GAME_IP, "maint_ip": MAINT_IP,
+        "percent": 30, "tsig_key_name": "coldstart-steer.", "tsig_secret": secret_ref(),
+    }
     fields.update(overrides)
     return fields
 

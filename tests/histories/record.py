@@ -9,6 +9,7 @@ recorded by older code, which is what they are there to replay.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -148,10 +149,8 @@ async def _record_rollback(environment, work: Path, name: str = "rollback") -> N
     """rollback.json was recorded before runs were resolved against the worker's catalog, resolved.json since."""
     book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), name)
     handle = await support.start(environment.client, book, "record", target={"name": f"replay-{name}"})
-    try:
+    with contextlib.suppress(Exception):  # this run is meant to fail and roll back
         await handle.result()
-    except Exception:  # noqa: BLE001 - this run is meant to fail and roll back
-        pass
     (HERE / f"{name}.json").write_text((await handle.fetch_history()).to_json())
 
 

@@ -75,7 +75,7 @@ except OSError as exc:
 def connect(address: str, port: int) -> str:
     """Probe from the root namespace, i.e. from the controller address on the bridge."""
     proc = subprocess.run([sys.executable, "-c", CONNECT_PROBE, address, str(port)],
-                          capture_output=True, text=True, timeout=10)
+                          capture_output=True, text=True, timeout=10, check=False)
     return proc.stdout.strip() or proc.stderr.strip()
 
 

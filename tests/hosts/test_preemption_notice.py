@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ def _notice(lab: LabSpec, at: float) -> None:
     """What the provider's metadata service answers on the host: AWS's instance-action document."""
     path = Path(lab.state_dir) / "www" / _PATH
     path.parent.mkdir(parents=True, exist_ok=True)
-    when = datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     path.write_text(json.dumps({"action": "terminate", "time": when}))
 
 

@@ -19,4 +19,5 @@ def require_promtool() -> str:
 
 
 def run_promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require_promtool(), *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([require_promtool(), *map(str, args)], capture_output=True, text=True, timeout=60,
+                          check=False)

@@ -11,11 +11,13 @@ import pytest
 import requests
 
 from lab.standins.clock import FakeClock, RealClock
-from lab.standins.consul import build_cluster, make_app as consul_app
+from lab.standins.consul import build_cluster
+from lab.standins.consul import make_app as consul_app
 from lab.standins.consul_load import LoadParams
 from lab.standins.consul_state import ConsulCluster
 from lab.standins.inproc import InProcServer, free_socket
-from lab.standins.nomad import make_app as nomad_app, parse_node
+from lab.standins.nomad import make_app as nomad_app
+from lab.standins.nomad import parse_node
 from lab.standins.nomad_state import NomadState
 
 SERVERS = ("consul1", "consul2", "consul3")

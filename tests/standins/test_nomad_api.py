@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import nomad
 import pytest
@@ -380,7 +381,7 @@ def test_stop_waits_for_the_kill_timeout_and_purge_forgets_at_once(nomad_lab, tm
             assert [(a["ClientStatus"], a["DesiredStatus"]) for a in n.job.get_allocations(job_id)] == [("running", "stop")]
         wait_until(lambda: log.exists() and log.read_text() == "2\n")  # SIGINT
         os.kill(pid, 0)  # still there: it ignores the signal
-        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z")
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z")
         assert time.monotonic() - started >= 1.5  # the 2 s kill timeout, then SIGKILL
         if not purge:
             wait_until(lambda: [a["ClientStatus"] for a in n.job.get_allocations(job_id)] == ["complete"])
@@ -391,8 +392,8 @@ def test_allocation_list_entries_interpolation_and_distinct_hosts(nomad_lab, tmp
     n = client(nomad_lab)
     out = tmp_path / "where"
     out.mkdir()
-    spec = job_spec("where", 4, "/bin/sh", ["-c", f"echo ${{node.unique.name}} ${{NOMAD_ALLOC_INDEX}} "
-                                                  f"> {out}/$NOMAD_ALLOC_ID; exec sleep 300"])
+    spec = job_spec("where", 4, "/bin/sh", ["-c", (f"echo ${{node.unique.name}} ${{NOMAD_ALLOC_INDEX}} "
+                                                   f"> {out}/$NOMAD_ALLOC_ID; exec sleep 300")])
     spec["Job"]["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
     n.jobs.register_job(spec)
     wait_until(lambda: [s[1] for s in statuses(n, "where")] == ["running"] * 3)
