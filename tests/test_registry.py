@@ -73,3 +73,26 @@ def test_every_registered_action_is_wrapped() -> None:
 
     for spec in load_registry().specs.values():
         assert activity._Definition.must_from_callable(spec.fn).arg_types == [Any], spec.name
+
+
+def test_the_run_input_pins_exactly_the_registry_s_defaults() -> None:
+    """ActionDefaults (what a run pins for replay) names fields; ActionSpec (the registry) holds each with the
+    same type, so the loader copies them by name and a field added to one side cannot be forgotten."""
+    import dataclasses
+    import typing
+
+    from activities.catalog import load_registry
+    from activities.registry import ActionSpec
+    from workflows.loader import pinned_defaults
+    from workflows.spec import ActionDefaults
+
+    held = {f.name: f.type for f in dataclasses.fields(ActionSpec)}
+    hints = typing.get_type_hints(ActionSpec)
+    for name, field in ActionDefaults.model_fields.items():
+        assert name in held, f"ActionDefaults.{name} has no ActionSpec field"
+        assert hints[name] == field.annotation, (name, hints[name], field.annotation)
+    spec = load_registry().get("consul.snapshot.restore")
+    assert spec is not None
+    pinned = pinned_defaults(spec)
+    assert {name: getattr(pinned, name) for name in ActionDefaults.model_fields} == \
+        {name: getattr(spec, name) for name in ActionDefaults.model_fields}

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workflows.loader import RunbookInvalid, _parse_yaml, _pydantic_errors, _Source, plan_run
+from workflows.loader import LocatedSource, RunbookInvalid, locate_pydantic_errors, parse_located_yaml, plan_run
 from workflows.yaml_safety import YamlRefused, load_file, read_text
 from activities.errors import LocatedErrors, Unavailable
 
@@ -153,14 +153,14 @@ def load_triggers(path: str | Path) -> TriggersFile:
         return TriggersFile.model_validate(data)
     except ValidationError as exc:
         source = _source(file)
-        _pydantic_errors(exc, source, (), data)
+        locate_pydantic_errors(exc, source, (), data)
         raise TriggersInvalid(source.formatted()) from None
 
 
-def _source(file: str) -> _Source:
+def _source(file: str) -> LocatedSource:
     """The file's positions, walked only when a problem has to be located."""
-    source = _Source(file=file)
-    _parse_yaml(read_text(file), source)
+    source = LocatedSource(file=file)
+    parse_located_yaml(read_text(file), source)
     return source
 
 
@@ -171,7 +171,7 @@ def check(config_path: str | Path, *, registry: Any = None) -> TriggersFile:
         from activities.catalog import load_registry
 
         registry = load_registry()
-    source: _Source | None = None
+    source: LocatedSource | None = None
     errors: list[str] = []
     for index, trigger in enumerate(config.triggers):
         where = ("triggers", index)

@@ -35,7 +35,10 @@ from workflows.spec import (
 )
 from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
 
-__all__ = ["InventoryInvalid", "RunbookInvalid", "load_inventory", "load_runbook", "plan_run", "read_inventory", "runbook_digest"]
+__all__ = [
+    "InventoryInvalid", "LocatedSource", "RunbookInvalid", "load_inventory", "load_runbook", "locate_pydantic_errors",
+    "parse_located_yaml", "pinned_defaults", "plan_run", "read_inventory", "runbook_digest",
+]
 
 _PARAM_TYPES: dict[str, Any] = {
     "string": str,
@@ -66,7 +69,9 @@ Path_ = tuple[Any, ...]
 
 
 @dataclass
-class _Source:
+class LocatedSource:
+    """A YAML file being checked: its data, where each value and key sits, and the problems found, with their places."""
+
     file: str
     data: Any = None
     values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
@@ -110,7 +115,7 @@ def _mark(mark: yaml.Mark) -> tuple[int, int]:
     return (mark.line + 1, mark.column + 1)
 
 
-def _parse_yaml(text: str, source: _Source) -> None:
+def parse_located_yaml(text: str, source: LocatedSource) -> None:
     try:
         loader = GuardedLoader(text)
         try:
@@ -127,7 +132,7 @@ def _parse_yaml(text: str, source: _Source) -> None:
         source.error_at((exc.line, exc.column), exc.message)
 
 
-def _convert(loader: GuardedLoader, node: yaml.Node, path: Path_, source: _Source) -> Any:
+def _convert(loader: GuardedLoader, node: yaml.Node, path: Path_, source: LocatedSource) -> Any:
     source.values[path] = _mark(node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
@@ -150,7 +155,7 @@ def _convert(loader: GuardedLoader, node: yaml.Node, path: Path_, source: _Sourc
     return loader.construct_object(node, deep=True)
 
 
-def _pydantic_errors(exc: ValidationError, source: _Source, base: Path_, data: Any) -> None:
+def locate_pydantic_errors(exc: ValidationError, source: LocatedSource, base: Path_, data: Any) -> None:
     for err in exc.errors(include_url=False):
         path = _loc_to_path(err["loc"], data)
         message = err["msg"].removeprefix("Value error, ")
@@ -215,9 +220,9 @@ def read_inventory(path: str | Path, *, default_name: str | None = None) -> Inve
         return Inventory.model_validate(data)
     except ValidationError as exc:
         # Positions are only needed to report, so the file is walked for them only now.
-        source = _Source(file=str(path))
-        _parse_yaml(read_text(str(path)), source)
-        _pydantic_errors(exc, source, (), data)
+        source = LocatedSource(file=str(path))
+        parse_located_yaml(read_text(str(path)), source)
+        locate_pydantic_errors(exc, source, (), data)
         raise InventoryInvalid(source.formatted()) from None
 
 
@@ -229,8 +234,8 @@ def load_inventory(name: str, targets_dir: Path) -> Inventory:
     return read_inventory(path, default_name=name)
 
 
-def _read_source(file: str, text: str | None) -> _Source:
-    source = _Source(file=file)
+def _read_source(file: str, text: str | None) -> LocatedSource:
+    source = LocatedSource(file=file)
     try:
         text = read_text(file) if text is None else check_text(text)
     except OSError as exc:
@@ -238,7 +243,7 @@ def _read_source(file: str, text: str | None) -> _Source:
     except YamlRefused as exc:
         raise RunbookInvalid([exc.located(file)]) from None
     source.text = text
-    _parse_yaml(text, source)
+    parse_located_yaml(text, source)
     if source.errors:
         raise RunbookInvalid(source.formatted())
     if not isinstance(source.data, dict):
@@ -252,12 +257,12 @@ def load_runbook(file: str | Path, text: str | None = None) -> Runbook:
     try:
         return Runbook.model_validate(source.data)
     except ValidationError as exc:
-        _pydantic_errors(exc, source, (), source.data)
+        locate_pydantic_errors(exc, source, (), source.data)
         raise RunbookInvalid(source.formatted()) from None
 
 
 def _coerce_params(
-    declared: dict[str, Param], given: dict[str, Any], source: _Source, *, placeholders: bool
+    declared: dict[str, Param], given: dict[str, Any], source: LocatedSource, *, placeholders: bool
 ) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name in given:
@@ -309,7 +314,7 @@ def plan_run(
     try:
         declared = TypeAdapter(dict[str, Param]).validate_python(source.data.get("params") or {})
     except ValidationError as exc:
-        _pydantic_errors(exc, source, ("params",), source.data.get("params"))
+        locate_pydantic_errors(exc, source, ("params",), source.data.get("params"))
         raise RunbookInvalid(source.formatted()) from None
     param_values = _coerce_params(declared, params or {}, source, placeholders=placeholders)
     target_name = source.data.get("target") if isinstance(source.data.get("target"), str) else None
@@ -328,7 +333,7 @@ def plan_run(
     try:
         runbook = Runbook.model_validate(resolved_data)
     except ValidationError as exc:
-        _pydantic_errors(exc, source, (), resolved_data)
+        locate_pydantic_errors(exc, source, (), resolved_data)
         _check_semantics(*_valid_parts(resolved_data), source, registry, check_target=inventory is not None)
         raise RunbookInvalid(source.formatted()) from None
 
@@ -367,7 +372,7 @@ def runbook_digest(text: str) -> str:
 
 
 def _resolve_start_refs(
-    data: Any, context: dict[str, Any], source: _Source, *, check_target: bool, lenient_params: set[str] | None = None
+    data: Any, context: dict[str, Any], source: LocatedSource, *, check_target: bool, lenient_params: set[str] | None = None
 ) -> Any:
     def walk(value: Any, path: Path_) -> Any:
         if isinstance(value, dict):
@@ -404,7 +409,7 @@ class _Scope:
 
 
 def _check_semantics(
-    steps_in: list[Any], approvers: list[str], source: _Source, registry: Any, *, check_target: bool = True,
+    steps_in: list[Any], approvers: list[str], source: LocatedSource, registry: Any, *, check_target: bool = True,
     on_miss: list[Any] = (),  # type: ignore[assignment]
 ) -> dict[str, ActionDefaults]:
     """Checks across steps. `steps_in` may hold None for steps that failed type checks, so that
@@ -438,10 +443,10 @@ def _check_semantics(
             hint = f" (known: {', '.join(close)})" if close else ""
             source.error(path, f"unknown action {name!r}{hint}")
             return
-        actions[name] = _pinned_defaults(spec)
+        actions[name] = pinned_defaults(spec)
         undo = registry.get(spec.undo) if spec.undo else None
         if undo is not None:
-            actions[spec.undo] = _pinned_defaults(undo)
+            actions[spec.undo] = pinned_defaults(undo)
         _check_args(spec.input_model, args, path[:-1] + ("with",), source, name)
 
     def check_refs(value: Any, path: Path_, scope: _Scope) -> None:
@@ -550,7 +555,7 @@ def _check_semantics(
     return actions
 
 
-def _check_choices(declared: dict[str, Param], values: dict[str, Any], context: dict[str, Any], source: _Source) -> None:
+def _check_choices(declared: dict[str, Param], values: dict[str, Any], context: dict[str, Any], source: LocatedSource) -> None:
     """A parameter with `one_of` takes only those values; a target reference allows the names it holds."""
     for name, param in declared.items():
         if param.one_of is None or name not in values:
@@ -573,7 +578,7 @@ def _check_choices(declared: dict[str, Param], values: dict[str, Any], context: 
             source.error(("params", name), f"parameter {name!r}: {values[name]!r} is not one of {shown or 'nothing'}")
 
 
-def _check_deadline_ahead(runbook: Runbook, source: _Source) -> None:
+def _check_deadline_ahead(runbook: Runbook, source: LocatedSource) -> None:
     """A deadline with `max_ahead` must still be ahead, and not further than that, when the run is planned."""
     spec = runbook.deadline
     if spec is None or spec.max_ahead is None or not isinstance(spec.at, datetime):
@@ -587,7 +592,7 @@ def _check_deadline_ahead(runbook: Runbook, source: _Source) -> None:
                                          f"more than max_ahead ({spec.max_ahead.total_seconds():.0f} s): nothing is started")
 
 
-def _check_deadlines(runbook: Runbook, source: _Source) -> None:
+def _check_deadlines(runbook: Runbook, source: LocatedSource) -> None:
     """A step's `needs` only means something under a deadline, and must fit inside its own."""
     bound = runbook.deadline is not None
 
@@ -613,7 +618,7 @@ def _check_deadlines(runbook: Runbook, source: _Source) -> None:
                                                       "they take no `deadline` or `needs`")
 
 
-def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults]) -> None:
+def _pin_gate_reads(runbook: Runbook, source: LocatedSource, registry: Any, actions: dict[str, ActionDefaults]) -> None:
     """Gates read their samples through telemetry.read_many (telemetry.read in runs from before it):
     pinned like any action when the runbook has a gate."""
     path = next((where for where, _, _ in _gates(runbook.steps, ("steps",))), None)
@@ -624,10 +629,10 @@ def _pin_gate_reads(runbook: Runbook, source: _Source, registry: Any, actions: d
         if spec is None:
             source.error(path, f"gates read through the {name} action, which this worker lacks")
             return
-        actions[spec.name] = _pinned_defaults(spec)
+        actions[spec.name] = pinned_defaults(spec)
 
 
-def _note_fast_gates(runbook: Runbook, source: _Source) -> None:
+def _note_fast_gates(runbook: Runbook, source: LocatedSource) -> None:
     """A gate's sub-second interval is waited by the worker, not on a Temporal timer (which fires one
     about a second late), and readings go no faster than the worker's pace: say so
     where such an interval is written."""
@@ -654,7 +659,7 @@ def _gates(steps: list[Any], base: Path_) -> Iterable[tuple[Path_, Any, list[tup
             yield from _gates(step.parallel, base + (i, "parallel"))
 
 
-def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dict[str, ActionDefaults],
+def _check_access(runbook: Runbook, source: LocatedSource, registry: Any, actions: dict[str, ActionDefaults],
                   inventory: dict[str, Any] | None) -> None:
     """Who may act: names are non-empty and unique; verified identity (the runbook's or the target's) pins the
     action capturing its keys."""
@@ -671,7 +676,7 @@ def _check_access(runbook: Runbook, source: _Source, registry: Any, actions: dic
     if spec is None:
         source.error(("identity",), f"verified identity needs the {IDENTITY_KEYS_ACTION} action, which this worker lacks")
         return
-    actions[spec.name] = _pinned_defaults(spec)
+    actions[spec.name] = pinned_defaults(spec)
     if runbook.identity is None:
         return
     if "approve" in runbook.identity.controls and not runbook.approvers and not _step_approvers(runbook.steps):
@@ -688,18 +693,10 @@ def _step_approvers(steps: list[Any]) -> bool:
     return False
 
 
-def _pinned_defaults(spec: Any) -> ActionDefaults:
-    """The registry's defaults for one action, as they will travel in the run input."""
-    return ActionDefaults(
-        name=spec.name,
-        description=spec.description,
-        timeout=spec.timeout,
-        heartbeat=spec.heartbeat,
-        retry=spec.retry,
-        mutating=spec.mutating,
-        undo=spec.undo,
-        undo_from_output=spec.undo_from_output,
-    )
+def pinned_defaults(spec: Any) -> ActionDefaults:
+    """The registry's defaults for one action, as they will travel in the run input: ActionDefaults names the
+    fields, the registry's ActionSpec holds them (tests/test_registry.py keeps the two in step)."""
+    return ActionDefaults.model_validate({name: getattr(spec, name) for name in ActionDefaults.model_fields})
 
 
 def _valid_parts(data: Any) -> tuple[list[Any], list[str]]:
@@ -725,7 +722,7 @@ def _ids_in(steps: list[Any]) -> set[str]:
     return found
 
 
-def _check_output(step: Any, name: str, ref: str, path: Path_, source: _Source, registry: Any) -> None:
+def _check_output(step: Any, name: str, ref: str, path: Path_, source: LocatedSource, registry: Any) -> None:
     if isinstance(step, ActionStep):
         spec = registry.get(step.action)
         if spec is not None and spec.output_model is not None and name not in _field_names(spec.output_model):
@@ -740,7 +737,7 @@ def _field_names(model: type[BaseModel]) -> set[str]:
     return names
 
 
-def _check_args(model: type[BaseModel], args: dict[str, Any], path: Path_, source: _Source, action: str) -> None:
+def _check_args(model: type[BaseModel], args: dict[str, Any], path: Path_, source: LocatedSource, action: str) -> None:
     if not isinstance(args, dict):
         source.error(path, f"'with' of {action} must be a mapping")
         return
