@@ -6,10 +6,11 @@ import asyncio
 import re
 import shlex
 from pathlib import Path
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, Self, runtime_checkable
 
 import asyncssh
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from activities.errors import Unavailable
 
 __all__ = [
@@ -57,7 +58,7 @@ class Executor(Protocol):
 
     async def close(self) -> None: ...
 
-    async def __aenter__(self) -> "Executor": ...
+    async def __aenter__(self) -> Self: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
 
@@ -123,7 +124,7 @@ class SshExecutor:
                         config=None,
                         connect_timeout=self.connect_timeout,
                     )
-                except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError, asyncssh.Error) as exc:
                     permanent = isinstance(
                         exc, (asyncssh.HostKeyNotVerifiable, asyncssh.PermissionDenied, FileNotFoundError)
                     )
@@ -141,7 +142,7 @@ class SshExecutor:
         conn = await self._connect()
         try:
             proc = await conn.run(shlex.join(argv), input=input, check=False, timeout=timeout)
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncssh.Error) as exc:
             raise ExecutorError(self.host, f"running {argv[0]!r} failed: {exc!r}") from exc
         # exit_status is None when the remote command died by a signal; report it as failure.
         rc = proc.exit_status if proc.exit_status is not None else 255
@@ -153,7 +154,7 @@ class SshExecutor:
             await self._conn.wait_closed()
             self._conn = None
 
-    async def __aenter__(self) -> "SshExecutor":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -189,7 +190,7 @@ class NetnsExecutor:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if input is not None else None), timeout
             )
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             proc.kill()
             await proc.wait()
             raise ExecutorError(self.host, f"{cmd[0]!r} timed out after {timeout}s") from exc
@@ -198,7 +199,7 @@ class NetnsExecutor:
     async def close(self) -> None:
         return None
 
-    async def __aenter__(self) -> "NetnsExecutor":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -233,7 +234,7 @@ class ShellAccess(BaseModel):
         return "executor"
 
     @model_validator(mode="after")
-    def _complete(self) -> "ShellAccess":
+    def _complete(self) -> ShellAccess:
         if self.kind == "ssh":
             if not self.address:
                 raise ValueError(f"{self._who()}: ssh target needs an address")

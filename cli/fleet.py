@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -10,12 +11,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from activities.errors import InvalidInput
 from runtime.polling import read_full_status, read_kept_status
 from runtime.runs import TargetBusy
 from workflows import search
 from workflows.contract import FleetInput, FleetMember, FleetStatus, RunInput, RunStatus
 from workflows.fleet import FleetWorkflow, fleet_workflow_id
-from activities.errors import InvalidInput
 
 __all__ = ["FleetInvalid", "combined_timeline", "plan_fleet", "render_status", "start_fleet", "wave_of"]
 
@@ -86,7 +87,7 @@ async def member_runs(client: Client, status: FleetStatus, *, outputs: bool = Fa
         try:
             found[member.target] = await (read_full_status(handle, attempts=1) if outputs
                                           else read_kept_status(handle, attempts=1))
-        except Exception:  # noqa: BLE001 - a member whose worker is gone still shows its fleet state
+        except Exception:  # noqa: BLE001, S112 - a member whose worker is gone still shows its fleet state
             continue
     return found
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from activities.oidc import DECISION_REDIRECT_URI
 from activities.errors import ColdstartError
+from activities.oidc import DECISION_REDIRECT_URI
 
 __all__ = ["DEFAULT_ROLE", "REDIRECT_URI", "DecisionSource", "IdentityTokenError", "decision_source",
            "fetch_decision_token", "fetch_identity_token", "start_source"]

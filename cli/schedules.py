@@ -15,11 +15,11 @@ from temporalio.client import (
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from activities.errors import Refused
 from runtime.runs import workflow_id_for
 from workflows import search
 from workflows.contract import RunInput
 from workflows.runbook_workflow import RunbookWorkflow
-from activities.errors import Refused
 
 __all__ = ["DrillTargetRefused", "schedule_drill", "schedule_id_for"]
 

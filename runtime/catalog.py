@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.errors import Refused
 from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
 from activities.vault import IdentityKeysInput, fetch_identity_keys
@@ -20,9 +21,8 @@ from workflows.identity import IdentityError, effective_identity, start_nonce, v
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest
 from workflows.spec import IdentityPolicy
 from workflows.yaml_safety import YamlRefused, load_text, read_text
-from activities.errors import Refused
 
-__all__ = ["CATALOG_ENV", "Catalog", "CatalogRefused", "CatalogRunbook", "RunResolver", "TARGETS_ENV"]
+__all__ = ["CATALOG_ENV", "TARGETS_ENV", "Catalog", "CatalogRefused", "CatalogRunbook", "RunResolver"]
 
 CATALOG_ENV = "COLDSTART_CATALOG"
 TARGETS_ENV = "COLDSTART_TARGETS"
@@ -57,7 +57,7 @@ class Catalog:
         self._identity_keys = identity_keys
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "Catalog":
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Catalog:
         """$COLDSTART_CATALOG (default `runbooks`) and $COLDSTART_TARGETS (default `targets`)."""
         return cls(Path(environ.get(CATALOG_ENV, "runbooks")), Path(environ.get(TARGETS_ENV, "targets")))
 
@@ -171,7 +171,7 @@ class Catalog:
         nonce = start_nonce(workflow_id, request.digest, request.target, request.params, request.drill)
         try:
             who = verify_identity_token(request.identity_token, keys, audience=identity.audience,
-                                        now=datetime.now(timezone.utc), name_claim=identity.name_claim, nonce=nonce)
+                                        now=datetime.now(UTC), name_claim=identity.name_claim, nonce=nonce)
         except IdentityError as exc:
             raise CatalogRefused(f"the starter's {exc}") from None
         return who.name, who.subject
@@ -236,7 +236,7 @@ def _difference(given: Any, held: Any, path: str = "") -> str | None:
     if isinstance(given, list) and isinstance(held, list):
         if len(given) != len(held):
             return path.lstrip(".") or "(top)"
-        for index, (a, b) in enumerate(zip(given, held)):
+        for index, (a, b) in enumerate(zip(given, held, strict=True)):
             found = _difference(a, b, f"{path}[{index}]")
             if found is not None:
                 return found.lstrip(".")

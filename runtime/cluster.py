@@ -11,9 +11,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
 import yaml
 from google.protobuf.duration_pb2 import Duration
@@ -23,14 +24,14 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from activities.errors import ColdstartError
 from activities.inventory import Inventory
 from runtime.cluster_db import ClusterDatabase
-from runtime.processes import kill_pid, pid_alive, process_starttime
 from runtime.connection import connect
 from runtime.independence import violations
+from runtime.processes import kill_pid, pid_alive, process_starttime
 from runtime.server_config import dynamic_config_file
 from workflows import search
-from activities.errors import ColdstartError
 
 __all__ = ["Cluster", "ClusterError", "FrontendTLS", "NoToolchain", "install", "serve"]
 
@@ -54,7 +55,7 @@ class NoToolchain(ClusterError):
 
 def install() -> Path:
     """The dir holding temporal-server and temporal-sql-tool: built once per machine by the installer."""
-    proc = subprocess.run([str(INSTALLER)], stdout=subprocess.PIPE, text=True)  # progress on our stderr
+    proc = subprocess.run([str(INSTALLER)], stdout=subprocess.PIPE, text=True, check=False)  # progress on our stderr
     if proc.returncode == 3:
         raise NoToolchain("no Go toolchain to build the Temporal server with (go on PATH or /usr/local/go)")
     if proc.returncode != 0 or not proc.stdout.strip():
@@ -149,7 +150,7 @@ class Cluster:
     def metrics(self) -> str:
         return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
 
-    async def __aenter__(self) -> "Cluster":
+    async def __aenter__(self) -> Self:
         try:
             await self.start()
         except BaseException:
@@ -157,7 +158,7 @@ class Cluster:
             raise
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     async def start(self) -> None:
@@ -241,14 +242,14 @@ class Cluster:
             # Idempotent: applies only the versions the database lacks (also after a server upgrade).
             steps.append(["update-schema", "-d", str(schema_root / schema / "versioned")])
             for step in steps:
-                proc = subprocess.run([*tool, *step], env=env, capture_output=True, text=True, timeout=120)
+                proc = subprocess.run([*tool, *step], env=env, capture_output=True, text=True, timeout=120, check=False)
                 if proc.returncode != 0:
                     raise ClusterError(f"temporal-sql-tool {step[0]} on {database}: {proc.stderr.strip()[-2000:]}")
 
     def _server_config(self) -> dict[str, Any]:
         p = self.ports
         # A Go template rendered by the server at load time: the password never lands in this file.
-        password = '{{ env "%s" }}' % PASSWORD_ENV
+        password = '{{ env "' + PASSWORD_ENV + '" }}'
 
         def store(database: str, conns: int) -> dict[str, Any]:
             return {"sql": {"pluginName": "postgres12", "databaseName": database,
@@ -308,7 +309,8 @@ class Cluster:
                 client = await self.client()
             except RuntimeError:
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"the frontend at {self.address} not healthy within 90 s; see {self.log}")
+                    raise ClusterError(
+                        f"the frontend at {self.address} not healthy within 90 s; see {self.log}") from None
                 await asyncio.sleep(0.3)
         try:
             await client.workflow_service.register_namespace(RegisterNamespaceRequest(

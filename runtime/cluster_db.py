@@ -8,8 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from runtime.postgres import PG_BIN, as_postgres
 from activities.errors import ColdstartError
+from runtime.postgres import PG_BIN, as_postgres
 
 __all__ = ["ClusterDatabase", "DatabaseError"]
 
@@ -37,7 +37,8 @@ class ClusterDatabase:
     def _run(self, argv: list[str], *, input: str | None = None, timeout: float = 60.0,
              check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(as_postgres(argv), input=input, capture_output=True, text=True, timeout=timeout,
-                              cwd=self.root, start_new_session=True)  # the server outlives a Ctrl-C meant for us
+                              cwd=self.root, check=False,
+                              start_new_session=True)  # the server outlives a Ctrl-C meant for us
         if check and proc.returncode != 0:
             raise DatabaseError(f"{Path(argv[0]).name} {argv[1] if len(argv) > 1 else ''} -> rc={proc.returncode}: "
                                 f"{(proc.stderr or proc.stdout).strip()} (log {self.log})")

@@ -6,10 +6,10 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from activities.errors import Refused
 from workflows import search
 from workflows.contract import RunInput, workflow_id_for
 from workflows.runbook_workflow import RunbookWorkflow
-from activities.errors import Refused
 
 __all__ = ["TargetBusy", "start_run", "workflow_id_for"]
 

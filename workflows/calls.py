@@ -8,6 +8,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import Priority
 from temporalio.exceptions import ActivityError
+
 from activities.errors import ColdstartError
 
 with workflow.unsafe.imports_passed_through():

@@ -9,20 +9,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from activities.errors import InvalidInput
 from activities.oidc import IdentityKeys
 from workflows.spec import ActionDefaults, ForEachSpec, Runbook
-from activities.errors import InvalidInput
 
 __all__ = [
+    "RESOLVE_RUN_ACTIVITY",
     "ApprovalRecord",
     "ApproveRequest",
+    "CatalogRecord",
     "ControlRecord",
     "ControlRequest",
     "FanOutInput",
     "FanOutResult",
+    "FleetInput",
+    "FleetMember",
+    "FleetMemberState",
+    "FleetStatus",
     "GateReading",
     "RequestError",
-    "CatalogRecord",
     "RunInput",
     "RunRequest",
     "RunResult",
@@ -31,11 +36,6 @@ __all__ = [
     "StepState",
     "StepStatus",
     "UndoRecord",
-    "FleetInput",
-    "FleetMember",
-    "FleetMemberState",
-    "FleetStatus",
-    "RESOLVE_RUN_ACTIVITY",
     "parse_request",
     "readings_queue",
     "status_from_memo",
@@ -183,7 +183,7 @@ class RunInput(BaseModel):
     request: RunRequest | None = None
     catalog: CatalogRecord | None = None
     # Carried across continue-as-new.
-    resume: "ResumeState | None" = None
+    resume: ResumeState | None = None
 
 
 class ResumeState(BaseModel):
@@ -194,7 +194,7 @@ class ResumeState(BaseModel):
     paused: bool = False
     started_at: datetime
     identity_keys: IdentityKeys | None = None
-    controls: list["ControlRecord"] = Field(default_factory=list)
+    controls: list[ControlRecord] = Field(default_factory=list)
     used_tokens: list[str] = Field(default_factory=list)
 
 

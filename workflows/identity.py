@@ -21,22 +21,22 @@ import hashlib
 import json
 import math
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jwt
 from pydantic import BaseModel, Field
 
+from activities.errors import InvalidInput
 from activities.oidc import IdentityKeys
 from activities.policy import TargetIdentity
 from workflows.spec import IdentityPolicy
-from activities.errors import InvalidInput
 
 __all__ = [
     "ALLOWED_ALGORITHMS",
-    "RUN_LEVEL",
     "CLOCK_SKEW",
     "MAX_TOKEN_BYTES",
+    "RUN_LEVEL",
     "IdentityError",
     "VerifiedIdentity",
     "decision_nonce",
@@ -132,11 +132,11 @@ def _b64json(part: str) -> Any:
 
 def _utc(moment: datetime) -> datetime:
     # A naive datetime is taken as UTC (workflow.now() is aware; a local-time reading would be wrong).
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _when(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _numeric_date(claims: dict[str, Any], name: str, *, required: bool) -> float | None:
@@ -263,4 +263,4 @@ def verify_identity_token(
         raise _fail(f"has no {name_claim!r} claim (a non-empty string): the Vault role's template must set it, "
                     f'e.g. {{"{name_claim}": {{{{identity.entity.name}}}}}}')
     return VerifiedIdentity(subject=subject, name=name, issuer=issuer,
-                            expires_at=datetime.fromtimestamp(exp, timezone.utc))
+                            expires_at=datetime.fromtimestamp(exp, UTC))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
+
 from activities.errors import InvalidInput
 
-__all__ = ["RefError", "REF", "contains_refs", "iter_refs", "lookup", "resolve", "split_path"]
+__all__ = ["REF", "RefError", "contains_refs", "iter_refs", "lookup", "resolve", "split_path"]
 
 REF = re.compile(r"\$\{\{\s*([^{}]*?)\s*\}\}")
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)|\[(\d+)\]|\.")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import stat
 import re
+import stat
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -251,7 +251,7 @@ class _PythonEvents(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser
         yaml.scanner.Scanner.__init__(self)
         yaml.parser.Parser.__init__(self)
 
-    def fetch_flow_collection_start(self, TokenClass: type) -> None:  # noqa: N803 - PyYAML's name
+    def fetch_flow_collection_start(self, TokenClass: type) -> None:
         if self.flow_level >= MAX_DEPTH:
             raise _refuse(self.get_mark(), _DEEP)
         super().fetch_flow_collection_start(TokenClass)

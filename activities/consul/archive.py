@@ -9,7 +9,7 @@ import json
 import tarfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,7 +49,7 @@ def taken_at(meta: dict[str, Any]) -> datetime:
         ms = int(ident.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         raise ArchiveError(f"snapshot ID {ident!r} does not end in a millisecond timestamp") from None
-    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import consul
@@ -148,7 +148,7 @@ class UserEnableOutput(BaseModel):
 
 
 def _nanoseconds(interval: str) -> int:
-    return int(round(go_duration_seconds(interval) * 1e9))
+    return round(go_duration_seconds(interval) * 1e9)
 
 
 def _duration_text(nanoseconds: int) -> str:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities._fields import unique_names
+from activities.errors import ColdstartError
 from activities.executors import Executor, ExecutorError, HostTarget, executor_for
 from activities.firewall.rules import (
     AllowTier,
@@ -22,7 +24,6 @@ from activities.firewall.rules import (
     _reject_rule,
 )
 from activities.registry import action
-from activities.errors import ColdstartError
 
 __all__ = [
     "DEFAULT_CHAIN",
@@ -92,7 +93,7 @@ class BlockInput(_Targeted):
         return sorted(set(ports))
 
     @model_validator(mode="after")
-    def _keeps_access(self) -> "BlockInput":
+    def _keeps_access(self) -> BlockInput:
         # Blocking the port the controller reaches a host by would lock the recovery out of it.
         for host in self.hosts:
             if host.kind == "ssh" and host.port in self.ports:
@@ -230,7 +231,8 @@ async def _converge_chain(ex: Executor, inp: _Targeted, want: Callable[[HostFire
         actions += _describe_chain_change(fw, rules, chain)
         lines += _chain_section(chain, rules)
     if ports is not None:
-        good = [j for j, pos in zip(fw.jumps, fw.jump_index) if j.ports == tuple(ports) and not j.extra and pos == 0]
+        good = [j for j, pos in zip(fw.jumps, fw.jump_index, strict=True)
+                if j.ports == tuple(ports) and not j.extra and pos == 0]
         if not (len(fw.jumps) == 1 and good):
             # Wrong ports, duplicates, or not first in INPUT (an earlier ESTABLISHED accept
             # would let existing clients through): remove them all and insert one at the top.
