@@ -15,19 +15,26 @@ from typing import Any
 
 from .clock import Clock, RealClock
 from .consul_load import LoadModel, LoadParams
-from .consul_snapshot import (FsmState, SnapshotError, build_archive, decode_state, encode_peers, encode_state,
-                              read_archive)
+from .consul_snapshot import (
+    FsmState,
+    SnapshotError,
+    build_archive,
+    decode_state,
+    encode_peers,
+    encode_state,
+    read_archive,
+)
 from .persist import load_json, save_json
 from .promtext import SampleWindow, Series
 
 __all__ = [
-    "ConsulCluster",
-    "ServerMember",
-    "CasError",
-    "LeaderError",
     "STREAMING_KEY",
-    "go_duration",
+    "CasError",
+    "ConsulCluster",
+    "LeaderError",
+    "ServerMember",
     "ci_get",
+    "go_duration",
     "parse_duration",
     "public_check",
 ]
@@ -76,7 +83,7 @@ def go_duration(ms: float) -> str:
 
 
 def rfc3339(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass
@@ -198,7 +205,7 @@ class ConsulCluster:
             self._event = asyncio.Event()
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     def _next_index(self) -> int:
@@ -845,7 +852,7 @@ def duration_ns(value: Any) -> int:
     """A Go duration from a request body (text, or integer nanoseconds) in nanoseconds; unset is 0."""
     if value in (None, ""):
         return 0
-    return int(round(parse_duration(value) * 1e9))
+    return round(parse_duration(value) * 1e9)
 
 
 def go_duration_ns(ns: int) -> str:
@@ -873,7 +880,7 @@ def go_duration_ns(ns: int) -> str:
     return f"{sign}{minutes}m{text}" if minutes else sign + text
 
 
-def parse_duration(text: str | int | float) -> float:
+def parse_duration(text: str | float) -> float:
     """Go duration ("10s", "1m30s", "250ms") to seconds; bare numbers are nanoseconds as in Go JSON."""
     if isinstance(text, (int, float)):
         return float(text) / 1e9

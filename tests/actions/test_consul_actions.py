@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -9,7 +10,7 @@ import shutil
 import signal
 import stat
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -17,10 +18,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities._clients import ConsulTarget, go_duration_seconds
 from activities.consul import kv, leadership, snapshots, users
 from activities.consul._kv import KvEntry
 from activities.consul.services import UserService
-from activities._clients import ConsulTarget, go_duration_seconds
 from activities.secrets import forget_cached_secrets
 
 from .conftest import CONSUL_TOKEN
@@ -224,7 +225,7 @@ def test_snapshot_select_picks_newest_before(stack, tmp_path):
     with pytest.raises(ApplicationError) as err:
         snapshots.snapshot_select(snapshots.SnapshotSelectInput(store=str(tmp_path), before=cut, max_age_seconds=0.5))
     assert err.value.non_retryable and err.value.type == "TooOld"
-    assert saved[0].taken_at < datetime.now(timezone.utc)
+    assert saved[0].taken_at < datetime.now(UTC)
 
 
 # --------------------------------------------------------------------------- health and leadership
@@ -467,8 +468,8 @@ def test_users_agent_checks_answer_like_real_consul(stack):
         "critical", "", None, 7200 * NS_PER_S, 0)
     bad = httpx.put(f"{url}/v1/agent/check/register", headers=headers,
                     json={"ID": "shape-bad", "Name": "b", "HTTP": "http://127.0.0.1:1/"})
-    assert (bad.status_code, bad.text) == (400, "Invalid check: Interval must be > 0 for Script, HTTP, H2PING, TCP, "
-                                                "UDP or OSService checks")
+    assert (bad.status_code, bad.text) == (400, ("Invalid check: Interval must be > 0 for Script, HTTP, H2PING, TCP, "
+                                                 "UDP or OSService checks"))
     httpx.put(f"{url}/v1/agent/service/deregister/shape", headers=headers).raise_for_status()
     httpx.put(f"{url}/v1/agent/check/deregister/shape-ttl", headers=headers).raise_for_status()
 
@@ -607,10 +608,8 @@ def _lab_cleanup(stack) -> None:
 
     api = stack.nomad_api()
     for user in LAB_USERS:
-        try:
+        with contextlib.suppress(Exception):  # not registered
             api.job.deregister_job(user.name, purge=True)
-        except Exception:  # noqa: BLE001 - not registered
-            pass
     admin = stack.admin()
     admin.kv.delete("coldstart/usage/", recurse=True)
     admin.kv.delete("coldstart/journal/users/", recurse=True)
