@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from activities._clients import ConsulTarget, NomadTarget
 from activities.consul.services import UserService
 from activities.executors import HostTarget, ShellAccess
 from activities.policy import TargetPolicy
 from activities.secrets import VaultSecretRef
+from activities.strict import StrictModel
 
 __all__ = ["DnsSteering", "Endpoints", "Host", "Inventory", "Telemetry", "VaultLogin"]
 
@@ -19,11 +20,7 @@ __all__ = ["DnsSteering", "Endpoints", "Host", "Inventory", "Telemetry", "VaultL
 # things are, for runbooks to reference (`${{ target.dns.zone }}`).
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Host(_Strict):
+class Host(StrictModel):
     """One machine: its address, what runs there, and how to reach a shell on it."""
 
     address: str
@@ -31,7 +28,7 @@ class Host(_Strict):
     executor: ShellAccess | None = None
 
 
-class VaultLogin(_Strict):
+class VaultLogin(StrictModel):
     """Where the worker finds its AppRole credentials (files, so they stay out of workflow history)."""
 
     address: str
@@ -39,7 +36,7 @@ class VaultLogin(_Strict):
     approle_secret_id_file: str
 
 
-class Endpoints(_Strict):
+class Endpoints(StrictModel):
     """Service APIs as URLs / ip:port; lists hold every member so runbooks can address each one."""
 
     consul: list[str] = Field(default_factory=list)
@@ -53,7 +50,7 @@ class Endpoints(_Strict):
     extra: dict[str, list[str]] = Field(default_factory=dict)
 
 
-class DnsSteering(_Strict):
+class DnsSteering(StrictModel):
     """The steered name and what dns.steer.* needs, the TSIG secret as a Vault reference."""
 
     zone: str
@@ -65,12 +62,12 @@ class DnsSteering(_Strict):
     tsig_secret: VaultSecretRef
 
 
-class Telemetry(_Strict):
+class Telemetry(StrictModel):
     prometheus: str
     metrics: dict[str, list[str]] = Field(default_factory=dict)
 
 
-class Inventory(_Strict):
+class Inventory(StrictModel):
     """A target: `drill: true` marks a lab (drills are refused on anything else); `development: true` lets
     a run bring a runbook the controller's catalog does not hold (never mark a production target so)."""
 

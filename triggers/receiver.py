@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from activities.errors import LocatedErrors, Unavailable
+from activities.strict import StrictModel
 from workflows.loader import LocatedSource, RunbookInvalid, locate_pydantic_errors, parse_located_yaml, plan_run
 from workflows.yaml_safety import YamlRefused, load_file, read_text
-from activities.errors import LocatedErrors, Unavailable
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -69,11 +70,7 @@ class TemporalUnavailable(Unavailable):
     """Temporal could not be reached to start a run: answered 503 so Alertmanager retries."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Trigger(_Strict):
+class Trigger(StrictModel):
     """One allow-listed alert and the run it starts."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="names the trigger; initiator alertmanager:<name>")
@@ -98,7 +95,7 @@ class Trigger(_Strict):
         return params
 
 
-class TriggersFile(_Strict):
+class TriggersFile(StrictModel):
     """A triggers file: which alerts start which runbooks."""
 
     version: Literal[1] = 1
@@ -277,9 +274,9 @@ def temporal_starter(task_queue: str | None = None) -> Starter:
     async def starter(run: Any) -> str:
         from temporalio.service import RPCError, RPCStatusCode
 
-        from runtime.runs import start_run
         from runtime.connection import connect
         from runtime.connection import task_queue as default_queue
+        from runtime.runs import start_run
 
         async with connecting:
             if not client:

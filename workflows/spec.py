@@ -10,7 +10,6 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (
     AwareDatetime,
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -19,6 +18,7 @@ from pydantic import (
 )
 
 from activities.retry import Duration, Retry
+from activities.strict import StrictModel
 
 __all__ = [
     "STEP_KINDS",
@@ -50,17 +50,13 @@ __all__ = [
 StepId = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=False)
-
-
-class Metadata(_Strict):
+class Metadata(StrictModel):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$", max_length=63)]
     description: str = ""
     owner: str = ""
 
 
-class Param(_Strict):
+class Param(StrictModel):
     type: Literal["string", "integer", "number", "boolean", "duration", "list", "object"] = "string"
     default: Any = None
     description: str = ""
@@ -79,12 +75,12 @@ class OnFailure(StrEnum):
     retry = "retry"
 
 
-class UndoSpec(_Strict):
+class UndoSpec(StrictModel):
     action: str
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
 
 
-class _StepBase(_Strict):
+class _StepBase(StrictModel):
     id: StepId
     name: str = ""
     description: str = ""
@@ -111,7 +107,7 @@ class ActionStep(_StepBase):
 Comparator = Literal["<", "<=", ">", ">=", "==", "!="]
 
 
-class GateSpec(_Strict):
+class GateSpec(StrictModel):
     name: str = ""
     source: Literal["prometheus", "http"] = "prometheus"
     # Prometheus base URL, or the URL probed for source http; usually ${{ target.telemetry.prometheus }}.
@@ -137,7 +133,7 @@ class GateStep(_StepBase):
     gate: GateSpec
 
 
-class ApprovalSpec(_Strict):
+class ApprovalSpec(StrictModel):
     approvers: list[str] | None = None
     four_eyes: bool | None = None
     prompt: str = ""
@@ -152,7 +148,7 @@ class WaitStep(_StepBase):
     wait: Duration
 
 
-class RampSpec(_Strict):
+class RampSpec(StrictModel):
     action: str
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
     start: Annotated[int, Field(ge=0, le=100)] = 10
@@ -188,7 +184,7 @@ class RampStep(_StepBase):
     on_failure: OnFailure = OnFailure.hold
 
 
-class ForEachSpec(_Strict):
+class ForEachSpec(StrictModel):
     items: list[Any] | str
     as_: Annotated[str, Field(alias="as", pattern=r"^[a-z][a-z0-9_]*$")] = "item"
     action: str
@@ -259,7 +255,7 @@ ParallelStep.model_rebuild()
 Control = Literal["start", "approve", "skip", "retry", "abort", "pause", "resume"]
 
 
-class IdentityPolicy(_Strict):
+class IdentityPolicy(StrictModel):
     """Verified operator identity: short-lived OIDC id tokens signed by Vault's identity secrets engine, each
     carrying the nonce of one decision (run, step and verb) when `provider` is set."""
 
@@ -279,7 +275,7 @@ class IdentityPolicy(_Strict):
     )
 
 
-class DeadlineSpec(_Strict):
+class DeadlineSpec(StrictModel):
     """A hard end for the whole run (a preemption notice, a maintenance window): no step runs past it."""
 
     at: AwareDatetime | Annotated[str, Field(pattern=r"\$\{\{")] | None = Field(
@@ -315,7 +311,7 @@ class DeadlineSpec(_Strict):
         return min(ends) - self.margin
 
 
-class Runbook(_Strict):
+class Runbook(StrictModel):
     """A runbook file."""
 
     version: Literal[1] = 1
