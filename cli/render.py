@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
+from typing import Any, assert_never
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -14,7 +14,17 @@ from rich.text import Text
 
 from runtime.polling import RunWatch, Sleep
 from workflows.contract import RunInput, RunStatus
-from workflows.spec import ActionStep, ApprovalStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep, WaitStep
+from workflows.spec import (
+    ActionStep,
+    AnyStep,
+    ApprovalStep,
+    ForEachStep,
+    GateSpec,
+    GateStep,
+    ParallelStep,
+    RampStep,
+    WaitStep,
+)
 
 __all__ = ["follow", "plan", "runs", "status"]
 
@@ -35,7 +45,7 @@ def _gate_text(gate: GateSpec) -> str:
     return f"{gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} ({hold}, every {gate.interval}, timeout {gate.timeout})"
 
 
-def _describe(step: Any, run: RunInput) -> str:
+def _describe(step: AnyStep, run: RunInput) -> str:
     if isinstance(step, ActionStep):
         text = f"{step.action} {step.with_}"
         if step.undo:
@@ -61,7 +71,7 @@ def _describe(step: Any, run: RunInput) -> str:
         return f"{each.action} for each of {items} (concurrency {each.max_concurrency}, tolerate {each.error_threshold})"
     if isinstance(step, ParallelStep):
         return "in parallel: " + ", ".join(s.id for s in step.parallel)
-    return ""
+    assert_never(step)
 
 
 def _access(run: RunInput) -> str:

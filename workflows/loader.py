@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Iterable
+from typing import Annotated, Any, assert_never
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -23,15 +24,17 @@ from workflows.spec import (
     STEP_KINDS,
     ActionDefaults,
     ActionStep,
+    AnyStep,
     ApprovalStep,
     ForEachStep,
     GateSpec,
     GateStep,
-    Param,
     ParallelStep,
+    Param,
     RampStep,
     Runbook,
     Step,
+    WaitStep,
 )
 from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
 
@@ -183,10 +186,7 @@ def _loc_to_path(loc: Iterable[Any], data: Any) -> Path_:
     path: list[Any] = []
     current = data
     for part in loc:
-        if isinstance(current, dict) and part in current:
-            path.append(part)
-            current = current[part]
-        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
+        if isinstance(current, dict) and part in current or isinstance(current, list) and isinstance(part, int) and part < len(current):
             path.append(part)
             current = current[part]
         elif part in STEP_KINDS or isinstance(part, str) and (
@@ -495,7 +495,7 @@ def _check_semantics(
                 source.error(path, f"reference {ref!r}: unknown root {root!r} (use params, target, steps, run)")
 
     def walk(
-        steps: list[Any],
+        steps: list[AnyStep | None],
         base: Path_,
         done: set[str],
         later_outer: set[str],
@@ -543,6 +543,10 @@ def _check_semantics(
                     # Siblings may not refer to each other: they run at the same time.
                     walk([child], path + ("parallel",), done, later, loop_vars, members - _ids_in([child]), j)
                 done |= members
+            elif isinstance(step, WaitStep):
+                pass  # a duration, already resolved: no reference or action left to check
+            else:
+                assert_never(step)
             done.add(step.id)
 
     walk(steps_in, ("steps",), set(), set(), set())
@@ -583,7 +587,7 @@ def _check_deadline_ahead(runbook: Runbook, source: LocatedSource) -> None:
     spec = runbook.deadline
     if spec is None or spec.max_ahead is None or not isinstance(spec.at, datetime):
         return
-    ahead = spec.at - datetime.now(timezone.utc)
+    ahead = spec.at - datetime.now(UTC)
     if ahead <= timedelta(0):
         source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is already {-ahead.total_seconds():.0f} s "
                                          "past: nothing is started")

@@ -25,6 +25,7 @@ __all__ = [
     "STEP_TYPES",
     "ActionDefaults",
     "ActionStep",
+    "AnyStep",
     "ApprovalSpec",
     "ApprovalStep",
     "Comparator",
@@ -227,6 +228,9 @@ STEP_TYPES: dict[str, type[_StepBase]] = {
     "parallel": ParallelStep,
 }
 STEP_KINDS = tuple(STEP_TYPES)
+# The same models spelled out for the type checker, so an isinstance ladder over a step ends in
+# typing.assert_never and a kind it misses fails `make check` (tests/test_step_kinds.py: the same set).
+AnyStep = ActionStep | GateStep | ApprovalStep | WaitStep | RampStep | ForEachStep | ParallelStep
 _KIND_OF = {model: kind for kind, model in STEP_TYPES.items()}
 
 
