@@ -6,11 +6,12 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import consul
 import consul.exceptions as cex
+import consul.std
 import nomad
 import nomad.api.exceptions as nex
 import requests
@@ -30,6 +31,7 @@ __all__ = [
     "call",
     "consul_client",
     "consul_get",
+    "consul_http",
     "consul_token",
     "describe",
     "dumps",
@@ -159,10 +161,16 @@ def consul_client(target: ConsulTarget, address: str | None = None, token: str |
         verify=target.ca_cert or True,
         connections_timeout=target.timeout_seconds,
     )
-    client.http.session = http_session()
+    consul_http(client).session = http_session()
     # py-consul lets $CONSUL_HTTP_TOKEN override the constructor's token; the Vault one must win.
     client.token = secret
     return client
+
+
+def consul_http(client: consul.Consul) -> consul.std.HTTPClient:
+    """The client's HTTP layer. py-consul sets it from an abstract method that returns nothing, so a type
+    checker takes it for None; this says what it is."""
+    return cast(consul.std.HTTPClient, client.http)
 
 
 def consul_token(target: ConsulTarget) -> str | None:
@@ -173,7 +181,7 @@ def consul_get(client: consul.Consul, path: str, params: list[tuple[str, Any]] |
     """GET a documented JSON endpoint py-consul has no token-aware wrapper for (raft config, agent self)."""
     from consul.callback import CB
 
-    return client.http.get(CB.json(), path, params=params or [], headers=client.prepare_headers())
+    return consul_http(client).get(CB.json(), path, params=params or [], headers=client.prepare_headers())
 
 
 def nomad_client(target: NomadTarget, token: str | None = None) -> nomad.Nomad:
@@ -184,11 +192,12 @@ def nomad_client(target: NomadTarget, token: str | None = None) -> nomad.Nomad:
         # endpoint (python-nomad would otherwise open a session per endpoint, about thirty per client).
         address=f"{parts.scheme}://{parts.netloc}",
         session=http_session(),
-        host=parts.hostname,
+        host=parts.hostname or "",
         port=parts.port or (443 if parts.scheme == "https" else 80),
         secure=parts.scheme == "https",
-        verify=target.ca_cert or (parts.scheme == "https"),
-        timeout=target.timeout_seconds,
+        # Both go to requests, which takes a CA bundle's path and a float; python-nomad's hints say bool and int.
+        verify=target.ca_cert or (parts.scheme == "https"),  # pyright: ignore[reportArgumentType]
+        timeout=target.timeout_seconds,  # pyright: ignore[reportArgumentType]
         region=target.region,
         token=secret or None,
     )

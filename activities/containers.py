@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -187,7 +187,8 @@ def _instant(text: str) -> datetime:
         return moment
 
 
-@action("containers.preemption_notice", timeout=30, retry=Retry(max_attempts=3, initial_interval=0.5))
+@action("containers.preemption_notice", timeout=30,
+        retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.5)))
 async def preemption_notice(inp: NoticeInput) -> NoticeOutput:
     """Confirm from the host itself that the provider will terminate it, at about the deadline the run was
     given: a run started by an alert drains nothing on the alert's word alone."""
@@ -260,13 +261,14 @@ async def live_containers(inp: _OnHost) -> HostContainers:
     return HostContainers(host=inp.host, cgroup=report["cgroup"], containers=_states(report))
 
 
-@action("containers.list", timeout=30, retry=Retry(max_attempts=3, initial_interval=0.2))
+@action("containers.list", timeout=30, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)))
 async def list_containers(inp: ListInput) -> HostContainers:
     """Every container on a host (a child cgroup of the parent), its process count and its namespace init."""
     return await live_containers(inp)
 
 
-@action("containers.kill_inits", timeout=30, mutating=True, retry=Retry(max_attempts=3, initial_interval=0.2))
+@action("containers.kill_inits", timeout=30, mutating=True,
+        retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)))
 async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
     """SIGKILL every container's PID-namespace init on a host at once, then verify every container is empty.
 

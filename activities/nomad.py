@@ -97,8 +97,8 @@ def wait_for_no_active_deployment(api: Any, job: str, namespace: str = "default"
     waited = False
     while True:
         dep = _latest_deployment(api, job, namespace)
-        status = (dep or {}).get("Status")
-        if status not in ACTIVE_DEPLOYMENT:
+        status = dep.get("Status") if dep is not None else None
+        if dep is None or status not in ACTIVE_DEPLOYMENT:
             return waited
         label = f"{job}: deployment {dep['ID'][:8]} of version {dep.get('JobVersion')}"
         if why := _needs_operator(dep):
@@ -353,10 +353,10 @@ class RedeployInput(BaseModel):
     def _spec(cls, spec: dict[str, Any] | None) -> dict[str, Any] | None:
         if spec is None:
             return None
-        spec = spec.get("Job", spec)
-        if not spec.get("TaskGroups"):
+        job: dict[str, Any] = spec.get("Job", spec)
+        if not job.get("TaskGroups"):
             raise ValueError("job_spec has no TaskGroups")
-        return spec
+        return job
 
 
 class AllocView(BaseModel):
@@ -456,7 +456,7 @@ def _stop_and_purge(api: Any, inp: RedeployInput, state: dict[str, Any]) -> None
             break
         if time.monotonic() > deadline:
             raise unavailable(f"stopped {inp.job}, but {len(running)} allocation(s) still "
-                              f"{sorted({a.get('ClientStatus') for a in running})} after "
+                              f"{sorted({str(a.get('ClientStatus')) for a in running})} after "
                               f"{inp.stop_timeout_seconds:.0f}s on {sorted({a.get('NodeName', '?') for a in running})};"
                               " not purged, a retry resumes here", details=state)
         heartbeat(state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import httpx
 
@@ -50,7 +51,8 @@ async def _api(base_url: str, endpoint: str, params: dict, *, timeout: float, cl
 
 def single_value(data: dict) -> float:
     """Reduce a query result to one number; empty or ambiguous results are errors, never a pass."""
-    kind, result = data.get("resultType"), data.get("result")
+    kind = data.get("resultType")
+    result: Any = data.get("result")  # JSON: a [time, value] pair or a list of series, as resultType says
     if kind == "scalar":
         value = float(result[1])
     elif kind == "vector":

@@ -43,14 +43,17 @@ def _validating(name: str, fn: Callable[..., Any], model: type[BaseModel], outpu
     The wrapper's own signature says `Any`, so the data converter hands over plain JSON and
     does not validate (its failures would be retried as "Failed decoding arguments").
     """
+    run: Callable[..., Any]
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
-        async def run(inp: Any) -> Any:
+        async def run_async(inp: Any) -> Any:
             return await fn(parse_input(name, model, inp))
+        run = run_async
     else:
         @functools.wraps(fn)
-        def run(inp: Any) -> Any:
+        def run_sync(inp: Any) -> Any:
             return fn(parse_input(name, model, inp))
+        run = run_sync
     run.__annotations__ = {"inp": Any, "return": output}
     run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("inp", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Any)],

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from temporalio.common import RetryPolicy
 
-__all__ = ["Duration", "Retry", "parse_duration"]
+__all__ = ["Duration", "Retry", "format_duration", "parse_duration"]
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*(?:(\d+(?:\.\d+)?)s)?\s*(?:(\d+(?:\.\d+)?)ms)?\s*$")
 
@@ -30,6 +30,18 @@ def parse_duration(value: Any) -> Any:
         hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
         return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
     return value
+
+
+def format_duration(value: timedelta | float) -> str:
+    """A duration as a runbook writes it, for every human view: 2s, 0.25s and 90s under two minutes (seconds
+    alone), 2m30s and 1h30m above (whole seconds); parse_duration reads it back."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if seconds < 120:
+        return f"{sign}{round(seconds, 3):g}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return sign + "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n)
 
 
 Duration = Annotated[
@@ -57,7 +69,9 @@ class Retry(BaseModel):
 
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
     # `interval` is what runbooks wrote before the shapes were merged.
-    initial_interval: Duration = Field(timedelta(seconds=1), validation_alias=AliasChoices("initial_interval", "interval"))
+    initial_interval: Duration = Field(
+        default=timedelta(seconds=1), validation_alias=AliasChoices("initial_interval", "interval")
+    )
     backoff: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
     max_interval: Duration = timedelta(seconds=30)
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Annotated, Any
 
 import consul
@@ -21,7 +22,7 @@ from consul.callback import CB
 from pydantic import BaseModel, Field, field_validator
 from temporalio.exceptions import ApplicationError
 
-from activities._clients import CLIENT_ERRORS, ConsulTarget, consul_client, translate, unavailable
+from activities._clients import CLIENT_ERRORS, ConsulTarget, consul_client, consul_http, translate, unavailable
 from activities._fields import unique_names
 from activities.consul._kv import CAS_ATTEMPTS, _read_prefix, kv_ensure
 from activities.consul.kv import KvSetInput, kv_undo
@@ -64,7 +65,7 @@ class CordonOutput(BaseModel):
 
 
 @action("sessions.cordon", timeout=30, mutating=True, undo="consul.kv.set", undo_from_output="undo",
-        retry=Retry(max_attempts=5, initial_interval=0.2))
+        retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)))
 def cordon(inp: CordonInput) -> CordonOutput:
     """Mark a host unschedulable in the session store, so no new container is placed on it (idempotent)."""
     key = f"{inp.store_prefix}hosts/{inp.host}"
@@ -112,7 +113,7 @@ def _delete_cas(client: consul.Consul, batch: list[tuple[str, int]]) -> bool:
     ops = [{"KV": {"Verb": "delete-cas", "Key": key, "Index": index}} for key, index in batch]
     try:
         # py-consul's txn.put sends no ACL token: call its HTTP layer with the client's headers.
-        client.http.put(CB.json(), "/v1/txn", data=json.dumps(ops), headers=client.prepare_headers())
+        consul_http(client).put(CB.json(), "/v1/txn", data=json.dumps(ops), headers=client.prepare_headers())
     except cex.ClientError as exc:
         code, _, body = str(exc).partition(" ")
         if code != "409":
@@ -130,7 +131,8 @@ def _delete_cas(client: consul.Consul, batch: list[tuple[str, int]]) -> bool:
     return True
 
 
-@action("sessions.release", timeout=60, mutating=True, retry=Retry(max_attempts=5, initial_interval=0.2))
+@action("sessions.release", timeout=60, mutating=True,
+        retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)))
 async def release(inp: ReleaseInput) -> ReleaseOutput:
     """Delete, in transactions of delete-cas, every entry of `host` whose container is verified gone.
 

@@ -139,9 +139,10 @@ async def read_many(inp: ReadManyInput) -> Readings:
 async def _heartbeat_while_waiting() -> None:
     # A batch may wait a minute or two for its slots: its heartbeats tell the server the worker is alive.
     # None before the first interval, so a batch read at once (most are) costs the server no heartbeat.
-    if not activity.in_activity() or not activity.info().heartbeat_timeout:
+    timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
+    if not timeout:
         return
-    every = activity.info().heartbeat_timeout.total_seconds() / 3
+    every = timeout.total_seconds() / 3
     while True:
         await asyncio.sleep(every)
         activity.heartbeat()
@@ -154,7 +155,7 @@ def wait_before(not_before: datetime, now: datetime) -> float:
 
 
 def _run_key() -> str:
-    return activity.info().workflow_id if activity.in_activity() else ""
+    return (activity.info().workflow_id or "") if activity.in_activity() else ""
 
 
 async def _sample(inp: ReadInput) -> Reading:

@@ -40,7 +40,9 @@ class HealthOutput(BaseModel):
 @action("vault.health", timeout=60, retry=Retry(max_attempts=3))
 def health(inp: HealthInput) -> HealthOutput:
     """Read sys/health; sealed or uninitialized (or standby when standby_ok is false) is an error."""
-    client = hvac.Client(url=inp.address, verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
+    # hvac hands timeout to requests, which takes seconds as a float; its hint says int.
+    client = hvac.Client(url=inp.address, verify=inp.ca_cert or True,
+                         timeout=inp.timeout_seconds)  # pyright: ignore[reportArgumentType]
     try:
         # Every state answers 200 so the body, not the status code, says what it is.
         body = client.sys.read_health_status(method="GET", standby_ok=True, sealed_code=200, uninit_code=200,
@@ -141,7 +143,8 @@ _HOW_TO_CONFIGURE = (
 def fetch_identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
     """Vault's OIDC issuer and public keys, read from the public discovery endpoints; ApplicationError otherwise."""
     # token="" : these endpoints are public, and the worker's own token (VAULT_TOKEN) must not travel.
-    client = hvac.Client(url=inp.address, token="", verify=inp.ca_cert or True, timeout=inp.timeout_seconds)
+    client = hvac.Client(url=inp.address, token="", verify=inp.ca_cert or True,
+                         timeout=inp.timeout_seconds)  # pyright: ignore[reportArgumentType] - a float, as above
     base = f"/v1/identity/oidc/provider/{inp.provider}" if inp.provider else "/v1/identity/oidc"
     try:
         config = client.adapter.get(f"{base}/.well-known/openid-configuration")

@@ -34,9 +34,8 @@ def _entry(raw: dict[str, Any]) -> KvEntry:
 
 
 def _text(entry: KvEntry | None) -> str | None:
-    if entry is None or entry.value_base64 is None:
-        return None
-    return entry.raw().decode("utf-8", errors="replace")
+    raw = entry.raw() if entry is not None else None
+    return raw.decode("utf-8", errors="replace") if raw is not None else None
 
 
 def _check_key(key: str) -> str:

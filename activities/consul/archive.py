@@ -8,10 +8,11 @@ import hashlib
 import json
 import tarfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import msgpack
 
@@ -119,6 +120,7 @@ def read_snapshot(path: Path) -> SnapshotInfo:
         raise ArchiveError(f"{path.name}: state.bin has {state_size} bytes but meta.json says {meta['Size']}")
     if problem is not None:
         raise ArchiveError(f"{path.name}: {problem}")
+    assert decoded is not None  # state.bin is among MEMBERS: it was there and decoded, or this raised above
     kv, last_index, records = decoded
     return SnapshotInfo(meta, kv, last_index, records)
 
@@ -200,8 +202,12 @@ def append_kv(src: Path, dst: Path, key: str, value: bytes, expect_sha256: str) 
     try:
         with src.open("rb") as fh:
             source = _Hashing(fh)
-            with tarfile.open(fileobj=source, mode="r|gz") as tar, open_private(dst) as raw, \
-                    gzip.GzipFile(fileobj=raw, mode="wb") as out:
+            # A stream ("r|") is only read; typeshed asks of fileobj what the seeking modes use too.
+            with (
+                tarfile.open(fileobj=source, mode="r|gz") as tar,  # pyright: ignore[reportCallIssue, reportArgumentType]
+                open_private(dst) as raw,
+                gzip.GzipFile(fileobj=raw, mode="wb") as out,
+            ):
                 for member in tar:
                     data = tar.extractfile(member)
                     if member.name == "meta.json" and data is not None:
@@ -224,10 +230,11 @@ def append_kv(src: Path, dst: Path, key: str, value: bytes, expect_sha256: str) 
 def _kv_record(key: str, value: bytes, index: int) -> bytes:
     entry = {"CreateIndex": index, "Flags": 0, "Key": key.encode(), "LockIndex": 0, "ModifyIndex": index,
              "Session": b"", "Value": value or None}
-    return bytes([KVS_RECORD]) + msgpack.packb(entry, use_bin_type=False)
+    # packb returns the bytes (only a Packer that keeps its buffer returns None).
+    return bytes([KVS_RECORD]) + cast(bytes, msgpack.packb(entry, use_bin_type=False))
 
 
-def _write_members(out: IO[bytes], meta: dict[str, Any], state: IO[bytes], size: int, extra: bytes) -> None:
+def _write_members(out: gzip.GzipFile, meta: dict[str, Any], state: IO[bytes], size: int, extra: bytes) -> None:
     sums = hashlib.sha256()
     meta_b = (json.dumps(dict(meta, Size=size + len(extra)), separators=(",", ":")) + "\n").encode()
     _tar_member(out, "meta.json", len(meta_b), [meta_b])
@@ -237,7 +244,7 @@ def _write_members(out: IO[bytes], meta: dict[str, Any], state: IO[bytes], size:
     out.write(b"\0" * 1024)
 
 
-def _tee(src: IO[bytes], sha: Any, extra: bytes):
+def _tee(src: IO[bytes], sha: Any, extra: bytes) -> Iterator[bytes]:
     for chunk in iter(lambda: src.read(_CHUNK), b""):
         sha.update(chunk)
         yield chunk
@@ -245,7 +252,7 @@ def _tee(src: IO[bytes], sha: Any, extra: bytes):
     yield extra
 
 
-def _tar_member(out: IO[bytes], name: str, size: int, chunks: Any) -> None:
+def _tar_member(out: gzip.GzipFile, name: str, size: int, chunks: Iterable[bytes]) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o600, int(time.time())
     out.write(info.tobuf(tarfile.PAX_FORMAT))

@@ -221,7 +221,7 @@ def leader_transfer(inp: LeaderTransferInput) -> LeaderTransferOutput:
         return LeaderTransferOutput(changed=False, previous_leader=leader["Node"], leader=leader["Node"], target=None,
                                     reason="leader is not among the slow servers")
     autopilot = call("read autopilot health", lambda: client.operator.autopilot_health())
-    healthy = {s["ID"] for s in autopilot.get("Servers", []) if s.get("Healthy")}
+    healthy = {s.get("ID") for s in autopilot.get("Servers", []) if s.get("Healthy")}
     candidates = [s for s in servers if s.get("Voter") and s["ID"] not in slow and not s.get("Leader")]
     # Prefer voters autopilot calls healthy; an unhealthy-but-fast voter still beats a slow leader.
     candidates.sort(key=lambda s: (s["ID"] not in healthy, s["Node"]))

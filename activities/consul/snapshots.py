@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities._clients import ConsulTarget, bad, call, consul_client, describe, heartbeat, unavailable
+from activities._clients import ConsulTarget, bad, call, consul_client, consul_http, describe, heartbeat, unavailable
 from activities._files import open_private, private_directory
 from activities.consul._kv import _read_prefix
 from activities.consul.archive import ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot, taken_at
@@ -100,8 +100,9 @@ def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
     digest, size = hashlib.sha256(), 0
     try:
         # Streamed through py-consul's own session: snapshots can be far larger than memory allows.
-        resp = client.http.session.get(client.http.uri("/v1/snapshot", params), headers=client.prepare_headers(),
-                                       stream=True, verify=client.http.verify, timeout=inp.consul.timeout_seconds)
+        http = consul_http(client)
+        resp = http.session.get(http.uri("/v1/snapshot", params), headers=client.prepare_headers(),
+                                stream=True, verify=http.verify, timeout=inp.consul.timeout_seconds)
         if resp.status_code == 403:
             raise ApplicationError("consul.snapshot.save: Consul denied the request (needs a management token)",
                                    type="PermissionDenied", non_retryable=True)
@@ -313,9 +314,11 @@ def _put_snapshot(client: consul.Consul, target: ConsulTarget, path: Path, journ
             raise bad(f"snapshot {path} is unusable: {exc}") from None
         with archive.open("rb") as fh:
             try:
-                # A file object makes requests stream the body instead of loading the archive.
-                call("consul.snapshot.restore", lambda: client.http.put(
-                    CB.boolean(), "/v1/snapshot", params=params, data=fh, headers=client.prepare_headers()))
+                # A file object makes requests stream the body instead of loading the archive (py-consul's
+                # hint names only str and bytes; it hands data to requests as it is).
+                call("consul.snapshot.restore", lambda: consul_http(client).put(
+                    CB.boolean(), "/v1/snapshot", params=params, data=fh,  # pyright: ignore[reportArgumentType]
+                    headers=client.prepare_headers()))
             except ApplicationError as exc:
                 try:
                     applied = _journal(client, journal) == record

@@ -19,6 +19,7 @@ from activities._clients import (
     bad,
     call,
     consul_client,
+    consul_http,
     consul_token,
     describe,
     go_duration_seconds,
@@ -227,17 +228,19 @@ def _agent_differences(live: dict[str, Any], body: dict[str, Any]) -> list[str]:
 def _observe_agent_check(inp: UserDisableInput, client: consul.Consul) -> AgentCheckRecord:
     svc = inp.service
     agent = svc.check_agent or inp.consul.address
-    live = _read_agent_check(_agent_client(inp, client, agent), agent, svc.check_id)
-    want = str(_ci(svc.check_definition, "Interval"))
-    diffs = _agent_differences(live, svc.check_definition)
-    if diffs and _agent_differences(live, _with_interval(svc.check_definition, inp.check_interval)):
+    check_id, definition = svc.check_id, svc.check_definition
+    assert check_id is not None and definition is not None  # UserService requires both of an agent's check
+    live = _read_agent_check(_agent_client(inp, client, agent), agent, check_id)
+    want = str(_ci(definition, "Interval"))
+    diffs = _agent_differences(live, definition)
+    if diffs and _agent_differences(live, _with_interval(definition, inp.check_interval)):
         # Neither as the inventory registers it nor as a disable stretched it: re-registering the check from
         # the inventory would change more than its interval, and enable could not put the original back.
         raise ApplicationError(
-            f"check {svc.check_id} on agent {agent} differs from the inventory's check_definition "
+            f"check {check_id} on agent {agent} differs from the inventory's check_definition "
             f"({'; '.join(diffs)}): the inventory is out of date; not re-registering the check from it",
             type="Conflict", non_retryable=True)
-    return AgentCheckRecord(agent=agent, check_id=svc.check_id, interval=want, definition=svc.check_definition)
+    return AgentCheckRecord(agent=agent, check_id=check_id, interval=want, definition=definition)
 
 
 def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckRecord, interval: str,
@@ -250,7 +253,7 @@ def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckReco
     if not _agent_differences(_read_agent_check(agent_client, rec.agent, rec.check_id), body):
         return
     # The agent keeps the check's status and output across a re-registration of the same ID.
-    ok = call(f"register check {rec.check_id} on {rec.agent}", lambda: agent_client.http.put(
+    ok = call(f"register check {rec.check_id} on {rec.agent}", lambda: consul_http(agent_client).put(
         CB.boolean(), "/v1/agent/check/register", headers=agent_client.prepare_headers(), data=json.dumps(body)))
     if not ok:
         raise unavailable(f"agent {rec.agent} refused to register check {rec.check_id}")
@@ -330,6 +333,7 @@ def _disable_job(inp: UserDisableInput, client: consul.Consul, api: Any, rec: Se
     """Stretch the job's check and scale it down in ONE job version (each register starts a deployment).
     Only Interval, InitialStatus and OnUpdate of the check change (STRETCHED_FIELDS)."""
     scale = rec.scale
+    assert scale is not None  # called for a record with a job only
     check = rec.check if isinstance(rec.check, NomadCheckRecord) else None
     want = _nanoseconds(inp.check_interval)
 
@@ -360,6 +364,7 @@ def _disable_job(inp: UserDisableInput, client: consul.Consul, api: Any, rec: Se
 def _enable_job(api: Any, rec: ServiceRecord, changed: list[str]) -> None:
     """Put the recorded check (every field) and count back in ONE job version."""
     scale = rec.scale
+    assert scale is not None  # called for a record with a job only
     check = rec.check if isinstance(rec.check, NomadCheckRecord) else None
 
     def plan(spec: dict[str, Any]) -> list[str]:
@@ -398,8 +403,8 @@ def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any, reads
     svc = inp.service
     record = ServiceRecord(name=svc.name, tier=svc.tier)
     if svc.usage_flag_key:
-        reads.flag = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
-        cur = reads.flag[1]
+        reads.flag = flag = call(f"read KV {svc.usage_flag_key}", lambda: client.kv.get(svc.usage_flag_key))
+        cur = flag[1]
         record.flag = FlagRecord(key=svc.usage_flag_key, previous=_entry(cur) if cur else None)
     if svc.check_owner == "agent":
         record.check = _observe_agent_check(inp, client)
@@ -410,7 +415,9 @@ def _observe(inp: UserDisableInput, client: consul.Consul, nomad_api: Any, reads
                                    count=int(tg.get("Count") or 0))
         if svc.check_owner == "nomad":
             place = find_check(spec, tg["Name"], svc.check_service or svc.name, svc.check_name)
-            definition = copy.deepcopy(check_at(spec, place))
+            found = check_at(spec, place)
+            assert found is not None  # find_check has just found it in this spec
+            definition = copy.deepcopy(found)
             if not definition.get("Interval"):
                 record.notes.append(f"check {place.check!r} of job {svc.nomad_job} has no interval: left alone")
             else:

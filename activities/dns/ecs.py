@@ -11,6 +11,7 @@ import dns.edns
 import dns.exception
 import dns.message
 import dns.rdatatype
+import dns.rdtypes.IN.A
 
 from activities.dns.steering import parse_server
 
@@ -107,8 +108,8 @@ async def query_clients(
                 finally:
                     proto.waiting.pop(qid, None)
                 for rrset in reply.answer:
-                    if rrset.rdtype == dns.rdatatype.A:
-                        return rrset[0].address
+                    if rrset.rdtype == dns.rdatatype.A and isinstance(a := rrset[0], dns.rdtypes.IN.A.A):
+                        return a.address
                 return None
             return None
 

@@ -98,7 +98,7 @@ def decode_lua_rdata(rdata: Any) -> tuple[str, str]:
     wire: bytes = rdata.data
     if len(wire) < 3:
         raise ValueError("LUA rdata too short")
-    inner = dns.rdatatype.to_text(int.from_bytes(wire[:2], "big"))
+    inner = dns.rdatatype.to_text(dns.rdatatype.RdataType.make(int.from_bytes(wire[:2], "big")))
     parts, i = [], 2
     while i < len(wire):
         n = wire[i]
