@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import dns.exception
 import dns.name
-from pydantic import AfterValidator
+from pydantic import AfterValidator, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 __all__ = ["AbsoluteName", "BaseUrl", "IPv4", "unique_names"]
 
@@ -35,9 +38,19 @@ def _ipv4(text: str) -> str:
     return str(ipaddress.IPv4Address(text.strip()))
 
 
-BaseUrl = Annotated[str, AfterValidator(_base_url)]
-AbsoluteName = Annotated[str, AfterValidator(_absolute)]
-IPv4 = Annotated[str, AfterValidator(_ipv4)]
+@dataclass(frozen=True)
+class _Format:
+    """Names the string's format in the JSON schema, which `coldstart actions` shows as the field's type."""
+
+    format: str
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "format": self.format}
+
+
+BaseUrl = Annotated[str, AfterValidator(_base_url), _Format("uri")]
+AbsoluteName = Annotated[str, AfterValidator(_absolute), _Format("hostname")]
+IPv4 = Annotated[str, AfterValidator(_ipv4), _Format("ipv4")]
 
 
 def unique_names(what: str) -> AfterValidator:

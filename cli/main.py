@@ -709,6 +709,37 @@ def schema(output: Path = typer.Option(Path("runbooks/runbook.schema.json"), "--
 
 
 @app.command()
+def actions(
+    name: str | None = typer.Argument(None, metavar="NAME", help="one action, or a namespace such as consul.kv"),
+    json_output: bool = typer.Option(False, "--json", help="machine-readable reference"),
+    markdown: bool = typer.Option(False, "--markdown", help="the Markdown page (coldstart actions --markdown > "
+                                                            "docs/actions.md)"),
+) -> None:
+    """What a runbook step may call: each action's inputs (types, defaults, limits), output, undo, timeout, retry."""
+    from activities.catalog import load_registry
+    from cli import actions as reference
+
+    if json_output and markdown:
+        _fail("--json or --markdown: give one of them", EXIT_INVALID)
+    docs = reference.describe(load_registry())
+    chosen = docs
+    if name:
+        try:
+            chosen = reference.lookup(docs, name)
+        except reference.UnknownAction as exc:
+            _fail(str(exc), EXIT_INVALID)
+    one = chosen[0] if len(chosen) == 1 and chosen[0].name == name else None
+    if json_output:
+        _print_json(one.model_dump(mode="json") if one else [doc.model_dump(mode="json") for doc in chosen])
+    elif markdown:
+        sys.stdout.write(reference.to_markdown(chosen))
+    elif one:
+        reference.render_one(out, one)
+    else:
+        reference.render_table(out, chosen)
+
+
+@app.command()
 def drill(
     args: list[str] = typer.Argument(..., metavar="NAME | schedule NAME", help="run a drill now, or `schedule NAME --cron ...`"),
     interactive: bool = typer.Option(False, help="approve in the Web UI instead of the drill approver"),
