@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -349,15 +350,18 @@ def example_step(doc: ActionDoc) -> str:
 
 
 def render_table(console: Console, docs: list[ActionDoc]) -> None:
-    table = Table()
+    """One line an action where the terminal allows: the summary takes the width left; the undo, when there is
+    one, follows it, so an 80-column terminal still reads every summary."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("action", no_wrap=True)
     table.add_column("mutates", no_wrap=True)
-    table.add_column("undo", overflow="fold")
     table.add_column("timeout", no_wrap=True)
-    table.add_column("summary", ratio=1)
+    table.add_column("summary (undo)", ratio=1, min_width=24)
     for doc in docs:
-        table.add_row(Text(doc.name), "yes" if doc.mutating else "no", Text(doc.undo or ""), doc.timeout,
-                      Text(doc.summary))
+        summary = Text(doc.summary)
+        if doc.undo:
+            summary.append(f" (undo: {doc.undo})", style="dim")
+        table.add_row(Text(doc.name), "yes" if doc.mutating else "no", doc.timeout, summary)
     console.print(table)
 
 
