@@ -198,7 +198,7 @@ class RunResolver:
     @activity.defn(name=RESOLVE_RUN_ACTIVITY)
     def resolve(self, request: RunRequest) -> RunInput:
         try:
-            return self._catalog.resolve(request, self._registry, activity.info().workflow_id)
+            return self._catalog.resolve(request, self._registry, activity.info().workflow_id or "")
         except CatalogRefused as exc:
             raise ApplicationError(str(exc), type="CatalogRefused", non_retryable=True) from None
 

@@ -18,6 +18,7 @@ from typing import Any, Self
 
 import yaml
 from google.protobuf.duration_pb2 import Duration
+from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client
@@ -328,7 +329,7 @@ class Cluster:
     async def _add_search_attributes(self, client: Client) -> None:
         have = await client.operator_service.list_search_attributes(
             ListSearchAttributesRequest(namespace=self.namespace))
-        missing = {key.name: int(key.indexed_value_type) for key in search.ALL
+        missing = {key.name: IndexedValueType.ValueType(key.indexed_value_type) for key in search.ALL
                    if key.name not in have.custom_attributes}
         if missing:
             await client.operator_service.add_search_attributes(

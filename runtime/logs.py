@@ -50,9 +50,9 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
     are kept, then every `sample_thereafter`-th; the rest are dropped and counted as "sampled".
     """
     global _listener
-    stream = stream or sys.stderr
+    out: TextIO = stream or sys.stderr
     if json_output is None:
-        json_output = not stream.isatty()
+        json_output = not out.isatty()
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -71,7 +71,8 @@ def configure_logging(level: str = "INFO", *, json_output: bool | None = None, s
     sampler = _Sampler(first, sample_thereafter, dropped, clock) if first > 0 else None
     if _listener is not None:
         _listener.stop()
-    _listener = _Listener(records, _Sink(stream, formatter, dropped))
+    # QueueListener only calls handle() on what it is given: _Sink is no Handler on purpose (see there).
+    _listener = _Listener(records, _Sink(out, formatter, dropped))  # pyright: ignore[reportArgumentType]
     _listener.start()
     root = logging.getLogger()
     root.handlers[:] = [_DroppingQueueHandler(records, dropped, sampler)]
@@ -125,7 +126,10 @@ def _shedding_logger(records: queue.Queue, dropped: ShedCounter,
 
     class SheddingBoundLogger(structlog.stdlib.BoundLogger):
         def _proxy_to_logger(self, method_name: str, event: str | None = None, *event_args: Any, **event_kw: Any) -> Any:
-            if not self._logger.isEnabledFor(structlog.stdlib.NAME_TO_LEVEL.get(method_name, logging.CRITICAL)):
+            # structlog.stdlib's own table of level names (public there, though not in its __all__).
+            names = structlog.stdlib.NAME_TO_LEVEL  # pyright: ignore[reportPrivateImportUsage]
+            level = names.get(method_name, logging.CRITICAL)
+            if not self._logger.isEnabledFor(level):
                 return None
             # Read without the queue's lock: a record let through by a stale length is still refused by
             # put_nowait (and counted) on the way in.
@@ -142,6 +146,7 @@ def _shedding_logger(records: queue.Queue, dropped: ShedCounter,
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
     def __init__(self, records: queue.Queue, dropped: ShedCounter, sampler: _Sampler | None) -> None:
         super().__init__(records)
+        self._records = records
         self._dropped = dropped
         self._sampler = sampler
 
@@ -150,7 +155,7 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
         if self._sampler and not isinstance(record.msg, dict) and not self._sampler.keep(
                 (record.name, record.levelno, str(record.msg))):
             return
-        if self.queue.full():
+        if self._records.full():
             self._dropped.add("queue_full")
             return
         super().emit(record)
@@ -205,7 +210,7 @@ class _Listener(logging.handlers.QueueListener):
             return
         atexit.unregister(self.stop)
         try:
-            self.queue.put_nowait(self._sentinel)
+            self.enqueue_sentinel()
         except queue.Full:
             pass  # the writer is behind or stuck: what it holds is lost, as on a crash
         thread.join(_STOP_WAIT)

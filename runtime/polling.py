@@ -45,6 +45,11 @@ def refused(exc: BaseException) -> bool:
     return exc.status in _REFUSALS or (exc.status == RPCStatusCode.CANCELLED and exc.message == "Timeout expired")
 
 
+def _closed_as(description: WorkflowExecutionDescription) -> str:
+    """How a run closed, in words: terminated, timed out, ..."""
+    return description.status.name.lower() if description.status is not None else "closed"
+
+
 def _retrying(attempts: int, sleep: Sleep) -> AsyncRetrying:
     # Full jitter: a reconnect storm of CLIs spreads out instead of coming back in lock step. The SDK
     # already retries each call for about 10 s; this spaces out the calls after it gives up.
@@ -153,12 +158,12 @@ class RunWatch:
             starting = not closed and description.typed_search_attributes.get(search.CURRENT_STEP) == "starting"
             if kept is None and moved and not starting and (
                     closed or self._clock() - self._queried_at >= self._next_query_after):
-                self._last = await self._retry(self._handle.query, "status", result_type=RunStatus,
-                                               rpc_timeout=_QUERY_TIMEOUT)
+                self._last = queried = await self._retry(self._handle.query, "status", result_type=RunStatus,
+                                                         rpc_timeout=_QUERY_TIMEOUT)
                 self._length, self._queried_at = length, self._clock()
                 self._next_query_after = self._query_every * random.uniform(0.5, 1.5)
                 self.queried = True
-                return self._last
+                return queried
             unmoved = 0 if moved else unmoved + 1
             await self._sleep(self._idle_wait(unmoved))
 
@@ -185,7 +190,7 @@ class RunWatch:
         if result is None:
             # Closed from outside (terminated, timed out, cancelled): the run's own status never says so.
             return self._last.model_copy(update={
-                **at_end, "state": "failed", "error": f"the run was {description.status.name.lower()}",
+                **at_end, "state": "failed", "error": f"the run was {_closed_as(description)}",
                 "ended_at": self._last.ended_at or description.close_time})
         return self._last.model_copy(update={
             **at_end, "state": result.state, "steps": result.steps, "error": result.error,

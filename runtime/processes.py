@@ -75,7 +75,7 @@ def _reap(pid: int) -> None:
 def _gone(pid: int, starttime: float | None, timeout: float) -> bool:
     # pid_alive, not psutil's wait: it reaps our own children and counts a zombie as gone.
     waiting = Retrying(retry=retry_if_result(bool), stop=stop_after_delay(timeout), wait=wait_fixed(0.05),
-                       retry_error_callback=lambda state: state.outcome.result())
+                       retry_error_callback=lambda state: bool(state.outcome and state.outcome.result()))
     return not waiting(pid_alive, pid, starttime)
 
 
@@ -90,7 +90,8 @@ def wait_port(port: int, *, host: str = "127.0.0.1", timeout: float = 30.0, proc
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode} before listening on {port}")
+            program = process.args[0] if isinstance(process.args, (list, tuple)) else process.args
+            raise RuntimeError(f"{program} exited with {process.returncode} before listening on {port}")
         with socket.socket() as sock:
             sock.settimeout(0.2)
             if sock.connect_ex((host, port)) == 0:

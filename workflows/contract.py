@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -80,6 +81,9 @@ class GateReading(BaseModel):
     passed: bool = False
     error: str | None = None
     percent: int | None = None
+    # What the value was held against (readings before these fields carry neither).
+    comparator: str | None = None
+    threshold: float | None = None
 
 
 class ApprovalRecord(BaseModel):
@@ -130,6 +134,8 @@ class StepState(BaseModel):
     awaiting: str | None = None
     # Four eyes on skip: the first approver's request, waiting for a second one.
     skip_requested_by: str | None = None
+    # A gate step's (or a ramp's) gate: when the gate reading now gives up, its timeout from its first reading.
+    gate_gives_up_at: datetime | None = None
 
 
 class RunRequest(BaseModel):
@@ -219,6 +225,12 @@ class RunStatus(BaseModel):
     # The runbook version the run executed (sha256 of its text) and where the controller found it.
     runbook_digest: str | None = None
     runbook_origin: str | None = None
+    # Who may decide now, for the views' next commands: each step awaiting approval's approvers (None: anyone
+    # named; four eyes leaves out the initiator), who may skip a held step (None: a run from before this was
+    # said), and who may retry or abort (None: anyone named).
+    approvers: dict[str, list[str] | None] = Field(default_factory=dict)
+    skippers: list[str] | None = None
+    operators: list[str] | None = None
 
     @property
     def over(self) -> bool:
@@ -277,7 +289,7 @@ class StatusMemo:
         return changed
 
 
-def status_from_memo(memo: dict[str, Any]) -> RunStatus | None:
+def status_from_memo(memo: Mapping[str, Any]) -> RunStatus | None:
     """The status a run's memo holds; None if it holds none (a run started before the memo was kept,
     or one whose status outgrew MEMO_BUDGET)."""
     if _MEMO_RUN not in memo or memo[_MEMO_RUN].get("kept") is False:

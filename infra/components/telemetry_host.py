@@ -113,6 +113,7 @@ class TelemetryHost(pulumi.ComponentResource):
         put("rules", f"{ETC}/rules/{RULES_FILENAME}",
             dump_yaml(render_rules(args.thresholds, args.runbook_base_url)))
         if secret_jobs:
+            assert args.scrape_tokens is not None  # refused above
             tokens = pulumi.Output.secret(args.scrape_tokens)
             for job in secret_jobs:
                 put(f"secret-{job}", f"{ETC}/secrets/{job}.token",
