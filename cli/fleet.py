@@ -15,7 +15,7 @@ from activities.errors import InvalidInput
 from runtime.polling import read_full_status, read_kept_status
 from runtime.runs import TargetBusy
 from workflows import search
-from workflows.contract import FleetInput, FleetMember, FleetStatus, RunInput, RunStatus
+from workflows.contract import FleetInput, FleetMember, FleetOnFailure, FleetStatus, RunInput, RunStatus
 from workflows.fleet import FleetWorkflow, fleet_workflow_id
 
 __all__ = ["FleetInvalid", "combined_timeline", "plan_fleet", "render_status", "start_fleet", "wave_of"]
@@ -47,7 +47,7 @@ def wave_of(targets: list[str], waves: list[int] | None) -> dict[str, int]:
 
 
 def plan_fleet(plan_one: Callable[[str], RunInput], targets: list[str], waves: list[int] | None, *,
-               name: str | None, initiator: str, max_parallel: int, on_failure: str) -> FleetInput:
+               name: str | None, initiator: str, max_parallel: int, on_failure: FleetOnFailure) -> FleetInput:
     """Plan every target's run before anything starts: one invalid target stops the whole fleet (plan_one
     raises what the loader raises for it)."""
     assigned = wave_of(targets, waves)

@@ -26,6 +26,8 @@ __all__ = [
     "FleetInput",
     "FleetMember",
     "FleetMemberState",
+    "FleetOnFailure",
+    "FleetState",
     "FleetStatus",
     "GateReading",
     "RequestError",
@@ -443,6 +445,9 @@ class FleetMember(BaseModel):
     run: RunInput
 
 
+FleetOnFailure = Literal["stop", "continue"]
+
+
 class FleetInput(BaseModel):
     """A fleet run: the members in wave order, how many run at once, and what a failure does."""
 
@@ -451,11 +456,12 @@ class FleetInput(BaseModel):
     initiator: str
     members: list[FleetMember] = Field(min_length=1)
     max_parallel: int = Field(default=0, ge=0, description="runs at once within a wave; 0 = the whole wave")
-    on_failure: Literal["stop", "continue"] = Field(
+    on_failure: FleetOnFailure = Field(
         default="stop", description="stop: no later wave starts after a wave with a failed run; continue: every wave runs")
 
 
 FleetMemberStatus = Literal["pending", "running", "succeeded", "failed", "busy", "skipped"]
+FleetState = Literal["running", "succeeded", "failed"]
 
 
 class FleetMemberState(BaseModel):
@@ -474,7 +480,7 @@ class FleetStatus(BaseModel):
     name: str
     runbook: str
     initiator: str
-    state: Literal["running", "succeeded", "failed"]
+    state: FleetState
     wave: int | None = Field(default=None, description="the wave running now")
     max_parallel: int
     on_failure: str

@@ -12,7 +12,15 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from workflows import search
     from workflows.calls import failure_message
-    from workflows.contract import FleetInput, FleetMember, FleetMemberState, FleetStatus, RunResult, workflow_id_for
+    from workflows.contract import (
+        FleetInput,
+        FleetMember,
+        FleetMemberState,
+        FleetState,
+        FleetStatus,
+        RunResult,
+        workflow_id_for,
+    )
 
 __all__ = ["FleetWorkflow", "fleet_workflow_id"]
 
@@ -38,7 +46,7 @@ class FleetWorkflow:
             m.target: FleetMemberState(target=m.target, wave=m.wave, workflow_id=workflow_id_for(m.target))
             for m in inp.members
         }
-        self._state = "running"
+        self._state: FleetState = "running"
         self._wave: int | None = None
         self._error: str | None = None
         self._started_at = workflow.now()

@@ -166,7 +166,8 @@ def _key_for(header: dict[str, Any], keys: IdentityKeys) -> tuple[str, dict[str,
                     f"{keys.issuer} at run start (a token from another Vault, or a key created since the run began)")
     jwk_data = found[0]
     kty, crv = jwk_data.get("kty"), jwk_data.get("crv")
-    fits = _ALGS_BY_KEY.get((kty, None if kty == "RSA" else crv), "")
+    curve = None if kty == "RSA" or not isinstance(crv, str) else crv
+    fits = _ALGS_BY_KEY.get((kty, curve), "") if isinstance(kty, str) else ""
     if alg not in fits.split("|") or jwk_data.get("alg") not in (None, alg) or jwk_data.get("use") not in (None, "sig"):
         raise _fail(f"alg {alg} does not match its key {_show(kid)} ({kty}"
                     f"{'/' + str(crv) if crv else ''}, alg {jwk_data.get('alg') or 'unset'})")
@@ -262,5 +263,5 @@ def verify_identity_token(
     if not isinstance(name, str) or not name.strip():
         raise _fail(f"has no {name_claim!r} claim (a non-empty string): the Vault role's template must set it, "
                     f'e.g. {{"{name_claim}": {{{{identity.entity.name}}}}}}')
-    return VerifiedIdentity(subject=subject, name=name, issuer=issuer,
+    return VerifiedIdentity(subject=subject, name=name, issuer=keys.issuer,  # == iss, checked above
                             expires_at=datetime.fromtimestamp(exp, UTC))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
 
 from pydantic import (
     AwareDatetime,
@@ -236,23 +236,29 @@ _KIND_OF = {model: kind for kind, model in STEP_TYPES.items()}
 
 def step_kind(value: Any) -> str | None:
     """The kind of a step (a model, or a mapping as written) is the one kind key it carries."""
-    if isinstance(value, BaseModel):
+    if isinstance(value, _StepBase):
         return _KIND_OF.get(type(value))
+    if isinstance(value, BaseModel):
+        return None
     if isinstance(value, dict):
         kinds = [k for k in STEP_KINDS if k in value]
         return kinds[0] if len(kinds) == 1 else None
     return None
 
 
-Step = Annotated[
-    # A Union of a computed tuple has no `X | Y` spelling.
-    Union[tuple(Annotated[model, Tag(kind)] for kind, model in STEP_TYPES.items())],  # type: ignore[valid-type]  # noqa: UP007
-    Discriminator(
-        step_kind,
-        custom_error_type="step_kind",
-        custom_error_message="a step needs exactly one of: " + ", ".join(STEP_KINDS),
-    ),
-]
+if TYPE_CHECKING:
+    # What a type checker sees: one of the step models (pydantic picks which by the discriminator below).
+    Step: TypeAlias = AnyStep
+else:
+    Step = Annotated[
+        # A Union of a computed tuple has no `X | Y` spelling.
+        Union[tuple(Annotated[model, Tag(kind)] for kind, model in STEP_TYPES.items())],  # noqa: UP007
+        Discriminator(
+            step_kind,
+            custom_error_type="step_kind",
+            custom_error_message="a step needs exactly one of: " + ", ".join(STEP_KINDS),
+        ),
+    ]
 ParallelStep.model_rebuild()
 
 

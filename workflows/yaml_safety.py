@@ -7,12 +7,15 @@ import re
 import stat
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+import yaml.parser
+import yaml.reader
+import yaml.scanner
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent, CollectionStartEvent, ScalarEvent
+from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent, ScalarEvent
 from yaml.resolver import Resolver
 
 from activities.errors import LocatedErrors
@@ -162,8 +165,13 @@ class _Guards(Composer, SafeConstructor, Resolver):
         self._aliases = 0
         self._sizes: dict[int, int] = {}  # id(anchored node) -> its expanded size, once complete
 
-    def compose_node(self, parent: Any, index: Any) -> yaml.Node:
+    if TYPE_CHECKING:
+        # The parser's, in the loaders below (the pure-Python one or libyaml's).
+        def peek_event(self) -> yaml.Event | None: ...
+
+    def compose_node(self, parent: Any, index: Any) -> yaml.Node | None:
         event = self.peek_event()
+        assert isinstance(event, NodeEvent)  # the composer asks for a node only at a node's event
         if isinstance(event, AliasEvent):
             self._count_alias(event)
             return super().compose_node(parent, index)
@@ -227,7 +235,8 @@ class _Guards(Composer, SafeConstructor, Resolver):
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if not isinstance(node, yaml.MappingNode):
-            return super().construct_mapping(node, deep=deep)  # raises the usual error
+            # PyYAML raises its usual error for a node that is no mapping (its stub takes only mappings).
+            return super().construct_mapping(node, deep=deep)  # pyright: ignore[reportArgumentType]
         mapping: dict[Any, Any] = {}
         written: set[Any] = set()
         for key_node, value_node, own in self.mapping_items(node):
@@ -268,7 +277,8 @@ class PythonGuardedLoader(_Guards, _PythonEvents):
 try:
     from yaml._yaml import CParser
 except ImportError:  # PyYAML built without libyaml
-    GuardedLoader = PythonGuardedLoader
+    # The same guards on the other parser: a type checker sees the libyaml loader's class below.
+    GuardedLoader = PythonGuardedLoader  # pyright: ignore[reportAssignmentType]
 else:
 
     class GuardedLoader(_Guards, CParser):  # type: ignore[no-redef]
