@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.policy import TargetPolicy, narrowed
     from workflows.contract import ApprovalRecord, ApproveRequest, ControlRecord, ControlRequest
     from workflows.identity import RUN_LEVEL, decision_nonce, effective_identity, verify_identity_token
+    from workflows.run_state import RunFields
     from workflows.spec import ApprovalSpec, IdentityPolicy
 
 __all__ = ["MAX_CONTROLS_KEPT", "MAX_TOKENS_KEPT", "OperatorControls"]
@@ -32,7 +33,7 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-class OperatorControls:
+class OperatorControls(RunFields):
     """RunbookWorkflow's operator controls, checked in Update validators and applied by the handlers.
 
     Each control is authorized twice over: the target's policy (from the controller's inventory) and
