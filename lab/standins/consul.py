@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import random
 import time
@@ -66,8 +67,9 @@ def _server(request: web.Request) -> str:
     return request.app[SERVER]
 
 
-def _json(data: Any, status: int = 200, index: int | None = None) -> web.Response:
-    headers = {"X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0"}
+def _json(data: Any, status: int = 200, index: int | None = None, meta: bool = False) -> web.Response:
+    # Only reads through the query path (an index, or `meta`) carry Consul's query metadata headers.
+    headers = {"X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0"} if index is not None or meta else {}
     if index is not None:
         headers["X-Consul-Index"] = str(index)
     return web.Response(status=status, text=json.dumps(data), content_type=JSON_TYPE, headers=headers)
@@ -244,7 +246,8 @@ async def kv_get(request: web.Request) -> web.Response:
         return web.Response(
             body=value,
             content_type="text/plain",
-            headers={"X-Consul-Index": str(idx), "X-Content-Type-Options": "nosniff"},
+            headers={"X-Consul-Index": str(idx), "X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0",
+                     "X-Content-Type-Options": "nosniff"},
         )
     return _json([dict(entry)], index=idx)
 
@@ -321,7 +324,7 @@ async def txn(request: web.Request) -> web.Response:
         # Read-only transactions go through the read path, which adds its query metadata.
         body |= {"Index": cluster.kv_get_index(), "LastContact": 0, "KnownLeader": True, "ConsistencyLevel": "",
                  "NotModified": False, "Backend": 0, "ResultsFilteredByACLs": False}
-    return _json(body, status=409 if errors else 200)
+    return _json(body, status=409 if errors else 200, meta=read_only)
 
 
 # ---- snapshot -----------------------------------------------------------------------------------
@@ -398,13 +401,16 @@ async def catalog_service(request: web.Request) -> web.Response:
                 "ServiceName": svc["Service"],
                 "ServiceTags": svc["Tags"],
                 "ServiceAddress": svc["Address"],
-                "ServiceTaggedAddresses": svc["TaggedAddresses"],
+                **({"ServiceTaggedAddresses": svc["TaggedAddresses"]} if svc["TaggedAddresses"] else {}),
                 "ServiceWeights": svc["Weights"],
                 "ServiceMeta": svc["Meta"],
                 "ServicePort": svc["Port"],
+                "ServicePorts": None,
+                "ServiceSocketPath": "",
                 "ServiceEnableTagOverride": svc["EnableTagOverride"],
-                "ServiceProxy": {"MeshGateway": {}, "Expose": {}},
+                "ServiceProxy": {"Mode": "", "MeshGateway": {}, "Expose": {}},
                 "ServiceConnect": {},
+                "ServiceLocality": None,
                 "CreateIndex": svc["CreateIndex"],
                 "ModifyIndex": svc["ModifyIndex"],
             }
@@ -413,8 +419,9 @@ async def catalog_service(request: web.Request) -> web.Response:
 
 
 def _service_body(svc: dict[str, Any]) -> dict[str, Any]:
-    body = dict(svc)
-    body.update({"Proxy": {"MeshGateway": {}, "Expose": {}}, "Connect": {}})
+    # The catalog's NodeService: no Datacenter; Kind and TaggedAddresses are omitted when empty.
+    body = {k: v for k, v in svc.items() if k != "Datacenter" and (v or k not in ("Kind", "TaggedAddresses"))}
+    body.update({"Proxy": {"Mode": "", "MeshGateway": {}, "Expose": {}}, "Connect": {}, "PeerName": ""})
     return body
 
 
@@ -451,9 +458,7 @@ async def health_state(request: web.Request) -> web.Response:
     """GET /v1/health/state/:state -- https://developer.hashicorp.com/consul/api-docs/health#list-checks-in-state"""
     cluster = _cluster(request)
     cluster.expire_ttls()
-    state = request.match_info["state"]
-    if state not in ("any", "passing", "warning", "critical"):
-        raise BadRequest(f"Invalid state: {state}")
+    state = request.match_info["state"]  # an unknown state matches no check: 200 and [], as Consul answers
     idx = await _blocking(request, lambda: cluster.catalog_index)
     out = [
         c for n in cluster.members for c in cluster.node_checks(n) if state == "any" or c["Status"] == state
@@ -482,6 +487,8 @@ def _member_view(cluster: ConsulCluster, name: str) -> dict[str, Any]:
             "build": f"{CONSUL_VERSION}:c976ffd2",
             "dc": cluster.datacenter,
             "expect": str(len(cluster.members)),
+            "ft_fs": "1",
+            "ft_si": "1",
             "id": m.node_id,
             "port": m.raft_addr.rsplit(":", 1)[1],
             "raft_vsn": "3",
@@ -490,7 +497,6 @@ def _member_view(cluster: ConsulCluster, name: str) -> dict[str, Any]:
             "vsn": "2",
             "vsn_max": "3",
             "vsn_min": "2",
-            "wan_join_port": "8302",
         },
         "Status": 1,
         "ProtocolMin": 1,
@@ -520,8 +526,8 @@ async def agent_self(request: web.Request) -> web.Response:
                 "Revision": "c976ffd2",
                 "Server": True,
                 "Version": CONSUL_VERSION,
-                "VersionPrerelease": "",
-                "VersionMetadata": "",
+                "BuildDate": "1970-01-01T00:00:01Z",
+                "BindAddr": m.address,
             },
             "DebugConfig": {
                 "Datacenter": cluster.datacenter,
@@ -559,6 +565,9 @@ async def agent_self(request: web.Request) -> web.Response:
                     "last_log_term": str(cluster.term),
                     "last_snapshot_index": "0",
                     "last_snapshot_term": "0",
+                    "latest_configuration": "[" + " ".join(
+                        f"{{Suffrage:Voter ID:{s.node_id} Address:{s.raft_addr}}}" for s in cluster.members.values()) + "]",
+                    "latest_configuration_index": "0",
                     "num_peers": str(len(cluster.members) - 1),
                     "protocol_version": "3",
                     "protocol_version_max": "3",
@@ -570,7 +579,6 @@ async def agent_self(request: web.Request) -> web.Response:
                 },
             },
             "Meta": {"consul-network-segment": ""},
-            "xDS": {"SupportedProxies": {"envoy": ["1.18.4"]}, "Port": -1},
         }
     )
 
@@ -582,7 +590,9 @@ async def agent_members(request: web.Request) -> web.Response:
 
 
 def _agent_service(svc: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in svc.items() if k not in ("CreateIndex", "ModifyIndex")}
+    # Kind and TaggedAddresses are omitted when empty, as the agent's JSON does.
+    return {k: v for k, v in svc.items()
+            if k not in ("CreateIndex", "ModifyIndex") and (v or k not in ("Kind", "TaggedAddresses"))}
 
 
 async def agent_services(request: web.Request) -> web.Response:
@@ -598,7 +608,10 @@ async def agent_service(request: web.Request) -> web.Response:
     svc = cluster.services[_server(request)].get(sid)
     if svc is None:
         raise NotFoundError(f"unknown service ID: {sid}")
-    return _json(_agent_service(svc))
+    view = _agent_service(svc)
+    # The agent's hash of the registration, for blocking on it (?hash=): 16 hex digits.
+    view["ContentHash"] = hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+    return _json(view)
 
 
 async def agent_service_register(request: web.Request) -> web.Response:

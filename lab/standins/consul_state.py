@@ -348,6 +348,7 @@ class ConsulCluster:
                     "Leader": m.name == self.leader,
                     "ProtocolVersion": "3",
                     "Voter": True,
+                    "LastIndex": self.index,
                 }
                 for m in self.members.values()
             ],

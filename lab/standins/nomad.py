@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from .listeners import LABEL, ListenSpec, bind_socket, serve_forever
-from .nomad_model import NOMAD_VERSION, NomadError, public
+from .nomad_model import NOMAD_VERSION, NomadError, eval_view, public
 from .nomad_state import NomadState
 from .promtext import Series, render
 
@@ -25,13 +25,19 @@ def _state(request: web.Request) -> NomadState:
     return request.app[STATE]
 
 
-def _json(request: web.Request, data: Any, status: int = 200) -> web.Response:
-    headers = {
-        "X-Nomad-Index": str(_state(request).index),
-        "X-Nomad-KnownLeader": "true",
-        "X-Nomad-LastContact": "0",
-    }
+def _meta(request: web.Request) -> dict[str, str]:
+    return {"X-Nomad-Index": str(_state(request).index), "X-Nomad-KnownLeader": "true", "X-Nomad-LastContact": "0"}
+
+
+def _json(request: web.Request, data: Any, status: int = 200, meta: str = "query") -> web.Response:
+    """`meta`: "query" (reads: index, leader, contact headers), "write" (the index only) or "none"
+    (agent-local answers: status, agent self, metrics), as Nomad sets them."""
+    headers = {"query": _meta(request), "write": {"X-Nomad-Index": str(_state(request).index)}}.get(meta, {})
     return web.Response(status=status, text=json.dumps(data), content_type="application/json", headers=headers)
+
+
+def _write(request: web.Request, data: Any) -> web.Response:
+    return _json(request, data, meta="write")
 
 
 def _ns(request: web.Request) -> str:
@@ -59,8 +65,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
 async def nomad_middleware(request: web.Request, handler):
     try:
         return await handler(request)
-    except NomadError as exc:  # Nomad replies with the error text as a plain body
-        return web.Response(status=exc.status, text=str(exc))
+    except NomadError as exc:  # Nomad replies with the error text as a plain body (reads: with query meta)
+        return web.Response(status=exc.status, text=str(exc), headers=_meta(request) if request.method == "GET" else {})
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -82,7 +88,7 @@ async def _register(request: web.Request, path_id: str | None) -> web.Response:
     resp = _state(request).register(
         job, enforce=bool(body.get("EnforceIndex")), modify_index=int(body.get("JobModifyIndex") or 0)
     )
-    return _json(request, dict(resp, LastContact=0, KnownLeader=True))
+    return _write(request, dict(resp, LastContact=0, KnownLeader=True, NextToken=""))
 
 
 async def jobs_register(request: web.Request) -> web.Response:
@@ -103,7 +109,7 @@ async def job_read(request: web.Request) -> web.Response:
 async def job_stop(request: web.Request) -> web.Response:
     """DELETE /v1/job/:job_id[?purge=true] -- https://developer.hashicorp.com/nomad/api-docs/jobs#stop-a-job"""
     resp = _state(request).deregister(_ns(request), request.match_info["job_id"], _truthy(request, "purge"))
-    return _json(request, dict(resp, LastContact=0, KnownLeader=True))
+    return _write(request, dict(resp, LastContact=0, KnownLeader=True, NextToken=""))
 
 
 async def job_versions(request: web.Request) -> web.Response:
@@ -112,7 +118,8 @@ async def job_versions(request: web.Request) -> web.Response:
     key = st.key(_ns(request), request.match_info["job_id"])
     if key not in st.jobs:
         raise NomadError(404, "job versions not found")
-    return _json(request, {"Versions": [st.job_view(v) for v in st.versions.get(key, [])], "Diffs": None})
+    return _json(request, {"Versions": [st.job_view(v) for v in st.versions.get(key, [])], "Diffs": None,
+                           "Index": st.index, "KnownLeader": True, "LastContact": 0, "NextToken": ""})
 
 
 async def job_allocations(request: web.Request) -> web.Response:
@@ -126,7 +133,7 @@ async def job_allocations(request: web.Request) -> web.Response:
 async def job_evaluations(request: web.Request) -> web.Response:
     """GET /v1/job/:job_id/evaluations -- https://developer.hashicorp.com/nomad/api-docs/jobs#list-job-evaluations"""
     st = _state(request)
-    evs = [public(e) for e in st.evals.values()
+    evs = [eval_view(e) for e in st.evals.values()
            if e["JobID"] == request.match_info["job_id"] and e["Namespace"] == _ns(request)]
     return _json(request, sorted(evs, key=lambda e: e["CreateIndex"], reverse=True))
 
@@ -140,7 +147,7 @@ async def job_scale(request: web.Request) -> web.Response:
     """POST /v1/job/:job_id/scale {"Count", "Target": {"Group"}, ...} -- https://developer.hashicorp.com/nomad/api-docs/jobs#scale-task-group"""
     body = await _body(request)
     resp = _state(request).scale(_ns(request), request.match_info["job_id"], body)
-    return _json(request, dict(resp, LastContact=0, KnownLeader=True))
+    return _write(request, dict(resp, LastContact=0, KnownLeader=True, NextToken=""))
 
 
 async def job_scale_status(request: web.Request) -> web.Response:
@@ -183,15 +190,27 @@ async def deployment_allocations(request: web.Request) -> web.Response:
     return _json(request, [st.alloc_stub(a) for a in sorted(allocs, key=lambda a: a["CreateIndex"])])
 
 
+def _deployment_rpc(call, *args: Any) -> dict[str, Any]:
+    try:
+        return call(*args)
+    except NomadError as exc:  # an unknown deployment is an RPC error here, not a read's 404
+        raise NomadError(500 if exc.status == 404 else exc.status, str(exc)) from None
+
+
 async def deployment_pause(request: web.Request) -> web.Response:
-    """POST /v1/deployment/pause/:deployment_id {"Pause"} -- https://developer.hashicorp.com/nomad/api-docs/deployments#pause-deployment"""
+    """POST /v1/deployment/pause/:deployment_id {"DeploymentID", "Pause"} -- https://developer.hashicorp.com/nomad/api-docs/deployments#pause-deployment"""
     body = await _body(request)
-    return _json(request, _state(request).pause_deployment(request.match_info["deployment_id"], bool(body.get("Pause"))))
+    dep_id = request.match_info["deployment_id"]
+    if not body.get("DeploymentID"):
+        raise NomadError(400, "DeploymentID must be specified")
+    if body["DeploymentID"] != dep_id:
+        raise NomadError(400, "Deployment ID does not match")
+    return _write(request, _deployment_rpc(_state(request).pause_deployment, dep_id, bool(body.get("Pause"))))
 
 
 async def deployment_fail(request: web.Request) -> web.Response:
     """POST /v1/deployment/fail/:deployment_id -- https://developer.hashicorp.com/nomad/api-docs/deployments#fail-deployment"""
-    return _json(request, _state(request).fail_deployment(request.match_info["deployment_id"]))
+    return _write(request, _deployment_rpc(_state(request).fail_deployment, request.match_info["deployment_id"]))
 
 
 # ---- allocations -----------------------------------------------------------------------------
@@ -211,7 +230,7 @@ async def allocation_read(request: web.Request) -> web.Response:
 
 async def allocation_stop(request: web.Request) -> web.Response:
     """POST /v1/allocation/:alloc_id/stop -- https://developer.hashicorp.com/nomad/api-docs/allocations#stop-allocation"""
-    return _json(request, _state(request).stop_alloc(request.match_info["alloc_id"]))
+    return _write(request, _state(request).stop_alloc(request.match_info["alloc_id"]))
 
 
 # ---- nodes ---------------------------------------------------------------------------------------
@@ -239,7 +258,7 @@ async def node_eligibility(request: web.Request) -> web.Response:
     """POST /v1/node/:node_id/eligibility {"Eligibility"} -- https://developer.hashicorp.com/nomad/api-docs/nodes#toggle-node-eligibility"""
     body = await _body(request)
     resp = _state(request).set_eligibility(request.match_info["node_id"], body.get("Eligibility", ""))
-    return _json(request, dict(resp, Index=_state(request).index, LastContact=0, KnownLeader=True))
+    return _write(request, dict(resp, EvalIDs=resp["EvalIDs"] or None, Index=_state(request).index))
 
 
 async def node_drain(request: web.Request) -> web.Response:
@@ -248,7 +267,7 @@ async def node_drain(request: web.Request) -> web.Response:
     resp = _state(request).drain(
         request.match_info["node_id"], body.get("DrainSpec"), bool(body.get("MarkEligible")), body.get("Meta")
     )
-    return _json(request, dict(resp, Index=_state(request).index, LastContact=0, KnownLeader=True))
+    return _write(request, dict(resp, EvalIDs=resp["EvalIDs"] or None, Index=_state(request).index))
 
 
 # ---- evaluations ----------------------------------------------------------------------------------
@@ -256,7 +275,7 @@ async def evaluations_list(request: web.Request) -> web.Response:
     """GET /v1/evaluations[?prefix=] -- https://developer.hashicorp.com/nomad/api-docs/evaluations#list-evaluations"""
     st = _state(request)
     prefix, ns = request.query.get("prefix", ""), _ns(request)
-    evs = [public(e) for e in st.evals.values() if e["ID"].startswith(prefix) and (ns == "*" or e["Namespace"] == ns)]
+    evs = [eval_view(e) for e in st.evals.values() if e["ID"].startswith(prefix) and (ns == "*" or e["Namespace"] == ns)]
     return _json(request, sorted(evs, key=lambda e: e["CreateIndex"], reverse=True))
 
 
@@ -269,7 +288,7 @@ def _find_eval(st: NomadState, eval_id: str) -> dict[str, Any]:
 
 async def evaluation_read(request: web.Request) -> web.Response:
     """GET /v1/evaluation/:eval_id -- https://developer.hashicorp.com/nomad/api-docs/evaluations#read-evaluation"""
-    return _json(request, public(_find_eval(_state(request), request.match_info["eval_id"])))
+    return _json(request, eval_view(_find_eval(_state(request), request.match_info["eval_id"])))
 
 
 async def evaluation_allocations(request: web.Request) -> web.Response:
@@ -282,7 +301,7 @@ async def evaluation_allocations(request: web.Request) -> web.Response:
 # ---- status / agent / metrics -------------------------------------------------------------------------
 async def status_leader(request: web.Request) -> web.Response:
     """GET /v1/status/leader -- https://developer.hashicorp.com/nomad/api-docs/status#read-leader"""
-    return _json(request, request.app[RPC_ADDR])
+    return _json(request, request.app[RPC_ADDR], meta="none")
 
 
 async def agent_self(request: web.Request) -> web.Response:
@@ -294,7 +313,7 @@ async def agent_self(request: web.Request) -> web.Response:
         "member": {"Name": "nomad-standin", "Addr": request.app[RPC_ADDR].split(":")[0], "Status": "alive",
                    "Tags": {"region": st.region, "dc": st.datacenter, "role": "nomad", "build": NOMAD_VERSION}},
         "stats": {"nomad": {"leader": "true", "server": "true", "known_regions": "1"}},
-    })
+    }, meta="none")
 
 
 def _metric_series(st: NomadState) -> list[Series]:
@@ -328,7 +347,8 @@ async def metrics(request: web.Request) -> web.Response:
                .replace("nomad_nomad_job_summary_", "nomad.nomad.job_summary."), "Value": s.value,
                "Labels": dict(s.labels)} for s in series]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(st.clock.time()))
-    return _json(request, {"Timestamp": stamp, "Gauges": gauges, "Counters": [], "Samples": [], "Points": []})
+    return _json(request, {"Timestamp": stamp, "Gauges": gauges, "Counters": [], "Samples": [], "Points": [],
+                           "PrecisionGauges": []}, meta="none")
 
 
 # ---- lab fault injection (NOT part of the Nomad API) ---------------------------------------------------

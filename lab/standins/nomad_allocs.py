@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .nomad_model import NS_PER_S, alloc_index, by_id, public, task_state
+from .nomad_model import ALLOC_OMIT_EMPTY, NS_PER_S, alloc_index, by_id, omit_empty, public, task_state
 
 __all__ = ["AllocsMixin"]
 
@@ -146,7 +146,8 @@ class AllocsMixin:
         out.setdefault("DeploymentID", "")
         out["DesiredTransition"] = {k: (alloc.get("DesiredTransition") or {}).get(k) for k in TRANSITION_FIELDS}
         out["Job"] = self._job_for_alloc(alloc)
-        return out
+        # A full allocation has no JobType/JobVersion (list stubs do), and omits its empty links.
+        return omit_empty({k: v for k, v in out.items() if k not in ("JobType", "JobVersion")}, ALLOC_OMIT_EMPTY)
 
 
 def _interpolated(task: dict[str, Any], node: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:

@@ -9,15 +9,19 @@ from typing import Any
 
 __all__ = [
     "ACTIVE_DEPLOYMENT",
+    "ALLOC_OMIT_EMPTY",
     "DEFAULT_UPDATE",
     "DEPLOYMENT_TYPES",
+    "EVAL_OMIT_EMPTY",
     "NOMAD_VERSION",
     "NS_PER_S",
     "ByJob",
     "NomadError",
     "alloc_index",
     "by_id",
+    "eval_view",
     "json_hash",
+    "omit_empty",
     "public",
     "rfc3339",
     "task_state",
@@ -82,6 +86,23 @@ def public(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if not k.startswith("_")}
 
 
+# Evaluation and Allocation fields Nomad's JSON omits when they are empty (zero, "", null, false).
+EVAL_OMIT_EMPTY = ("AnnotatePlan", "BlockedEval", "ClassEligibility", "EscapedComputedClass", "FailedTGAllocs",
+                   "NextEval", "NodeID", "NodeModifyIndex", "PreviousEval", "QuotaLimitReached", "RelatedEvals",
+                   "StatusDescription", "Wait", "WaitUntil")
+ALLOC_OMIT_EMPTY = ("DesiredDescription", "DesiredTransition", "FollowupEvalID", "NextAllocation",
+                    "PreemptedAllocations", "PreemptedByAllocation", "PreviousAllocation", "RescheduleTracker")
+
+
+def omit_empty(obj: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items()
+            if k not in keys or (any(x is not None for x in v.values()) if isinstance(v, dict) else v)}
+
+
+def eval_view(ev: dict[str, Any]) -> dict[str, Any]:
+    return omit_empty(public(ev), EVAL_OMIT_EMPTY)
+
+
 def by_id(table: dict[str, dict[str, Any]], key: str, what: str) -> dict[str, Any]:
     """An entry by its full ID or, as Nomad's API allows, a unique prefix of two characters or more."""
     entry = table.get(key)
@@ -106,15 +127,23 @@ def alloc_index(alloc: dict[str, Any]) -> int:
     return int(name[name.rindex("[") + 1: -1])
 
 
+# The TaskEvent fields every event carries, zero unless its type sets them.
+TASK_EVENT_ZERO = {
+    "RestartReason": "", "SetupError": "", "DriverError": "", "Signal": 0, "KillTimeout": 0, "KillError": "",
+    "KillReason": "", "StartDelay": 0, "DownloadError": "", "ValidationError": "", "DiskLimit": 0,
+    "FailedSibling": "", "VaultError": "", "TaskSignalReason": "", "TaskSignal": "", "DriverMessage": "",
+    "GenericSource": "",
+}
+
+
 def task_state(state: str, now: int, event: str, message: str, failed: bool = False,
                started: Any = None, finished: Any = None, exit_code: int | None = None) -> dict[str, Any]:
     def stamp(v: Any) -> str | None:
         return rfc3339(v / NS_PER_S) if isinstance(v, int) else v
 
     return {
-        "State": state, "Failed": failed, "Restarts": 0, "LastRestart": None,
+        "State": state, "Failed": failed, "Restarts": 0, "LastRestart": None, "Paused": "",
         "StartedAt": stamp(started), "FinishedAt": stamp(finished),
-        "Events": [{"Type": event, "Time": now, "DisplayMessage": message, "Message": message,
+        "Events": [{**TASK_EVENT_ZERO, "Type": event, "Time": now, "DisplayMessage": message, "Message": message,
                     "ExitCode": exit_code or 0, "FailsTask": failed, "Details": {}}],
     }
-

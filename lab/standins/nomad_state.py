@@ -266,7 +266,7 @@ class NomadState(SchedulerMixin, DeploymentsMixin, AllocsMixin):
     def set_eligibility(self, node_id: str, eligibility: str) -> dict[str, Any]:
         node = self.node(node_id)
         if eligibility not in ("eligible", "ineligible"):
-            raise NomadError(400, f'invalid scheduling eligibility "{eligibility}"')
+            raise NomadError(500, f'invalid scheduling eligibility "{eligibility}"')
         if node["Drain"] and eligibility == "eligible":
             raise NomadError(400, "can not set node's scheduling eligibility to eligible while it is draining")
         node["SchedulingEligibility"] = eligibility
@@ -523,6 +523,7 @@ class NomadState(SchedulerMixin, DeploymentsMixin, AllocsMixin):
             "ID": job["ID"], "ParentID": job["ParentID"], "Name": job["Name"], "Namespace": job["Namespace"],
             "Datacenters": job["Datacenters"], "Type": job["Type"], "Priority": job["Priority"],
             "Periodic": False, "ParameterizedJob": False, "Stop": job["Stop"], "Status": self._job_status(job),
+            "NodePool": job.get("NodePool") or "default", "Multiregion": None,
             "StatusDescription": "", "JobSummary": self.summary(job["Namespace"], job["ID"]),
             "CreateIndex": job["CreateIndex"], "ModifyIndex": job["ModifyIndex"],
             "JobModifyIndex": job["JobModifyIndex"], "SubmitTime": job["SubmitTime"],
