@@ -245,7 +245,6 @@ def run(
     if drill and not plan_input.target.get("drill"):
         _fail(f"target {plan_input.target_name} is not marked as a drill target (drill: true); refusing a drill", EXIT_INVALID)
 
-    from cli import render
     from cli.identity import start_source
     from runtime.runs import workflow_id_for
 
@@ -256,20 +255,57 @@ def run(
     token = _identity_token(identity_token, vault_login, None, "", vault_user, vault_auth, _whoami(), source)
 
     async def go() -> int:
+        from runtime.connection import web_ui_url
+
         client = await _client()
         try:
             handle = await start_run(client, plan_input, task_queue(), identity_token=token)
         except TargetBusy as exc:
             _fail(str(exc), EXIT_BUSY)
+        web_ui = web_ui_url(client, handle.id, handle.result_run_id)
         if json_output and not follow:
-            _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id})
+            _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id, "web_ui": web_ui})
             return 0
         err.print(f"started {handle.id} (run {handle.result_run_id}) on task queue {task_queue()}", highlight=False)
         if follow:
-            return await render.follow(client, handle.id, out)
+            return await _follow(client, handle.id, web_ui, _ref_of(plan_input.target_name, handle.id))
+        err.print(f"Web UI: {web_ui}", highlight=False, soft_wrap=True)
+        err.print(f"follow it with: coldstart status {_ref_of(plan_input.target_name, handle.id)} --follow",
+                  highlight=False)
         return 0
 
-    raise typer.Exit(asyncio.run(go()))
+    raise typer.Exit(_following(go))
+
+
+def _ref_of(target: str, workflow_id: str) -> str:
+    """How commands name a run: its target, or its workflow id when it is not the target's."""
+    from runtime.runs import workflow_id_for
+
+    return target if workflow_id == workflow_id_for(target) else workflow_id
+
+
+async def _follow(client: Any, workflow_id: str, web_ui: str, ref: str) -> int:
+    """The live view until the run ends; Ctrl-C leaves the view, never the run (_following says so)."""
+    from cli import render
+
+    _FOLLOWED[:] = [ref]
+    return await render.follow(client, workflow_id, out, web_ui=web_ui)
+
+
+_FOLLOWED: list[str] = []  # the run a view follows, to say how to come back to it after Ctrl-C
+
+
+def _following(go: Any) -> int:
+    """Run `go` (a command that may follow a run); Ctrl-C while following says the run goes on, and how to
+    come back to it, and exits 130."""
+    try:
+        return asyncio.run(go())
+    except KeyboardInterrupt:
+        if not _FOLLOWED:
+            raise
+        err.print(f"stopped following; the run goes on. Come back with: coldstart status {_FOLLOWED[0]} --follow",
+                  highlight=False, soft_wrap=True)
+        return 130
 
 
 def _run_fleet(file: Path, param: list[str], targets: str, waves: Optional[str], max_parallel: int,
@@ -306,60 +342,137 @@ def _run_fleet(file: Path, param: list[str], targets: str, waves: Optional[str],
             handle = await start_fleet(client, fleet, task_queue())
         except TargetBusy as exc:
             _fail(str(exc), EXIT_BUSY)
+        from runtime.connection import web_ui_url
+
+        web_ui = web_ui_url(client, handle.id, handle.result_run_id)
         if json_output:
-            _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id,
+            _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id, "web_ui": web_ui,
                          "members": [{"target": m.target, "wave": m.wave} for m in fleet.members]})
         else:
             err.print(f"started fleet {handle.id} (run {handle.result_run_id}): {fleet.runbook} on "
                       f"{len(fleet.members)} targets in {len({m.wave for m in fleet.members})} waves", highlight=False)
+            err.print(f"Web UI: {web_ui}", highlight=False, soft_wrap=True)
         return 0
 
     return asyncio.run(go())
 
 
-async def _fleet_status(client, workflow_id: str):
-    """The fleet's status if `workflow_id` is a fleet run, else None."""
+async def _describe(client: Any, run_ref: str) -> Any:
+    """The run's description; exit 2 naming the runs there are when `run_ref` names none."""
     from temporalio.service import RPCError
 
+    workflow_id = _workflow_id(run_ref)
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        await _no_such_run(client, run_ref, exc)
+        _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
+
+
+async def _no_such_run(client: Any, run_ref: str, exc: BaseException) -> None:
+    """Exit 2 when `exc` says `run_ref` names no run (and a describe agrees: an Update on a run that has ended
+    is refused as not found too, and its own message says so better), with a did-you-mean among the runs there
+    are and the running ones; return otherwise."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    if not isinstance(exc, RPCError) or exc.status != RPCStatusCode.NOT_FOUND:
+        return
+    try:
+        await client.get_workflow_handle(_workflow_id(run_ref)).describe()
+        return
+    except RPCError as again:
+        if again.status != RPCStatusCode.NOT_FOUND:
+            return
+    _fail(await _unknown_run(client, run_ref), EXIT_INVALID)
+
+
+async def _unknown_run(client: Any, run_ref: str) -> str:
+    """`no run for target 'lcoal'; did you mean 'local'?`, the running targets, and where to look."""
+    import difflib
+
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from workflows import search
+
+    by_id = run_ref.startswith("coldstart-")
+    names: list[str] = []  # how recent runs are named (their targets, or their workflow ids), newest first
+    running: list[str] = []
+    try:
+        async for execution in client.list_workflows(
+                "WorkflowType = 'RunbookWorkflow' OR WorkflowType = 'FleetWorkflow'", limit=200):
+            target = execution.typed_search_attributes.get(search.TARGET)
+            ref = _ref_of(target, execution.id) if target else execution.id
+            if (name := execution.id if by_id else ref) not in names:
+                names.append(name)
+            if execution.status == WorkflowExecutionStatus.RUNNING and ref not in running:
+                running.append(ref)
+    except RPCError:
+        pass  # the answer stays: no such run, without the suggestions
+    what = f"no run with workflow id {run_ref!r}" if by_id else f"no run for target {run_ref!r}"
+    close = difflib.get_close_matches(run_ref, names, n=3, cutoff=0.6)
+    lines = [what + (f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else "")]
+    shown = ", ".join(running[:10]) + (f" and {len(running) - 10} more" if len(running) > 10 else "")
+    lines.append(f"running: {shown}" if running else "no run is running")
+    lines.append("see `coldstart list` (--all: the finished runs too)")
+    return "\n".join(lines)
+
+
+async def _fleet_status(client: Any, run_ref: str, description: Any = None) -> Any:
+    """The fleet's status if `run_ref` names a fleet run, else None; exit 2 if it names no run."""
     from workflows.contract import FleetStatus
 
-    try:
-        description = await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as exc:
-        _fail(f"{workflow_id}: {exc.message}", EXIT_FAILED)
+    description = description or await _describe(client, run_ref)
     if description.workflow_type != "FleetWorkflow":
         return None
-    return await client.get_workflow_handle(workflow_id).query("status", result_type=FleetStatus)
+    return await client.get_workflow_handle(description.id).query("status", result_type=FleetStatus)
 
 
 @app.command()
 def status(
     run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
     json_output: bool = typer.Option(False, "--json"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="follow the run live until it ends (Ctrl-C leaves "
+                                                             "the view, never the run)"),
 ) -> None:
-    """Where a run is: current step, each step's outcome and its gate readings (--json: with outputs)."""
+    """Where a run is: current step, each step's outcome and its gate readings, what it waits on and the commands
+    that answer it, its Web UI page (--json: with outputs; --follow: live, as `run --follow`)."""
     from cli import render
+    from runtime.connection import web_ui_url
 
-    async def go() -> None:
+    if follow and json_output:
+        _fail("--follow or --json: give one of them", EXIT_INVALID)
+
+    async def go() -> int:
         client = await _client()
-        fleet = await _fleet_status(client, _workflow_id(run_ref))
+        description = await _describe(client, run_ref)
+        fleet = await _fleet_status(client, run_ref, description)
         if fleet is not None:
             from cli.fleet import member_runs, render_status
 
+            if follow:
+                _fail(f"{description.id} is a fleet: follow its runs one by one (coldstart status TARGET --follow)",
+                      EXIT_INVALID)
             runs = await member_runs(client, fleet, outputs=json_output)
             if json_output:
                 _print_json({**fleet.model_dump(mode="json"),
                              "runs": {t: r.model_dump(mode="json") for t, r in runs.items()}})
             else:
                 render_status(out, fleet, runs)
-            return
-        current = await _run_status(client, _workflow_id(run_ref), outputs=json_output)
+                out.print(f"Web UI: {web_ui_url(client, description.id, description.run_id)}", highlight=False,
+                          markup=False, soft_wrap=True)
+            return 0
+        web_ui = web_ui_url(client, description.id, description.run_id)
+        if follow:
+            return await _follow(client, description.id, web_ui, run_ref)
+        current = await _run_status(client, description.id, outputs=json_output)
         if json_output:
             _print_json(current.model_dump(mode="json"))
         else:
-            render.status(out, current)
+            render.status(out, current, web_ui=web_ui)
+        return 0
 
-    asyncio.run(go())
+    raise typer.Exit(_following(go))
 
 
 async def _run_status(client, workflow_id: str, *, outputs: bool):
@@ -408,27 +521,44 @@ def list_runs(
         if json_output:
             _print_json(rows)
         else:
-            render.runs(out, rows)
+            render.runs(out, rows, all_runs=all_runs)
 
     asyncio.run(go())
 
 
-def _update(run_ref: str, name: str, body: Any) -> None:
+def _update(run_ref: str, name: str, body: Any) -> Any:
+    """Send Update `name` to the run; what it answered (a sentence, or approve's record)."""
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError
 
-    async def go() -> None:
+    async def go() -> Any:
         client = await _client()
         handle = client.get_workflow_handle(_workflow_id(run_ref))
         try:
-            result = await handle.execute_update(name, body)
+            return await handle.execute_update(name, body)
         except WorkflowUpdateFailedError as exc:
             _fail(f"{name} refused: {exc.cause.message if hasattr(exc.cause, 'message') else exc.cause}", EXIT_REFUSED)
         except RPCError as exc:
+            await _no_such_run(client, run_ref, exc)
             _fail(f"{name}: {exc.message}", EXIT_FAILED)
-        out.print(result if isinstance(result, str) else json.dumps(result, default=str), highlight=False)
 
-    asyncio.run(go())
+    return asyncio.run(go())
+
+
+def _say(result: Any, json_output: bool = False) -> None:
+    """An Update's answer: a sentence (`retry held by carol`, `approved go by bob: looks right`), or --json's raw."""
+    if result is None:
+        return
+    if json_output:
+        _print_json(result)
+    elif isinstance(result, dict) and {"step", "approver"} <= result.keys():
+        verified = f" (verified {result['subject']})" if result.get("subject") else ""
+        comment = f": {result['comment']}" if result.get("comment") else ""
+        out.print(f"approved {result['step']} by {result['approver']}{verified}{comment}", highlight=False,
+                  markup=False, soft_wrap=True)
+    else:
+        out.print(result if isinstance(result, str) else json.dumps(result, default=str), highlight=False,
+                  markup=False, soft_wrap=True)
 
 
 
@@ -499,6 +629,7 @@ def _decision(run_ref: str, verb: str, step: Optional[str], vault_login: bool,
         try:
             return await decision_source(client.get_workflow_handle(_workflow_id(run_ref)), verb, step)
         except RPCError as exc:
+            await _no_such_run(client, run_ref, exc)
             _fail(f"{verb}: {exc.message}", EXIT_FAILED)
         return None, step  # unreachable: _fail raises
 
@@ -547,6 +678,7 @@ def approve(
     identity_role: str = _OPT_IDENTITY_ROLE,
     vault_user: Optional[str] = _OPT_VAULT_USER,
     vault_auth: str = _OPT_VAULT_AUTH,
+    json_output: bool = typer.Option(False, "--json", help="the approval record as JSON"),
 ) -> None:
     """Approve a step that waits for approval (the same Update the Web UI sends)."""
     from workflows.contract import ApproveRequest
@@ -555,8 +687,8 @@ def approve(
     source, _ = _decision(run_ref, "approve", step, vault_login and identity_token is None, vault_auth)
     token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, approver,
                             source)
-    _update(run_ref, "approve", _request(ApproveRequest, step=step, approver=approver, comment=comment,
-                                         identity_token=token))
+    _say(_update(run_ref, "approve", _request(ApproveRequest, step=step, approver=approver, comment=comment,
+                                              identity_token=token)), json_output)
 
 
 def _control(name: str):
@@ -583,8 +715,8 @@ def _control(name: str):
         token = _identity_token(identity_token, vault_login, vault_addr, identity_role, vault_user, vault_auth, actor,
                                 source)
         fields = {"undo": True} if undo else {}
-        _update(run_ref, name, _request(ControlRequest, step=step, actor=actor, reason=reason, identity_token=token,
-                                        **fields))
+        _say(_update(run_ref, name, _request(ControlRequest, step=step, actor=actor, reason=reason,
+                                             identity_token=token, **fields)))
 
     command.__doc__ = {
         "retry": "Retry a held step.",
@@ -645,7 +777,7 @@ def timeline(
 
     async def go() -> None:
         client = await _client()
-        fleet = await _fleet_status(client, _workflow_id(run_ref)) if run_id is None else None
+        fleet = await _fleet_status(client, run_ref) if run_id is None else None
         if fleet is not None:
             from cli.fleet import combined_timeline
 
@@ -659,6 +791,7 @@ def timeline(
         try:
             result = await build_timeline(client, _workflow_id(run_ref), run_id)
         except RPCError as exc:
+            await _no_such_run(client, run_ref, exc)
             _fail(f"{_workflow_id(run_ref)}: {exc.message}", EXIT_FAILED)
         if json_output or output_format == "json":
             _print_json(result.to_json())

@@ -10,6 +10,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from activities.retry import format_duration
 from activities.telemetry import READ_ACTION, READ_ACTIONS
 from workflows.contract import RESOLVE_RUN_ACTIVITY
 from workflows.history_tags import ActivityTag, activity_tag, timer_step
@@ -262,7 +263,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 text = summary[0] if summary else "timer"
                 step = timer_step(str(text)) if summary else None
                 if "next reading" not in str(text):
-                    timeline.entries.append(Entry(at, step, "wait", None, f"{text} ({seconds:g}s)"))
+                    timeline.entries.append(Entry(at, step, "wait", None, f"{text} ({format_duration(seconds)})"))
             elif kind == _E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
                 pass
             elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
@@ -335,7 +336,7 @@ def render_markdown(timeline: Timeline) -> str:
         f"- initiator: {timeline.initiator}",
         *([f"- runbook version: `{timeline.runbook_digest}` ({timeline.runbook_origin})"] if timeline.runbook_digest else []),
         f"- started: {start:%Y-%m-%d %H:%M:%S} UTC" if start else "- started: ?",
-        f"- outcome: **{timeline.outcome}**" + (f" after {total:.1f} s" if total is not None else ""),
+        f"- outcome: **{timeline.outcome}**" + (f" after {format_duration(round(total, 1))}" if total is not None else ""),
         "",
         "## Steps",
         "",
@@ -353,6 +354,6 @@ def render_markdown(timeline: Timeline) -> str:
         offset = (entry.at - start).total_seconds() if start else 0.0
         detail = entry.detail.replace("|", "\\|").replace("\n", " ")
         if entry.duration_s is not None and entry.event not in ("run finished",):
-            detail += f" ({entry.duration_s:.2f} s)"
+            detail += f" ({format_duration(round(entry.duration_s, 2))})"
         out.append(f"| {entry.at:%H:%M:%S.%f}"[:-3] + f" | {offset:.1f} | {entry.step or ''} | {entry.event} | {entry.actor or ''} | {detail} |")
     return "\n".join(out) + "\n"

@@ -183,8 +183,9 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("worker started", task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()),
-             journal=journal, pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir))
+    log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
+             task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()), journal=journal,
+             pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir))
     async with worker:
         await stop.wait()
         log.info("worker stopping: finishing in-flight tasks")

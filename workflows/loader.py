@@ -230,7 +230,8 @@ def load_inventory(name: str, targets_dir: Path) -> Inventory:
     """targets_dir/NAME.yaml, validated (read_inventory); its `name:` defaults to NAME."""
     path = targets_dir / f"{name}.yaml"
     if not path.exists():
-        raise FileNotFoundError(f"no inventory for target {name!r} (looked for {path})")
+        raise FileNotFoundError(f"no inventory for target {name!r} (looked for {path}; $COLDSTART_TARGETS names "
+                                f"the inventories' directory, now {str(targets_dir)!r})")
     return read_inventory(path, default_name=name)
 
 

@@ -14,7 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
-    from activities.retry import Retry
+    from activities.retry import Retry, format_duration
     from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
     from workflows.calls import (
         READING_PRIORITY,
@@ -399,7 +399,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 if step.on_failure == OnFailure.retry and not isinstance(step, ActionStep) and state.attempts < retry.max_attempts:
                     delay = retry.delay(state.attempts)
                     state.status = "failed"
-                    await self._sleep(delay, timer_summary(step.id, f"retry in {delay}"))
+                    await self._sleep(delay, timer_summary(step.id, f"retry in {format_duration(delay)}"))
                     continue
                 if step.on_failure == OnFailure.hold:
                     try:
@@ -461,7 +461,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         return record.model_dump(mode="json")
 
     async def _wait_step(self, step: WaitStep, state: StepState) -> dict[str, Any]:
-        await self._sleep(step.wait, timer_summary(step.id, f"wait {step.wait}"))
+        await self._sleep(step.wait, timer_summary(step.id, f"wait {format_duration(step.wait)}"))
         return {}
 
     async def _action(self, step: ActionStep, state: StepState) -> dict[str, Any]:
@@ -563,7 +563,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         except ActivityError as exc:
             value, error = None, failure_message(exc)
         passed = value is not None and error is None and compare(float(value), gate.comparator, gate.threshold)
-        reading = GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent)
+        reading = GateReading(gate=name, at=workflow.now(), value=value, passed=passed, error=error, percent=percent,
+                              comparator=gate.comparator, threshold=gate.threshold)
         metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
 
@@ -607,6 +608,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         gate = self._resolved_gate(gate, ramp)
         state = self._steps[step_id]
         deadline = workflow.now() + gate.timeout
+        state.gate_gives_up_at = deadline  # for the views: how long the gate has left
         streak = 0
         streak_since = None
         not_before = None
@@ -618,15 +620,17 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 streak_since = streak_since or reading.at
                 baked = gate.bake is None or reading.at - streak_since >= gate.bake
                 if streak >= gate.consecutive and baked:
+                    state.gate_gives_up_at = None
                     return
             else:
                 streak, streak_since = 0, None
             if workflow.now() + gate.interval > deadline:
                 last = reading.error or f"last value {reading.value:g}" if reading.value is not None else reading.error
-                need = f"{gate.consecutive} consecutive" + (f" over {gate.bake}" if gate.bake else "")
+                need = f"{gate.consecutive} consecutive" + (f" over {format_duration(gate.bake)}" if gate.bake else "")
+                state.gate_gives_up_at = None
                 raise StepFailed(
                     f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
-                    f"not held ({need}) within {gate.timeout} ({last or 'no value'})"
+                    f"not held ({need}) within {format_duration(gate.timeout)} ({last or 'no value'})"
                 )
             # Patched: before it, a sub-second wait was a timer too; runs in flight then keep those.
             if (gate.interval < WAITED_IN_READING and workflow.patched("batched-readings")
@@ -658,7 +662,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             self._awaiting.pop(step_id, None)
             state.awaiting = None
             state.status = previous
-            raise StepFailed(f"approval of {step_id} timed out after {spec.timeout}") from None
+            raise StepFailed(f"approval of {step_id} timed out after {format_duration(spec.timeout)}") from None
         self._awaiting.pop(step_id, None)
         state.awaiting = None
         if self._abort is not None:
@@ -884,7 +888,17 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                              if identity else {}),
             runbook_digest=self._inp.catalog.digest if self._inp.catalog else None,
             runbook_origin=self._inp.catalog.origin if self._inp.catalog else None,
+            approvers={step: self._may_approve(spec) for step, spec in sorted(self._awaiting.items())},
+            skippers=self._skippers(),
+            operators=self._operators(),
         )
+
+    def _may_approve(self, spec: ApprovalSpec) -> list[str] | None:
+        """Who may approve a step now: its approvers (None: anyone named), less the initiator under four eyes."""
+        allowed = self._allowed_approvers(spec)
+        if allowed is not None and self._four_eyes(spec):
+            allowed = [name for name in allowed if name != self._inp.initiator]
+        return allowed
 
     @workflow.query
     def plan(self) -> RunInput:

@@ -47,6 +47,9 @@ class RunVisibility:
         status past workflows/contract.MEMO_BUDGET is no longer kept (views Query it instead).
         """
         memo = StatusMemo()
+        # Patched: before it, a gate starting (its deadline, gate_gives_up_at, the only change: a ramp's next
+        # gate after its bake) upserted nothing; runs in flight then keep their upserts as they were.
+        self._memo_gate_deadlines = workflow.patched("memo-gate-deadlines")
         while not memo.full:
             signature = self._status_signature()
             changed = memo.changes(self.status())
@@ -58,6 +61,7 @@ class RunVisibility:
         """What a live view shows, cheap to compare: the condition above is checked often."""
         steps = tuple(
             (s.status, s.attempts, s.error, s.percent, s.last_good, s.awaiting, s.skip_requested_by, len(s.approvals),
+             s.gate_gives_up_at if getattr(self, "_memo_gate_deadlines", False) else None,
              (s.readings[-1].gate, s.readings[-1].value, s.readings[-1].passed, s.readings[-1].error) if s.readings else None)
             for s in self._steps.values())
         return (self._state, self._paused, self._error, tuple(self._awaiting), len(self._controls), steps)
