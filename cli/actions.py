@@ -21,10 +21,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from activities.errors import InvalidInput
 from activities.registry import ActionSpec, Registry
-from activities.retry import Duration, Retry
+from activities.retry import Duration, Retry, format_duration
 
-__all__ = ["ActionDoc", "FieldDoc", "ModelDoc", "UnknownAction", "describe", "describe_action", "format_duration",
+__all__ = ["ActionDoc", "FieldDoc", "ModelDoc", "UnknownAction", "describe", "describe_action",
            "lookup", "render_one", "render_table", "suggest", "to_markdown"]
 
 COMMAND = "coldstart actions --markdown > docs/actions.md"
@@ -79,19 +80,8 @@ class ActionDoc(BaseModel):
     output_types: list[ModelDoc]
 
 
-class UnknownAction(LookupError):
+class UnknownAction(InvalidInput, LookupError):
     """No action (nor namespace) by that name; the message suggests the nearest."""
-
-
-def format_duration(value: timedelta) -> str:
-    """90 s as 1m30s, 5400 s as 1h30m, 0.2 s as 200ms: what a runbook writes (activities.retry.parse_duration)."""
-    millis = round(value.total_seconds() * 1000)
-    if millis == 0:
-        return "0s"
-    hours, millis = divmod(millis, 3_600_000)
-    minutes, millis = divmod(millis, 60_000)
-    seconds, millis = divmod(millis, 1000)
-    return "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (seconds, "s"), (millis, "ms")) if n)
 
 
 def _retry_fields(retry: Retry) -> dict[str, Any]:
