@@ -116,7 +116,7 @@ def test_types_limits_and_defaults_are_read_from_the_models_schema():
     [doc] = describe(_thing_registry())
     assert (doc.summary, doc.description) == ("Do the thing.", "Do the thing.\n\nAt length, over two lines.")
     assert (doc.timeout, doc.heartbeat) == ("90s", "1h30m")
-    assert doc.retry == {"max_attempts": 2, "initial_interval": "200ms", "backoff": 2.0, "max_interval": "30s"}
+    assert doc.retry == {"max_attempts": 2, "initial_interval": "0.2s", "backoff": 2.0, "max_interval": "30s"}
     assert (doc.mutating, doc.undo, doc.undo_from_output, doc.input_model, doc.output_model) == (
         True, "t.thing", "again", "_In", "_Out")
     got = {f.name: (f.type, f.required, f.default if f.has_default else "-", f.limits) for f in doc.inputs}
@@ -129,7 +129,7 @@ def test_types_limits_and_defaults_are_read_from_the_models_schema():
         "name": ("str", True, "-", ["1 ≤ len ≤ 64", "pattern ^[a-z]+$"]),
         "tags": ("list[str]", True, "-", ["len ≥ 1", "each: len ≤ 8"]),
         "mode": ('"a" | "b"', False, "a", []),
-        "wait": ("duration", False, "1m30s", []),
+        "wait": ("duration", False, "90s", []),
         "inner": ("_Inner", True, "-", []),
         "counts": ("dict[str, int]", False, {}, []),
         "hosts": ("list[str]", False, [], []),
