@@ -49,10 +49,13 @@ def parse_lock(text: str) -> dict[str, tuple[Version, int]]:
 
 
 def declared_requirements(pyproject: dict) -> list[Requirement]:
-    """The runtime dependencies and the `test` extra, as requirements (markers for the lock's platform)."""
+    """The runtime dependencies and every extra (`make lock` resolves them all), as requirements (markers for
+    the lock's platform). An extra naming the project's own (coldstart[lab,infra]) adds nothing of its own."""
     project = pyproject["project"]
-    raw = [*project["dependencies"], *project.get("optional-dependencies", {}).get("test", [])]
-    return [r for r in map(Requirement, raw) if r.marker is None or r.marker.evaluate(LOCK_ENV)]
+    extras = project.get("optional-dependencies", {}).values()
+    raw = [*project["dependencies"], *(spec for specs in extras for spec in specs)]
+    return [r for r in map(Requirement, raw)
+            if canonicalize_name(r.name) != PROJECT and (r.marker is None or r.marker.evaluate(LOCK_ENV))]
 
 
 def unpinned(requirements: list[Requirement], lock: dict[str, tuple[Version, int]]) -> list[str]:
