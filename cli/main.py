@@ -13,13 +13,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
 from activities.errors import ColdstartError, InvalidInput, LocatedErrors
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 __all__ = ["app", "main"]
 
@@ -29,7 +32,8 @@ class _Commands(TyperGroup):
     """The root command group: a runbook, inventory or triggers file refused anywhere below prints every
     problem, each `file:line:col: message`, and exits 2 (the one handler of LocatedErrors)."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    # typer hands its own Context (a subclass); the base names the click Context typer vendors.
+    def invoke(self, ctx: typer.Context) -> Any:  # pyright: ignore[reportIncompatibleMethodOverride]
         try:
             return super().invoke(ctx)
         except LocatedErrors as exc:
@@ -55,7 +59,7 @@ class CliError(ColdstartError):
         self.code = code
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     raise CliError(message, code)
 
 
@@ -80,7 +84,7 @@ def _params(pairs: list[str]) -> dict[str, Any]:
     return values
 
 
-def _inventory(target: Optional[str]) -> dict[str, Any] | None:
+def _inventory(target: str | None) -> dict[str, Any] | None:
     from workflows.loader import load_inventory
 
     if not target:
@@ -94,7 +98,7 @@ def _inventory(target: Optional[str]) -> dict[str, Any] | None:
     return None
 
 
-def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool = False, placeholders: bool = False):
+def _plan(file: Path, params: list[str], target: str | None, *, drill: bool = False, placeholders: bool = False):
     from activities.catalog import load_registry
     from workflows.loader import plan_run
 
@@ -121,7 +125,7 @@ def _plan(file: Path, params: list[str], target: Optional[str], *, drill: bool =
 _NOTED: set[str] = set()
 
 
-async def _client():
+async def _client() -> Client:
     from runtime.connection import connect
 
     try:
@@ -165,7 +169,7 @@ _MAX_STDIN_TOKEN = 64 * 1024
 @app.command()
 def validate(
     files: list[Path] = typer.Argument(..., help="runbook files"),
-    target: Optional[str] = typer.Option(None, help="also resolve target references against targets/NAME.yaml"),
+    target: str | None = typer.Option(None, help="also resolve target references against targets/NAME.yaml"),
     json_output: bool = typer.Option(False, "--json", help="machine-readable result"),
 ) -> None:
     """Check runbooks; every problem is reported as file:line:col: message (exit 2 if any)."""
@@ -198,7 +202,7 @@ def validate(
 def plan(
     file: Path,
     param: list[str] = typer.Option([], "--param", "-p", help="NAME=VALUE (JSON values accepted)"),
-    target: Optional[str] = typer.Option(None, help="inventory name (default: the runbook's target)"),
+    target: str | None = typer.Option(None, help="inventory name (default: the runbook's target)"),
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """A dry run: the resolved steps, waits, gates and approvals; nothing is executed."""
@@ -215,21 +219,21 @@ def plan(
 def run(
     file: Path,
     param: list[str] = typer.Option([], "--param", "-p", help="NAME=VALUE (JSON values accepted)"),
-    target: Optional[str] = typer.Option(None, help="inventory name (default: the runbook's target)"),
+    target: str | None = typer.Option(None, help="inventory name (default: the runbook's target)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="show live progress until the run ends"),
     drill: bool = typer.Option(False, help="mark the run as a drill (refused on a target not marked drill: true)"),
     json_output: bool = typer.Option(False, "--json"),
-    targets: Optional[str] = typer.Option(None, "--targets", help="a fleet run: one run per target (a,b,c), in waves"),
-    waves: Optional[str] = typer.Option(None, "--waves", help="with --targets: sizes of the first waves in target "
+    targets: str | None = typer.Option(None, "--targets", help="a fleet run: one run per target (a,b,c), in waves"),
+    waves: str | None = typer.Option(None, "--waves", help="with --targets: sizes of the first waves in target "
                                                              "order (1,2: a canary, then two); the rest is one last wave"),
     max_parallel: int = typer.Option(0, "--max-parallel", min=0, help="with --targets: runs at once per wave (0: all)"),
     continue_on_failure: bool = typer.Option(False, "--continue-on-failure",
                                              help="with --targets: later waves start even after a failed run"),
-    fleet_name: Optional[str] = typer.Option(None, "--fleet-name", help="with --targets: the fleet's name "
+    fleet_name: str | None = typer.Option(None, "--fleet-name", help="with --targets: the fleet's name "
                                                                          "(default: the runbook's)"),
-    identity_token: Optional[str] = _OPT_IDENTITY_TOKEN,
+    identity_token: str | None = _OPT_IDENTITY_TOKEN,
     vault_login: bool = _OPT_VAULT_LOGIN,
-    vault_user: Optional[str] = _OPT_VAULT_USER,
+    vault_user: str | None = _OPT_VAULT_USER,
     vault_auth: str = _OPT_VAULT_AUTH,
 ) -> None:
     """Start a run of a runbook on its target (one run per target at a time), or on many targets in waves."""
@@ -308,13 +312,12 @@ def _following(go: Any) -> int:
         return 130
 
 
-def _run_fleet(file: Path, param: list[str], targets: str, waves: Optional[str], max_parallel: int,
-               continue_on_failure: bool, name: Optional[str], drill: bool, json_output: bool) -> int:
+def _run_fleet(file: Path, param: list[str], targets: str, waves: str | None, max_parallel: int,
+               continue_on_failure: bool, name: str | None, drill: bool, json_output: bool) -> int:
     """Plan every target's run (nothing starts if one is invalid), then start the fleet workflow."""
-    from cli.fleet import FleetInvalid, plan_fleet
-    from cli.fleet import start_fleet
-    from runtime.runs import TargetBusy
+    from cli.fleet import FleetInvalid, plan_fleet, start_fleet
     from runtime.connection import task_queue
+    from runtime.runs import TargetBusy
 
     names = [t.strip() for t in targets.split(",") if t.strip()]
     if not names:
@@ -537,7 +540,7 @@ def _update(run_ref: str, name: str, body: Any) -> Any:
         try:
             return await handle.execute_update(name, body)
         except WorkflowUpdateFailedError as exc:
-            _fail(f"{name} refused: {exc.cause.message if hasattr(exc.cause, 'message') else exc.cause}", EXIT_REFUSED)
+            _fail(f"{name} refused: {getattr(exc.cause, 'message', exc.cause)}", EXIT_REFUSED)
         except RPCError as exc:
             await _no_such_run(client, run_ref, exc)
             _fail(f"{name}: {exc.message}", EXIT_FAILED)
@@ -563,15 +566,15 @@ def _say(result: Any, json_output: bool = False) -> None:
 
 
 
-def _identity_token(token: Optional[str], vault_login: bool, vault_addr: Optional[str], role: str,
-                    vault_user: Optional[str], vault_auth: str, who: str, source: Any = None) -> str | None:
+def _identity_token(token: str | None, vault_login: bool, vault_addr: str | None, role: str,
+                    vault_user: str | None, vault_auth: str, who: str, source: Any = None) -> str | None:
     """The identity token for a request: given, read from stdin ('-'), or fetched with the operator's Vault login
     (from the run's OIDC provider, bound to the decision, when `source` (a cli.identity.DecisionSource) is given)."""
     if token is not None and vault_login:
         _fail("--identity-token and --vault-login: give one of them", EXIT_INVALID)
     if token == "-":
-        token = sys.stdin.read(_MAX_STDIN_TOKEN + 1)
-        if len(token) > _MAX_STDIN_TOKEN:
+        token = given = sys.stdin.read(_MAX_STDIN_TOKEN + 1)
+        if len(given) > _MAX_STDIN_TOKEN:
             _fail(f"--identity-token -: more than {_MAX_STDIN_TOKEN} bytes on stdin, that is not a token",
                   EXIT_INVALID)
     elif token is not None:
@@ -614,8 +617,8 @@ def _check_login(vault_auth: str) -> None:
         _fail(f"--vault-auth {vault_auth!r}: use userpass or token", EXIT_INVALID)
 
 
-def _decision(run_ref: str, verb: str, step: Optional[str], vault_login: bool,
-              vault_auth: str = "userpass") -> tuple[Any, Optional[str]]:
+def _decision(run_ref: str, verb: str, step: str | None, vault_login: bool,
+              vault_auth: str = "userpass") -> tuple[Any, str | None]:
     """(where the token for `verb` on `step` comes from, the step) for the run; (None, step) without --vault-login."""
     if not vault_login:
         return None, step
@@ -624,7 +627,7 @@ def _decision(run_ref: str, verb: str, step: Optional[str], vault_login: bool,
 
     from cli.identity import decision_source
 
-    async def go() -> tuple[Any, Optional[str]]:
+    async def go() -> tuple[Any, str | None]:
         client = await _client()
         try:
             return await decision_source(client.get_workflow_handle(_workflow_id(run_ref)), verb, step)
@@ -672,11 +675,11 @@ def approve(
     step: str = typer.Argument(...),
     approver: str = typer.Option(None, "--as", help="who approves (default: $COLDSTART_USER or your login)"),
     comment: str = typer.Option("", "--comment", "-m"),
-    identity_token: Optional[str] = _OPT_IDENTITY_TOKEN,
+    identity_token: str | None = _OPT_IDENTITY_TOKEN,
     vault_login: bool = _OPT_VAULT_LOGIN,
-    vault_addr: Optional[str] = _OPT_VAULT_ADDR,
+    vault_addr: str | None = _OPT_VAULT_ADDR,
     identity_role: str = _OPT_IDENTITY_ROLE,
-    vault_user: Optional[str] = _OPT_VAULT_USER,
+    vault_user: str | None = _OPT_VAULT_USER,
     vault_auth: str = _OPT_VAULT_AUTH,
     json_output: bool = typer.Option(False, "--json", help="the approval record as JSON"),
 ) -> None:
@@ -694,14 +697,14 @@ def approve(
 def _control(name: str):
     def command(
         run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
-        step: Optional[str] = typer.Argument(None, help="the held step (optional when only one is held)"),
+        step: str | None = typer.Argument(None, help="the held step (optional when only one is held)"),
         actor: str = typer.Option(None, "--as", help="who decides (default: $COLDSTART_USER or your login)"),
         reason: str = typer.Option("", "--reason", "-m"),
-        identity_token: Optional[str] = _OPT_IDENTITY_TOKEN,
+        identity_token: str | None = _OPT_IDENTITY_TOKEN,
         vault_login: bool = _OPT_VAULT_LOGIN,
-        vault_addr: Optional[str] = _OPT_VAULT_ADDR,
+        vault_addr: str | None = _OPT_VAULT_ADDR,
         identity_role: str = _OPT_IDENTITY_ROLE,
-        vault_user: Optional[str] = _OPT_VAULT_USER,
+        vault_user: str | None = _OPT_VAULT_USER,
         vault_auth: str = _OPT_VAULT_AUTH,
         undo: bool = typer.Option(False, "--undo", help="abort only: undo what the run changed (newest first) before "
                                                         "it ends; without it, the run says what it leaves in place"),
@@ -739,10 +742,10 @@ app.add_typer(identity_app, name="identity", help="Verified identity: tokens tha
 def identity_token_command(
     run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
     verb: str = typer.Option(..., "--verb", help="approve, skip, retry, abort, pause or resume"),
-    step: Optional[str] = typer.Option(None, "--step", help="the step decided on (approve, skip, retry)"),
+    step: str | None = typer.Option(None, "--step", help="the step decided on (approve, skip, retry)"),
     who: str = typer.Option(None, "--as", help="your name (default: $COLDSTART_USER or your login)"),
     vault_login: bool = typer.Option(True, "--vault-login/--no-vault-login", hidden=True),
-    vault_user: Optional[str] = _OPT_VAULT_USER,
+    vault_user: str | None = _OPT_VAULT_USER,
     vault_auth: str = _OPT_VAULT_AUTH,
 ) -> None:
     """Print an identity token for one decision of a run, to paste as identity_token in the Web UI.
@@ -763,7 +766,7 @@ def identity_token_command(
 @app.command()
 def timeline(
     run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
-    run_id: Optional[str] = typer.Option(None, help="a specific run (default: the latest)"),
+    run_id: str | None = typer.Option(None, help="a specific run (default: the latest)"),
     output_format: str = typer.Option("markdown", "--format", help="markdown or json"),
     json_output: bool = typer.Option(False, "--json", help="same as --format json"),
 ) -> None:
@@ -810,7 +813,7 @@ def server(
     postgres: bool = typer.Option(False, "--postgres", help="the real Temporal server on a private PostgreSQL "
                                   "(built once per machine), on loopback, no Web UI; runs until Ctrl-C"),
     state_dir: Path = typer.Option(Path(".state/cluster"), help="with --postgres: the database, config and logs"),
-    inventory: Optional[Path] = typer.Option(None, help="with --postgres: refuse a config depending on this "
+    inventory: Path | None = typer.Option(None, help="with --postgres: refuse a config depending on this "
                                              "inventory's Consul, Nomad or Vault"),
 ) -> None:
     """Run a local Temporal dev server with the Web UI, our search attributes and a persistent database."""
@@ -877,9 +880,9 @@ def drill(
     args: list[str] = typer.Argument(..., metavar="NAME | schedule NAME", help="run a drill now, or `schedule NAME --cron ...`"),
     interactive: bool = typer.Option(False, help="approve in the Web UI instead of the drill approver"),
     state_dir: Path = typer.Option(Path(".state/drill"), help="where logs, databases and the report go"),
-    cron: Optional[str] = typer.Option(None, help="with `schedule`: a cron expression, e.g. '0 14 * * 3'"),
-    file: Optional[Path] = typer.Option(None, "--runbook", help="with `schedule`: the runbook file (default runbooks/NAME.yaml)"),
-    target: Optional[str] = typer.Option(None, help="with `schedule`: the inventory (default: the runbook's target)"),
+    cron: str | None = typer.Option(None, help="with `schedule`: a cron expression, e.g. '0 14 * * 3'"),
+    file: Path | None = typer.Option(None, "--runbook", help="with `schedule`: the runbook file (default runbooks/NAME.yaml)"),
+    target: str | None = typer.Option(None, help="with `schedule`: the inventory (default: the runbook's target)"),
     paused: bool = typer.Option(False, help="with `schedule`: create it paused"),
     keep: bool = typer.Option(False, help="leave the lab up after a lab drill (for a look around)"),
 ) -> None:
@@ -903,9 +906,9 @@ def drill(
     raise typer.Exit(0 if succeeded else EXIT_FAILED)
 
 
-def _schedule(name: str, cron: str, file: Optional[Path], target: Optional[str], paused: bool) -> None:
-    from runtime.connection import task_queue
+def _schedule(name: str, cron: str, file: Path | None, target: str | None, paused: bool) -> None:
     from cli.schedules import DrillTargetRefused, schedule_drill
+    from runtime.connection import task_queue
 
     run = _plan(file or Path("runbooks") / f"{name}.yaml", [], target, drill=True)
 
@@ -974,12 +977,12 @@ def _mount_triggers() -> None:
         host: str = typer.Option("127.0.0.1", help="listen address"),
         port: int = typer.Option(9095, help="listen port"),
         token_file: Path = typer.Option(..., "--token-file", help="the bearer token Alertmanager sends"),
-        targets_dir: Optional[Path] = typer.Option(None, "--targets-dir",
+        targets_dir: Path | None = typer.Option(None, "--targets-dir",
                                                    help="inventories (default: $COLDSTART_TARGETS or targets)"),
-        state: Optional[Path] = typer.Option(None, "--state", help="a file keeping the firings acted on, so a "
+        state: Path | None = typer.Option(None, "--state", help="a file keeping the firings acted on, so a "
                                                                    "repeated alert starts nothing after a restart"),
-        tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="serve https with this certificate (PEM)"),
-        tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="and its private key (PEM)"),
+        tls_cert: Path | None = typer.Option(None, "--tls-cert", help="serve https with this certificate (PEM)"),
+        tls_key: Path | None = typer.Option(None, "--tls-key", help="and its private key (PEM)"),
     ) -> None:
         """Answer Alertmanager's webhook: allow-listed alerts start their runbook (POST /alerts)."""
         from triggers.receiver import serve
@@ -1038,7 +1041,9 @@ def _run() -> int:
         return 130
     except Exception as exc:  # usage errors and the like: one line, exit 2
         if isinstance(exc, _usage_errors()):
-            err.print(f"error: {exc.format_message()}", markup=False, highlight=False)
+            # Both kinds (Typer's and click's usage errors) have format_message.
+            message = exc.format_message()  # pyright: ignore[reportAttributeAccessIssue]
+            err.print(f"error: {message}", markup=False, highlight=False)
             return EXIT_INVALID
         raise
 
@@ -1049,7 +1054,7 @@ def _usage_errors() -> tuple[type[Exception], ...]:
     if (typer_error := getattr(typer.exceptions, "TyperException", None)) is not None:
         found.append(typer_error)
     try:
-        import click
+        import click  # pyright: ignore[reportMissingImports] - there only with a Typer that does not vendor it
 
         found.append(click.ClickException)
     except ImportError:
