@@ -32,6 +32,7 @@ __all__ = [
     "GateReading",
     "RequestError",
     "RunInput",
+    "RunOutcome",
     "RunRequest",
     "RunResult",
     "RunStatus",
@@ -303,11 +304,15 @@ def status_from_memo(memo: Mapping[str, Any]) -> RunStatus | None:
         return None
 
 
+# How a run ended.
+RunOutcome = Literal["succeeded", "failed", "aborted", "rolled_back"]
+
+
 class RunResult(BaseModel):
     """How a run ended, in its close event: with the status last seen, all a closed run's view needs
     (runtime/polling.py), so nobody has to Query, and the worker replay, a run that is over."""
 
-    state: Literal["succeeded", "failed", "aborted", "rolled_back"]
+    state: RunOutcome
     steps: list[StepState]
     error: str | None = None
     # Since the close-event view (runs closed before it carry neither).

@@ -578,6 +578,8 @@ def _check_choices(declared: dict[str, Param], values: dict[str, Any], context: 
                 allowed = [item.get("name") if isinstance(item, dict) else item for item in found]
             else:
                 allowed = [found]
+        elif isinstance(allowed, dict):
+            allowed = list(allowed)  # a mapping allows its keys, as a reference to one does
         if values[name] not in allowed:
             shown = ", ".join(map(str, allowed[:10])) + (f" and {len(allowed) - 10} more" if len(allowed) > 10 else "")
             source.error(("params", name), f"parameter {name!r}: {values[name]!r} is not one of {shown or 'nothing'}")
@@ -760,7 +762,9 @@ def _check_args(model: type[BaseModel], args: dict[str, Any], path: Path_, sourc
                 continue
             _, info = fields[key]
             try:
-                TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation).validate_python(value)
+                # The field's type, built at run time from its annotation and metadata as pydantic reads them.
+                field_type = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+                TypeAdapter(field_type).validate_python(value)  # pyright: ignore[reportArgumentType]
             except ValidationError as exc:
                 first = exc.errors(include_url=False)[0]
                 source.error(path + (key,), f"argument {key!r} of {action}: {first['msg']}")

@@ -7,11 +7,11 @@ Declarations only: nothing here exists at run time but the class.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from activities.oidc import IdentityKeys
-    from workflows.contract import ApprovalRecord, ControlRecord, RunInput, RunStatus, StepState
+    from workflows.contract import ApprovalRecord, ControlRecord, RunInput, RunOutcome, RunStatus, StepState
     from workflows.spec import AnyStep, ApprovalSpec
 
 __all__ = ["RunFields"]
@@ -26,7 +26,7 @@ class RunFields:
     _controls: list[ControlRecord]
     _identity_keys: IdentityKeys | None
     _used_tokens: list[str]
-    _state: str
+    _state: Literal["running"] | RunOutcome
     _paused: bool
     _error: str | None
 

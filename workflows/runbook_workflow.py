@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
@@ -53,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.spec import (
         ActionDefaults,
         ActionStep,
+        AnyStep,
         ApprovalSpec,
         ApprovalStep,
         ForEachStep,
@@ -66,6 +68,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.visibility import RunVisibility, metrics_gate, metrics_step
 
 __all__ = ["RunbookWorkflow"]
+
+_T = TypeVar("_T")
 
 # Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
 _READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
@@ -84,7 +88,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
         self._steps: dict[str, StepState] = {}
-        self._specs: dict[str, Any] = {}
+        self._specs: dict[str, AnyStep] = {}
         self._outputs: dict[str, dict[str, Any]] = {}
         self._undo: list[UndoRecord] = []
         self._paused = False
@@ -208,6 +212,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._publish(None)
         workflow.set_current_details(self._details(None))
         await workflow.wait_condition(workflow.all_handlers_finished)
+        assert self._state != "running"  # every way out of the steps above set how the run ended
         result = RunResult(state=self._state, steps=list(self._steps.values()), error=self._error,
                            ended_at=self._ended_at, controls=list(self._controls))
         if self._state != "succeeded":
@@ -219,7 +224,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             )
         return result
 
-    def _deadline(self, step: Any) -> datetime | None:
+    def _deadline(self, step: AnyStep) -> datetime | None:
         """When `step` must have ended: the earlier of its own limit and the runbook's; None if unbound."""
         if not self._deadlines_bind:
             return None
@@ -232,7 +237,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             ends.append(self._started_at + step.deadline)
         return min(ends) if ends else None
 
-    def _check_deadline(self, step: Any) -> datetime | None:
+    def _check_deadline(self, step: AnyStep) -> datetime | None:
         """Fail fast when `step` cannot finish in time: past its deadline, or with less left than it needs."""
         end = self._deadline(step)
         if end is None:
@@ -245,7 +250,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             raise DeadlineMissed(f"step {step.id} not started: deadline {_clock(end)}, {ahead}{needs}")
         return end
 
-    async def _within(self, step: Any, end: datetime | None, work: Any) -> Any:
+    async def _within(self, step: AnyStep, end: datetime | None, work: Awaitable[_T]) -> _T:
         """Await `work` (a coroutine), cancelling it at `end`: a step never runs past its deadline."""
         if end is None:
             return await work
@@ -366,7 +371,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             return
         raise RunAborted()
 
-    async def _run_step(self, step: Any) -> None:
+    async def _run_step(self, step: AnyStep) -> None:
         state = self._steps[step.id]
         if state.status in ("succeeded", "skipped"):
             return  # finished before a continue-as-new
@@ -426,7 +431,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             self._publish(step.id)
             return
 
-    async def _hold(self, step: Any, state: StepState) -> str:
+    async def _hold(self, step: AnyStep, state: StepState) -> str:
         state.status = "held"
         state.awaiting = "operator: retry, skip or abort"
         self._publish(step.id)
@@ -449,7 +454,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         "parallel": "_parallel",
     }
 
-    async def _execute(self, step: Any, state: StepState) -> dict[str, Any]:
+    async def _execute(self, step: AnyStep, state: StepState) -> dict[str, Any]:
         return await getattr(self, self.STEP_RUNNERS[step.kind])(step, state)
 
     async def _gate_step(self, step: GateStep, state: StepState) -> dict[str, Any]:
@@ -662,6 +667,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             self._awaiting.pop(step_id, None)
             state.awaiting = None
             state.status = previous
+            assert spec.timeout is not None  # only an approval with a timeout times out
             raise StepFailed(f"approval of {step_id} timed out after {format_duration(spec.timeout)}") from None
         self._awaiting.pop(step_id, None)
         state.awaiting = None
@@ -849,7 +855,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     def resume_signal(self, req: Any) -> None:
         self._signal("resume", lambda: self._set_paused(parse_request(ControlRequest, req), "resume"), req)
 
-    def _signal(self, name: str, apply: Any, req: Any) -> None:
+    def _signal(self, name: str, apply: Callable[[], object], req: Any) -> None:
         try:
             apply()
         except ValueError as exc:

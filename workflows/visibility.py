@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
     from workflows.contract import GateReading, StatusMemo
-    from workflows.spec import ActionStep, RampStep
+    from workflows.run_state import RunFields
+    from workflows.spec import ActionStep, AnyStep, RampStep
 
 __all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
 
@@ -35,7 +34,7 @@ def metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
     meter.create_gauge("coldstart_gate_last_result", "1 if the gate's last reading passed").set(1 if reading.passed else 0, labels)
 
 
-class RunVisibility:
+class RunVisibility(RunFields):
     """RunbookWorkflow's Web UI face; reads the run's state, never changes it."""
 
     async def _keep_status_memo(self) -> None:
@@ -76,7 +75,7 @@ class RunVisibility:
             [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
         )
 
-    def _details(self, step: Any) -> str:
+    def _details(self, step: AnyStep | None) -> str:
         """Markdown for the Web UI's 'current details': what is happening and how to act on it."""
         book = self._inp.runbook.metadata.name
         if step is None:
