@@ -25,7 +25,8 @@ check: bootstrap
 	.venv/bin/basedpyright
 
 # Two workers: most tests wait on servers, not on a core; tests/conftest.py keeps each lab on one worker.
-test: bootstrap temporal-server
+# The static checks first: a finding fails the run before the suite starts.
+test: bootstrap temporal-server check
 	.venv/bin/pytest -q -p no:cacheprovider -n 2 --durations=20
 
 drill: bootstrap
