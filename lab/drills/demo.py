@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -21,10 +18,11 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
-from runtime.polling import read_kept_status
-from runtime.connection import connect
-from runtime.runs import start_run
 from cli.timeline import build_timeline, render_markdown
+from runtime.connection import connect
+from runtime.polling import read_kept_status
+from runtime.processes import free_port, start_process
+from runtime.runs import start_run
 from runtime.server_config import dev_server_argv
 from workflows.contract import ApproveRequest
 from workflows.loader import plan_run

@@ -18,23 +18,24 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from activities.journal import JournalCheck, check_journal, read_journal
-from runtime.processes import stop_process, wait_port
 from lab.drills.harness import LabHarness
 from runtime.polling import read_kept_status
+from runtime.processes import stop_process, wait_port
 
 __all__ = ["DRAIN_LAB", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
 
 REPO = Path(__file__).resolve().parents[2]
 TRIGGERS = REPO / "triggers" / "lab.yaml"
 # Apart from tests/lab (cst/10.214), the cold-start drill (csd/10.215) and the fault drills (csf/10.216).
-DRAIN_LAB = dict(prefix="csp", bridge="cspbr0", veth_prefix="cspv", subnet="10.217.0.0/24")
+DRAIN_LAB = {"prefix": "csp", "bridge": "cspbr0", "veth_prefix": "cspv", "subnet": "10.217.0.0/24"}
 STUCK = "coldstart_session_stuck_seconds"
 
 
@@ -46,13 +47,13 @@ class Histogram:
     count: float
     sum: float
 
-    def minus(self, earlier: "Histogram") -> "Histogram":
+    def minus(self, earlier: Histogram) -> Histogram:
         return Histogram({le: n - earlier.buckets.get(le, 0) for le, n in self.buckets.items()},
                          self.count - earlier.count, self.sum - earlier.sum)
 
     def rows(self) -> list[tuple[str, int]]:
         """(bucket, episodes in it) non-cumulative, as an operator reads it."""
-        out, below = [], 0.0
+        out, below, prev = [], 0.0, "0"
         for le, n in self.buckets.items():
             label = f"> {prev} s" if le == "+Inf" else f"<= {le} s"
             out.append((label, int(n - below)))

@@ -17,10 +17,11 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -35,19 +36,19 @@ REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "runbooks" / "fault-drill.yaml"
 ACTOR = DRILL_APPROVER  # the runbook's declared approver; every retry/pause/resume goes as it
 # Apart from tests/lab (cst/10.214), the cold-start drill (csd/10.215) and a developer's lab (cs/10.213).
-FAULT_LAB = dict(prefix="csf", bridge="csfbr0", veth_prefix="csfv", subnet="10.216.0.0/24")
+FAULT_LAB = {"prefix": "csf", "bridge": "csfbr0", "veth_prefix": "csfv", "subnet": "10.216.0.0/24"}
 FLAG_PREFIX = "coldstart/drill/flags/"
 FLAGS = [f"f{i:02d}" for i in range(40)]
 
 
 def _utc(text: str | datetime | None) -> datetime | None:
     if text is None or isinstance(text, datetime):
-        return text if text is None or text.tzinfo else text.replace(tzinfo=timezone.utc)
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return text if text is None or text.tzinfo else text.replace(tzinfo=UTC)
+    return datetime.fromisoformat(text)
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass
@@ -98,7 +99,7 @@ async def history_facts(client: Any, workflow_id: str, run_id: str | None = None
     scheduled: dict[int, str] = {}
     worker: str | None = None
     for event in history.events:
-        at = event.event_time.ToDatetime().replace(tzinfo=timezone.utc)
+        at = event.event_time.ToDatetime().replace(tzinfo=UTC)
         kind = event.event_type
         if kind == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_id

@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Self
 
 from runtime.processes import free_port, stop_process, wait_port
 from workflows.loader import read_inventory
@@ -110,7 +111,7 @@ class LabHarness:
         self.lab_info: dict[str, Any] = {}
         self._log = log or (lambda message: None)
 
-    async def __aenter__(self) -> "LabHarness":
+    async def __aenter__(self) -> Self:
         try:
             await self.open()
         except BaseException:
@@ -118,12 +119,12 @@ class LabHarness:
             raise
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def open(self) -> None:
-        from lab.drills.outage import vault_token
         from lab import lifecycle
+        from lab.drills.outage import vault_token
         from runtime.connection import connect
 
         self.root.mkdir(parents=True, exist_ok=True)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
-import sys
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -18,12 +19,12 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
-from runtime.connection import connect
-from lab.drills.demo import DRILL_APPROVER, auto_approve
-from runtime.processes import free_port, start_process
 from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, start_source
-from runtime.runs import start_run, workflow_id_for
 from cli.timeline import build_timeline, render_markdown
+from lab.drills.demo import DRILL_APPROVER, auto_approve
+from runtime.connection import connect
+from runtime.processes import free_port, start_process
+from runtime.runs import start_run, workflow_id_for
 from runtime.server_config import dev_server_argv
 from workflows.contract import RunStatus
 from workflows.loader import plan_run
@@ -84,7 +85,7 @@ async def _abort_when_held(client: Any, workflow_id: str, console: Console, grac
         await asyncio.sleep(1.0)
         try:
             current = await read_kept_status(handle, attempts=1)
-        except Exception:  # noqa: BLE001 - server busy or restarting; try again
+        except Exception:  # noqa: BLE001, S112 - server busy or restarting; the next poll tries again
             continue
         if current.over:
             return
@@ -146,7 +147,7 @@ async def _admitted_curve(prometheus: str, start: float, end: float) -> list[tup
         series[name] = {float(t): float(v) for t, v in result[0]["values"]} if result else {}
     # A target read as NaN (the generator before its first sweep) is no step of the ramp.
     return [(t, target, series["admitted"].get(t, float("nan")))
-            for t, target in sorted(series["target"].items()) if target == target]
+            for t, target in sorted(series["target"].items()) if not math.isnan(target)]
 
 
 def _plot(curve: list[tuple[float, float, float]], path: Path) -> Path | None:
@@ -212,7 +213,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
         console.print(f"lab up in {info['seconds']} s; inventory {info['inventory']}", highlight=False)
         console.print("backends: " + ", ".join(f"{k} {v}" for k, v in info["backends"].items()), highlight=False)
         # The incident starts now: the lab's baseline snapshot was taken before it.
-        params.setdefault("incident_start", datetime.now(timezone.utc).isoformat())
+        params.setdefault("incident_start", datetime.now(UTC).isoformat())
         for fault, options in spec.faults:
             await asyncio.to_thread(lab_faults.inject, cfg, fault, **options)
             console.print(f"injected {fault}", highlight=False)
@@ -268,7 +269,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
             values = ", ".join("none" if r.value is None else f"{r.value:g}" for r in readings[-6:])
             gates.append((step.id, gate, len(readings), sum(r.passed for r in readings), values))
     ramp = []
-    for t, target, admitted in curve:
+    for _t, target, admitted in curve:
         if not ramp or ramp[-1][0] != int(target):
             ramp.append((int(target), admitted))
         else:
@@ -279,7 +280,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     return LabDrillReport(
         outcome="succeeded" if verified else status.state,
         wall_seconds=wall,
-        run_seconds=((status.ended_at or datetime.now(timezone.utc)) - status.started_at).total_seconds(),
+        run_seconds=((status.ended_at or datetime.now(UTC)) - status.started_at).total_seconds(),
         configured_wait_seconds=_configured_waits(run),
         phases=phases,
         gates=gates,
@@ -327,8 +328,8 @@ def print_report(console: Console, report: LabDrillReport) -> None:
     if report.ramp:
         ramp = Table("target %", "admitted %", "")
         for target, admitted in report.ramp:
-            bar = "#" * int((admitted if admitted == admitted else 0) / 2)
-            ramp.add_row(str(target), "n/a" if admitted != admitted else f"{admitted:.1f}", bar)
+            bar = "#" * int((0 if math.isnan(admitted) else admitted) / 2)
+            ramp.add_row(str(target), "n/a" if math.isnan(admitted) else f"{admitted:.1f}", bar)
         console.print(ramp)
     console.print("backends: " + ", ".join(f"{k} {v}" for k, v in report.backends.items()), highlight=False)
     console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s, the run {report.run_seconds:.1f} s "

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from lab.settings import LabConfig
 __all__ = ["lab", "loop", "opened"]
 
 # Not the default names: a developer's running lab (cs/csbr0/10.213.0.0/24) is left alone.
-TEST_LAB = dict(prefix="cst", bridge="cstbr0", veth_prefix="cstv", subnet="10.214.0.0/24")
+TEST_LAB = {"prefix": "cst", "bridge": "cstbr0", "veth_prefix": "cstv", "subnet": "10.214.0.0/24"}
 
 
 def _skip_reason() -> str | None:

@@ -14,8 +14,8 @@ from tests.lab.conftest import _skip_reason
 pytestmark = pytest.mark.timeout(1200)  # a drill takes about 6 minutes, and its first test brings it up
 
 # Apart from the session lab (cst/10.214), a developer's lab (cs/10.213) and each other.
-DRILL_LAB = dict(prefix="csd", bridge="csdbr0", veth_prefix="csdv", subnet="10.215.0.0/24")
-STANDIN_DRILL_LAB = dict(prefix="csw", bridge="cswbr0", veth_prefix="cswv", subnet="10.220.0.0/24")
+DRILL_LAB = {"prefix": "csd", "bridge": "csdbr0", "veth_prefix": "csdv", "subnet": "10.215.0.0/24"}
+STANDIN_DRILL_LAB = {"prefix": "csw", "bridge": "cswbr0", "veth_prefix": "cswv", "subnet": "10.220.0.0/24"}
 
 
 BACKENDS_ENV = "COLDSTART_DRILL_BACKENDS"
@@ -99,7 +99,7 @@ def test_drill_report_files(drill_report):
     import subprocess
 
     own = (DRILL_LAB if report.backends["consul"].startswith("real") else STANDIN_DRILL_LAB)["prefix"]
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert not [line for line in names.splitlines() if line.startswith(own + "-")]
     assert Path(state / "lab").exists()
 

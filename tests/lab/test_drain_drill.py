@@ -11,7 +11,6 @@ runs it with 200 containers).
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.lab.conftest import opened

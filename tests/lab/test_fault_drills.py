@@ -11,7 +11,7 @@ lab/drills/faults.py (shared with bench/faults.py).
 from __future__ import annotations
 
 import subprocess
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 
@@ -26,7 +26,7 @@ def drills(tmp_path_factory, loop):
     from lab.drills.faults import FAULT_LAB, FaultDrills
 
     yield from opened(loop, lambda: FaultDrills(tmp_path_factory.mktemp("faults")))
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert not [n for n in names.splitlines() if n.startswith(FAULT_LAB["prefix"] + "-")], names
 
 
@@ -95,7 +95,7 @@ def test_temporal_server_restarted(drills, loop):
     # (c) the timeline has nothing from the outage and goes on after it, every step once; a workflow
     # task the server lost with its process shows in the history as timed out and given again.
     down, up = report.notes["down_at"], report.notes["up_at"]
-    at = [e.at.replace(tzinfo=timezone.utc) for e in report.timeline.entries]
+    at = [e.at.replace(tzinfo=UTC) for e in report.timeline.entries]
     assert not [t for t in at if down < t < up] and [t for t in at if t > up]
     assert len([e for e in _entries(report, "action completed") if e.step == "players"]) == 2
     assert all(f.kind == "workflow task timed out" for f in report.history), report.history

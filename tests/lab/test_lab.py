@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def eventually(check, timeout: float = 20.0, every: float = 0.5):
 
 
 def test_inventory_written_and_valid(lab):
-    cfg, info = lab
+    cfg, _info = lab
     inv = read_inventory(cfg.inventory_path)
     assert inv.drill is True and inv.name == "lab"
     assert inv.telemetry.prometheus == cfg.prometheus_url
@@ -54,8 +55,8 @@ def test_inventory_written_and_valid(lab):
         assert r.status_code == 200 and ref.field in r.json()["data"]["data"]
     # The worker's approle logs in.
     login = httpx.post(f"{cfg.vault_url}/v1/auth/approle/login", json={
-        "role_id": open(inv.vault.approle_role_id_file).read().strip(),
-        "secret_id": open(inv.vault.approle_secret_id_file).read().strip()})
+        "role_id": Path(inv.vault.approle_role_id_file).read_text().strip(),
+        "secret_id": Path(inv.vault.approle_secret_id_file).read_text().strip()})
     assert login.status_code == 200 and login.json()["auth"]["client_token"]
 
 
@@ -132,7 +133,7 @@ def _consul_metrics(cfg, timeout: float = 5.0):
 
 def _q(metrics: dict, name: str) -> float:
     # Followers report NaN for leader-side summaries: the leader's number is the cluster's.
-    values = [v for k, v in metrics.items() if k.startswith(name) and 'quantile="0.5"' in k and v == v]
+    values = [v for k, v in metrics.items() if k.startswith(name) and 'quantile="0.5"' in k and not math.isnan(v)]
     return max(values, default=float("nan"))
 
 
@@ -194,8 +195,8 @@ def test_fault_cold_cache_and_stale_scheduling(lab):
     from lab.faults import inject
 
     cfg, _ = lab
-    agent = lambda h: scrape(f"http://{cfg.ip(h)}:{cfg.ports.node_agent}/metrics")  # noqa: E731
-    play = lambda p: httpx.get(f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}/play", params={"player": str(p)})  # noqa: E731
+    agent = lambda h: scrape(f"http://{cfg.ip(h)}:{cfg.ports.node_agent}/metrics")
+    play = lambda p: httpx.get(f"http://{cfg.ip('edge')}:{cfg.ports.edge_http}/play", params={"player": str(p)})
     for p in range(1, 30):
         play(p)
     assert sum(agent(h)["coldstart_lab_redis_keys"] for h in ("cache1", "cache2", "cache3")) > 0

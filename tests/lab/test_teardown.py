@@ -13,15 +13,15 @@ pytestmark = pytest.mark.timeout(300)  # runs `lab up` twice; each daemon may ta
 
 
 def _pids_in(prefix: str) -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(f"{prefix}-")]
 
 
 def test_up_down_leaves_nothing(tmp_path):
     if reason := _skip_reason() or _real_agents_reason():
         pytest.skip(reason)
-    from lab.hosts.state import load_state
     from lab.hosts.processes import pid_alive
+    from lab.hosts.state import load_state
     from lab.lifecycle import down, up
 
     cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", prefix="csu",
@@ -46,9 +46,9 @@ def test_up_down_leaves_nothing(tmp_path):
     # The session containers (their own process trees, outliving a killed agent) and their cgroups are gone.
     assert not (cgroup_root() / sessions_cgroup(cfg.prefix)).exists()
     assert not any(pid_alive(d.pid, d.starttime) for d in daemons)
-    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
     assert cfg.bridge not in rules and f"CSLAB-{cfg.bridge}" not in rules
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert cfg.bridge not in links and cfg.veth_prefix not in links
     assert not cfg.inventory_path.exists()
     # Only the documented leftovers: the logs for the post-mortem.
@@ -69,4 +69,4 @@ def test_down_after_crash_without_state_file(tmp_path):
     finally:
         down(cfg)
     assert not _pids_in(cfg.prefix)
-    assert cfg.bridge not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert cfg.bridge not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
