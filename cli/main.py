@@ -496,6 +496,8 @@ async def _run_status(client, workflow_id: str, *, outputs: bool):
 def list_runs(
     all_runs: bool = typer.Option(False, "--all", help="include finished runs"),
     limit: int = typer.Option(20),
+    target: str | None = typer.Option(None, "--target", help="only the runs on this target"),
+    runbook: str | None = typer.Option(None, "--runbook", help="only the runs of this runbook (its metadata name)"),
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Runs, newest first, with their runbook, target, current step and whether they await approval."""
@@ -505,6 +507,9 @@ def list_runs(
     async def go() -> None:
         client = await _client()
         query = "WorkflowType = 'RunbookWorkflow'" + ("" if all_runs else " AND ExecutionStatus = 'Running'")
+        for key, value in ((search.TARGET, target), (search.RUNBOOK, runbook)):
+            if value is not None:
+                query += f" AND {key.name} = {json.dumps(value)}"  # a JSON string is a quoted visibility literal
         rows = []
         async for execution in client.list_workflows(query, limit=limit):
             attrs = execution.typed_search_attributes

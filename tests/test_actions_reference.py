@@ -172,7 +172,14 @@ def test_an_unknown_name_suggests_the_nearest(docs):
 def _invoke(*args: str):
     import cli.main
 
-    return CliRunner().invoke(cli.main.app, ["actions", *args], env={"COLUMNS": "250"})  # rows unwrapped
+    # Rich fixes a console's width when the console is made (cli.main's, at import, from whatever COLUMNS was
+    # then in this process), so widen it here: rows unwrapped whichever test imported cli.main first.
+    width = cli.main.out.width
+    cli.main.out.width = 250
+    try:
+        return CliRunner().invoke(cli.main.app, ["actions", *args], env={"COLUMNS": "250"})
+    finally:
+        cli.main.out.width = width
 
 
 def test_the_command_lists_shows_and_prints_json_and_markdown(docs):

@@ -301,7 +301,8 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
             assert "Traceback" not in wrong.stderr
 
         # The list at 80 columns: the run's name whole, on one line.
-        listed = await acli({**env_vars, "COLUMNS": "80"}, "list")
+        # (--target: the other tests' runs on this shared server would share the table's 80 columns.)
+        listed = await acli({**env_vars, "COLUMNS": "80"}, "list", "--target", target)
         assert listed.returncode == 0, listed.stderr
         row = next((line for line in listed.stdout.splitlines() if f"coldstart-{target}" in line), None)
         assert row is not None, listed.stdout
@@ -313,7 +314,7 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         assert not approved.stdout.lstrip().startswith("{")
         await env.client.get_workflow_handle(f"coldstart-{target}").result()
 
-        done = await acli({**env_vars, "COLUMNS": "80"}, "list", "--all", "--limit", "100")
+        done = await acli({**env_vars, "COLUMNS": "80"}, "list", "--all", "--target", target)
         row = next(line for line in done.stdout.splitlines() if f"coldstart-{target}" in line)
         cells = row.split()
         # The run's own outcome as its status, and no step (the state is no step): workflow, status, runbook (folded
