@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -15,7 +15,7 @@ from activities.telemetry import READ_ACTION, READ_ACTIONS
 from workflows.contract import RESOLVE_RUN_ACTIVITY
 from workflows.history_tags import ActivityTag, activity_tag, timer_step
 
-__all__ = ["Entry", "Timeline", "build_timeline", "render_markdown"]
+__all__ = ["Entry", "StepRow", "StepSummary", "Timeline", "Totals", "Wait", "build_timeline", "render_markdown"]
 
 _E = EventType
 
@@ -40,6 +40,27 @@ class Entry:
 
 
 @dataclass
+class Wait:
+    """A time a step spent waiting, not working: for an approval, held for an operator, or on a timer (a wait
+    step, a bake, a retry's delay); who or what ended it, and how."""
+
+    kind: str  # approval, hold, timer
+    started: datetime
+    ended: datetime | None = None
+    ended_by: str | None = None
+    how: str | None = None  # approved, retry, skip, abort, fired, canceled, run ended
+    detail: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        return (self.ended - self.started).total_seconds() if self.ended else 0.0
+
+    def said(self) -> str:
+        who = f"{self.how or 'open'}" + (f" by {self.ended_by}" if self.ended_by else "")
+        return f"{self.kind} {format_duration(round(self.duration_s, 2))} ({who})"
+
+
+@dataclass
 class StepSummary:
     step: str
     started: datetime
@@ -48,10 +69,46 @@ class StepSummary:
     readings: int = 0
     failed_readings: int = 0
     approvals: list[str] = field(default_factory=list)
+    kind: str = ""
+    status: str = ""
+    waits: list[Wait] = field(default_factory=list)
+    undos: int = 0
 
     @property
     def duration_s(self) -> float:
         return (self.ended - self.started).total_seconds()
+
+    @property
+    def waiting_s(self) -> float:
+        """The step's waits within its own span (a wait still open counts to the step's end)."""
+        total = 0.0
+        for wait in self.waits:
+            end = min(wait.ended or self.ended, self.ended)
+            total += max(0.0, (end - max(wait.started, self.started)).total_seconds())
+        return min(total, self.duration_s)
+
+    @property
+    def working_s(self) -> float:
+        return self.duration_s - self.waiting_s
+
+
+@dataclass
+class StepRow:
+    """A step in the step table: nested (a parallel step's child, inside its parent's span) or not, and the
+    time between it and the top-level step before it."""
+
+    summary: StepSummary
+    nested: bool
+    gap_before_s: float
+
+
+@dataclass
+class Totals:
+    """The run's wall time (first event to close) as the top-level steps' durations plus the time between them."""
+
+    steps_s: float
+    between_s: float
+    wall_s: float
 
 
 @dataclass
@@ -69,6 +126,34 @@ class Timeline:
     outcome: str = "running"
     entries: list[Entry] = field(default_factory=list)
     steps: dict[str, StepSummary] = field(default_factory=dict)
+
+    def wall_end(self) -> datetime | None:
+        """The close event's time; for a run still going, its last event's."""
+        return self.ended or max((e.at for e in self.entries), default=self.started)
+
+    def rows(self) -> list[StepRow]:
+        """Every step that ran, in order of start; a step inside another's span (a parallel's child) is nested."""
+        rows: list[StepRow] = []
+        cursor = self.started
+        top: StepSummary | None = None
+        for summary in sorted(self.steps.values(), key=lambda s: (s.started, -s.ended.timestamp())):
+            if top is not None and summary.started >= top.started and summary.ended <= top.ended:
+                rows.append(StepRow(summary, True, 0.0))
+                continue
+            gap = max(0.0, (summary.started - cursor).total_seconds()) if cursor else 0.0
+            rows.append(StepRow(summary, False, gap))
+            top = summary
+            cursor = max(cursor, summary.ended) if cursor else summary.ended
+        return rows
+
+    def totals(self) -> Totals:
+        start, end = self.started, self.wall_end()
+        wall = (end - start).total_seconds() if start and end else 0.0
+        top = [r for r in self.rows() if not r.nested]
+        steps = sum(r.summary.duration_s for r in top)
+        last = max((r.summary.ended for r in top), default=start)
+        after = max(0.0, (end - last).total_seconds()) if end and last else 0.0
+        return Totals(steps_s=steps, between_s=sum(r.gap_before_s for r in top) + after, wall_s=wall)
 
     def to_json(self) -> dict[str, Any]:
         def plain(value: Any) -> Any:
@@ -90,7 +175,11 @@ class Timeline:
                 "started": self.started,
                 "ended": self.ended,
                 "outcome": self.outcome,
-                "steps": [asdict(s) | {"duration_s": s.duration_s} for s in self.steps.values()],
+                "steps": [asdict(r.summary) | {"duration_s": r.summary.duration_s, "waiting_s": r.summary.waiting_s,
+                                                "working_s": r.summary.working_s, "nested": r.nested,
+                                                "gap_before_s": r.gap_before_s}
+                          for r in self.rows()],
+                "totals": asdict(self.totals()),
                 "entries": [asdict(e) for e in self.entries],
             }
         )
@@ -165,6 +254,8 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
         next_run = chain[0]
     scheduled: dict[int, tuple[ActivityTag | None, str, datetime, Any]] = {}
     updates: dict[str, Entry] = {}
+    waits = _Waits(timeline)
+    timers: dict[int, tuple[Entry, Wait | None]] = {}
     controls = await _verified_controls(client, workflow_id, run_id)
     while next_run:
         timeline.run_ids.append(next_run)
@@ -218,10 +309,18 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                                                   f"runbook refused ({outcome})", None, _resolution(args, value),
                                                   duration, outcome))
                 else:
-                    label = "undo" if tag and tag.role == "undo" else "action"
+                    label = ("undo" if tag and tag.role == "undo" else
+                             "step-back" if tag and tag.role == "ramp" and tag.after == "gate-failed" else "action")
                     detail = f"{activity_type} {_short(args or {}, 120)} -> {_short(value, 120)}"
+                    if label == "step-back" and tag and tag.percent is not None:
+                        detail = f"to {tag.percent}% after a failed gate: {detail}"
                     timeline.entries.append(Entry(at, step, f"{label} {outcome}", None, detail, duration, outcome))
-                    _touch(timeline, step, started_at, at, activity=True)
+                    if label == "undo":
+                        # A rollback runs after its step ended: it is the run's time, not the step's.
+                        if step in timeline.steps:
+                            timeline.steps[step].undos += 1
+                    else:
+                        _touch(timeline, step, started_at, at, activity=True)
             elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
                 attrs = event.workflow_execution_update_accepted_event_attributes
                 request = attrs.accepted_request
@@ -263,27 +362,182 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 text = summary[0] if summary else "timer"
                 step = timer_step(str(text)) if summary else None
                 if "next reading" not in str(text):
-                    timeline.entries.append(Entry(at, step, "wait", None, f"{text} ({format_duration(seconds)})"))
+                    entry = Entry(at, step, "wait", None, f"{text} (timer {format_duration(seconds)})")
+                    timeline.entries.append(entry)
+                    wait = None
+                    if step is not None and _waiting_timer(str(text)):
+                        wait = Wait("timer", at, detail=str(text).partition(": ")[2])
+                        _touch(timeline, step, at, at)
+                        timeline.steps[step].waits.append(wait)
+                    timers[event.event_id] = (entry, wait)
+            elif kind in (_E.EVENT_TYPE_TIMER_FIRED, _E.EVENT_TYPE_TIMER_CANCELED):
+                fired = kind == _E.EVENT_TYPE_TIMER_FIRED
+                attrs = event.timer_fired_event_attributes if fired else event.timer_canceled_event_attributes
+                entry, wait = timers.pop(attrs.started_event_id, (None, None))
+                if entry is not None:
+                    entry.duration_s = (at - entry.at).total_seconds()
+                    entry.outcome = "fired" if fired else "canceled"
+                    entry.detail += f", {entry.outcome}"
+                if wait is not None and wait.ended is None:
+                    wait.ended, wait.how = at, "fired" if fired else "canceled"
+                    if entry is not None and entry.step:
+                        _touch(timeline, entry.step, at, at)
+            elif kind == _E.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED:
+                fields = event.workflow_properties_modified_event_attributes.upserted_memo.fields
+                memo = {key: (await client.data_converter.decode([fields[key]]))[0] for key in fields}
+                waits.upserted(at, memo)
             elif kind == _E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
                 pass
             elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
                 next_run = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
                 timeline.entries.append(Entry(at, None, "continued as new", None, next_run))
             elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+                waits.closed(at)
                 timeline.ended, timeline.outcome = at, "succeeded"
             elif kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
                 failure = event.workflow_execution_failed_event_attributes.failure
+                waits.closed(at)
                 timeline.ended = at
                 timeline.outcome = failure.application_failure_info.type.removeprefix("Runbook").lower() or "failed"
                 timeline.entries.append(Entry(at, None, "run ended", None, _short(failure.message, 400), outcome=timeline.outcome))
             elif kind in (_E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED, _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
                           _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT):
+                waits.closed(at)
                 timeline.ended, timeline.outcome = at, EventType.Name(kind).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_").lower()
     if timeline.ended:
         timeline.entries.append(Entry(timeline.ended, None, "run finished", None, timeline.outcome,
                                       (timeline.ended - timeline.started).total_seconds() if timeline.started else None))
     timeline.entries.sort(key=lambda e: e.at)
     return timeline
+
+
+# A timer that is a step waiting (a wait step, a ramp's bake, a retry's delay), not a gate's next reading
+# or a deadline running beside the step.
+_WAITING_TIMERS = ("wait ", "bake at ", "retry in ")
+
+
+def _waiting_timer(summary: str) -> bool:
+    return summary.partition(": ")[2].startswith(_WAITING_TIMERS)
+
+
+def _when(value: Any) -> datetime | None:
+    """A time the workflow recorded (ISO 8601 in its memo), naive UTC like the history's."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+_MEMO_STEP = "coldstart.step."
+_MEMO_RUN = "coldstart.run"
+_ENDED = ("succeeded", "skipped", "failed", "aborted", "rolled_back")
+
+
+class _Waits:
+    """The run's status as its memo upserts tell it (workflows/contract.status_memo): when each step started and
+    ended, when it began and stopped waiting for an approval or an operator, who approved, who decided a hold."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self.status: dict[str, str] = {}
+        self.approvals: dict[str, int] = {}
+        self.controls: set[tuple[Any, ...]] = set()
+        self.open: dict[tuple[str, str], Wait] = {}
+        self.paused: tuple[datetime, str] | None = None
+
+    def _summary(self, step: str, at: datetime) -> StepSummary:
+        summary = self.timeline.steps.get(step)
+        if summary is None:
+            summary = self.timeline.steps[step] = StepSummary(step=step, started=at, ended=at)
+        return summary
+
+    def _close(self, step: str, kind: str, at: datetime, how: str | None = None, by: str | None = None,
+               seen: datetime | None = None) -> None:
+        """End a wait at `at` (the workflow's time of the decision); its event is listed at `seen`, the history's
+        time of the upsert that told it (after the Update or Signal that carried the decision)."""
+        wait = self.open.pop((step, kind), None)
+        if wait is None:
+            return
+        wait.ended, wait.how, wait.ended_by = at, how or wait.how, by or wait.ended_by
+        said = f"{wait.how or 'ended'}" + (" after the hold" if kind == "hold" else "")
+        self.timeline.entries.append(Entry(max(at, seen or at), step, f"{'approval wait' if kind == 'approval' else 'hold'} ended",
+                                           wait.ended_by, said, wait.duration_s, wait.how))
+
+    def upserted(self, at: datetime, memo: dict[str, Any]) -> None:
+        run = memo.get(_MEMO_RUN)
+        if isinstance(run, dict):
+            self._controls(at, run.get("controls") or [])
+        for key, entry in memo.items():
+            if key.startswith(_MEMO_STEP) and isinstance(entry, dict):
+                self._step(at, key.removeprefix(_MEMO_STEP), entry)
+
+    def _step(self, at: datetime, step: str, entry: dict[str, Any]) -> None:
+        status, before = entry.get("status") or "pending", self.status.get(step, "pending")
+        self.status[step] = status
+        if status == "pending":
+            return
+        summary = self._summary(step, _when(entry.get("started_at")) or at)
+        summary.kind, summary.status = entry.get("kind") or summary.kind, status
+        summary.started = _when(entry.get("started_at")) or min(summary.started, at)
+        ended = _when(entry.get("ended_at"))
+        summary.ended = ended or max(summary.ended, at)
+        approvals = entry.get("approvals") or []
+        for record in approvals[self.approvals.get(step, 0):]:
+            who = str(record.get("approver"))
+            if record.get("subject"):
+                who += f" (verified {record['subject']})"
+            when = _when(record.get("at")) or at
+            if (step, "approval") in self.open:
+                self._close(step, "approval", when, "approved", who, seen=at)
+        self.approvals[step] = len(approvals)
+        if status == before:
+            return
+        if before == "awaiting_approval":
+            self._close(step, "approval", at, "aborted" if status == "aborted" else "ended")
+        if before == "held":
+            self._close(step, "hold", at, {"running": "retry", "skipped": "skip", "aborted": "abort"}.get(status))
+        if status in ("awaiting_approval", "held"):
+            kind = "approval" if status == "awaiting_approval" else "hold"
+            detail = str(entry.get("awaiting") or "") if kind == "approval" else str(entry.get("error") or "")
+            wait = Wait(kind, at, detail=_short(detail, 240))
+            self.open[(step, kind)] = wait
+            summary.waits.append(wait)
+            self.timeline.entries.append(Entry(at, step, "approval requested" if kind == "approval" else "held", None,
+                                               wait.detail))
+
+    def _controls(self, at: datetime, controls: list[Any]) -> None:
+        for control in controls:
+            if not isinstance(control, dict):
+                continue
+            key = (control.get("verb"), control.get("step"), control.get("actor"), control.get("at"))
+            if key in self.controls:
+                continue
+            self.controls.add(key)
+            verb, step, when = control.get("verb"), control.get("step"), _when(control.get("at")) or at
+            who = str(control.get("actor")) + (f" (verified {control['subject']})" if control.get("subject") else "")
+            if verb in ("retry", "skip"):
+                held = [s for (s, kind) in self.open if kind == "hold" and (step is None or s == step)]
+                for name in held[:1]:
+                    self._close(name, "hold", when, verb, who, seen=at)
+            elif verb == "abort":
+                for name, kind in list(self.open):
+                    self._close(name, kind, when, "abort", who, seen=at)
+            elif verb == "pause":
+                self.paused = (when, who)
+            elif verb == "resume" and self.paused is not None:
+                since, by = self.paused
+                self.paused = None
+                seconds = (when - since).total_seconds()
+                self.timeline.entries.append(Entry(when, None, "pause ended", who,
+                                                   f"paused by {by} for {format_duration(round(seconds, 2))}", seconds))
+
+    def closed(self, at: datetime) -> None:
+        """The run ended: a wait still open ended with it."""
+        for name, kind in list(self.open):
+            self._close(name, kind, at, "run ended")
 
 
 class _Wrap:
@@ -340,15 +594,37 @@ def render_markdown(timeline: Timeline) -> str:
         "",
         "## Steps",
         "",
-        "| step | start (+s) | duration (s) | actions | gate readings (no value) | approvals |",
-        "|---|---:|---:|---:|---:|---|",
+        ("Each step's wall time is its working time plus its waiting time (for an approval, held for an operator, "
+         "on a timer); the top-level steps' durations plus the time between them are the run's wall time."),
+        "",
+        ("| step | kind | start (+s) | before (s) | duration (s) | working (s) | waiting (s) | waits (ended by) "
+         "| actions | gate readings (no value) | approvals |"),
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
-    for summary in sorted(timeline.steps.values(), key=lambda s: s.started):
+    for row in timeline.rows():
+        summary = row.summary
         offset = (summary.started - start).total_seconds() if start else 0.0
+        name = f"↳ {summary.step}" if row.nested else summary.step
+        before = "" if row.nested else f"{row.gap_before_s:.2f}"
+        waits = "; ".join(w.said() for w in summary.waits).replace("|", "\\|")
+        actions = f"{summary.activities}" + (f" (+{summary.undos} undone)" if summary.undos else "")
         out.append(
-            f"| {summary.step} | {offset:.1f} | {summary.duration_s:.2f} | {summary.activities} | "
-            f"{summary.readings} ({summary.failed_readings}) | {'; '.join(summary.approvals) or ''} |"
+            f"| {name} | {summary.kind} | {offset:.1f} | {before} | {summary.duration_s:.2f} | {summary.working_s:.2f} | "
+            f"{summary.waiting_s:.2f} | {waits} | {actions} | {summary.readings} ({summary.failed_readings}) | "
+            f"{'; '.join(summary.approvals) or ''} |"
         )
+    totals = timeline.totals()
+    end = timeline.wall_end()
+    last = max((r.summary.ended for r in timeline.rows() if not r.nested), default=start)
+    tail = (end - last).total_seconds() if end and last else 0.0
+    out += [
+        f"| after the last step | | | {tail:.2f} | | | | | | | |",
+        f"| **total** | | | **{totals.between_s:.2f}** | **{totals.steps_s:.2f}** | | | | | | |",
+        "",
+        (f"Steps {totals.steps_s:.2f} s + between steps {totals.between_s:.2f} s = "
+         f"{totals.steps_s + totals.between_s:.2f} s; run wall time (first event to "
+         f"{'close' if timeline.ended else 'last event'}) {totals.wall_s:.2f} s."),
+    ]
     out += ["", "## Events", "", "| time (UTC) | +s | step | event | actor | detail |", "|---|---:|---|---|---|---|"]
     for entry in timeline.entries:
         offset = (entry.at - start).total_seconds() if start else 0.0
