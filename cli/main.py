@@ -270,7 +270,7 @@ def run(
         if json_output and not follow:
             _print_json({"workflow_id": handle.id, "run_id": handle.result_run_id, "web_ui": web_ui})
             return 0
-        err.print(f"started {handle.id} (run {handle.result_run_id}) on task queue {task_queue()}", highlight=False)
+        err.print(f"started {handle.id}\n  run {handle.result_run_id}, task queue {task_queue()}", highlight=False)
         if follow:
             return await _follow(client, handle.id, web_ui, _ref_of(plan_input.target_name, handle.id))
         err.print(f"Web UI: {web_ui}", highlight=False, soft_wrap=True)

@@ -190,25 +190,29 @@ def decisions(current: RunStatus) -> list[str]:
     """What the run waits on, why, and the exact commands that answer it (who may, where the run says)."""
     steps = {step.id: step for step in current.steps}
     lines: list[str] = []
+    # Who may decide goes on a line of its own, so each command stays short enough to copy from 80 columns.
     for name in current.awaiting_approval:
         step = steps.get(name)
         lines.append(f"{name} awaits approval" + (f": {step.awaiting}" if step and step.awaiting else ""))
-        who = ""
         if name in current.approvers:
             allowed = current.approvers[name]
-            who = "  (approvers: " + ("anyone named" if allowed is None else ", ".join(allowed) or "none") + ")"
-        lines.append(f"  approve with: {_command(current, 'approve', name)}{who}")
-    operators = f"  (operators: {', '.join(current.operators) or 'none'})" if current.operators is not None else ""
+            lines.append("  may approve: " + ("anyone named" if allowed is None else ", ".join(allowed) or "nobody"))
+        lines.append(f"  approve with: {_command(current, 'approve', name)}")
     for name in current.held:
         step = steps.get(name)
         lines.append(f"{name} is held: {held_reason(step) if step else 'it failed'}")
         if step and step.skip_requested_by:
             lines.append(f"  skip requested by {step.skip_requested_by}: four eyes, a second approver confirms")
-        skippers = (f"  (approvers: {', '.join(current.skippers)})" if current.skippers
-                    else "  (nobody may skip: no approvers)" if current.skippers is not None else "")
-        lines.append(f"  retry: {_command(current, 'retry', name)}{operators}")
-        lines.append(f"  skip:  {_command(current, 'skip', name)}{skippers}")
-        lines.append(f"  abort: {_command(current, 'abort', name)}{operators}")
+        who = []
+        if current.operators is not None:
+            who.append(f"may retry or abort: {', '.join(current.operators) or 'nobody'}")
+        if current.skippers is not None:
+            who.append(f"may skip: {', '.join(current.skippers) or 'nobody (no approvers)'}")
+        if who:
+            lines.append("  " + "; ".join(who))
+        lines.append(f"  retry: {_command(current, 'retry', name)}")
+        lines.append(f"  skip:  {_command(current, 'skip', name)}")
+        lines.append(f"  abort: {_command(current, 'abort', name)}")
     return lines
 
 
@@ -296,7 +300,9 @@ class _LiveView:
                 line.append(f"  {reading_text(last)}" + (" ok" if last.passed else " no"))
             if (left := _gate_left(step, now)) is not None:
                 line.append(f"  {_left_text(left)}", style="yellow")
-            if step.awaiting and step.status != "held":
+            if step.status == "awaiting_approval":
+                line.append("  see below", style="cyan")  # the prompt, who may approve and the command
+            elif step.awaiting and step.status != "held":
                 line.append(f"  waiting: {step.awaiting}", style="cyan")
             parts.append(line)
             if step.kind == "ramp" and step.percent is not None:

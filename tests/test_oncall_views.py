@@ -151,8 +151,8 @@ async def test_a_held_gate_says_why_and_what_to_do_next(env, task_queue, tmp_pat
         follower, log, errors = _spawn(env_vars, "run", str(book), "--follow")
         try:
             assert errors is not None
-            started = await errors.wait_for(f"started {workflow_id} (run ")
-            found = re.search(rf"started {workflow_id} \(run ([0-9a-f-]+)\)", started)
+            started = await errors.wait_for(", task queue ")
+            found = re.search(rf"started {workflow_id}\n  run ([0-9a-f-]+), task queue ", started)
             assert found, started
             run_id = found.group(1)
             web_ui = f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{workflow_id}/{run_id}"
@@ -177,9 +177,10 @@ async def test_a_held_gate_says_why_and_what_to_do_next(env, task_queue, tmp_pat
             text = shown.stdout
             assert "holds: prometheus-up=none (prometheus at http://127.0.0.1:9 unreachable" in text, text
             assert "ready is held: prometheus-up=none (prometheus at http://127.0.0.1:9 unreachable" in text, text
-            assert f"  retry: coldstart retry {target} ready --as YOU  (operators: alice, bob, carol)" in text, text
-            assert f"  skip:  coldstart skip {target} ready --as YOU  (approvers: alice, bob)" in text, text
-            assert f"  abort: coldstart abort {target} ready --as YOU  (operators: alice, bob, carol)" in text, text
+            assert "  may retry or abort: alice, bob, carol; may skip: alice, bob\n" in text, text
+            assert f"  retry: coldstart retry {target} ready --as YOU\n" in text, text
+            assert f"  skip:  coldstart skip {target} ready --as YOU\n" in text, text
+            assert f"  abort: coldstart abort {target} ready --as YOU\n" in text, text
             assert "waiting: operator" not in text  # the reason, not the bare wait
             assert f"Web UI: {web_ui}" in text
             assert httpx.get(web_ui, timeout=30).status_code == 200  # the dev server's Web UI serves the run's page
@@ -262,7 +263,7 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         # `run` without --follow: the run's Web UI page and how to follow it.
         ran = await acli(env_vars, "run", str(book))
         assert ran.returncode == 0, ran.stderr
-        found = re.search(r"\(run ([0-9a-f-]+)\)", ran.stderr)
+        found = re.search(r"\n  run ([0-9a-f-]+), task queue ", ran.stderr)
         assert found, ran.stderr
         run_id = found.group(1)
         assert f"Web UI: http://127.0.0.1:{ui_port}/namespaces/default/workflows/coldstart-{target}/{run_id}" in ran.stderr
@@ -275,7 +276,7 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         # Who may approve: alice started the run, and four eyes leaves her out.
         shown = (await acli(env_vars, "status", target)).stdout
         assert "go awaits approval: go on?" in shown, shown
-        assert f"  approve with: coldstart approve {target} go --as YOU  (approvers: bob, carol)" in shown, shown
+        assert f"  may approve: bob, carol\n  approve with: coldstart approve {target} go --as YOU\n" in shown, shown
 
         # `status --follow` (a pipe) says the same, and leaves on Ctrl-C with the way back.
         follower, log, _ = _spawn(env_vars, "status", target, "--follow")
