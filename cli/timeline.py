@@ -12,7 +12,7 @@ from temporalio.client import Client
 
 from activities.retry import format_duration
 from activities.telemetry import READ_ACTION, READ_ACTIONS
-from workflows.contract import RESOLVE_RUN_ACTIVITY
+from workflows.contract import MEMO_RUN, MEMO_STEP, RESOLVE_RUN_ACTIVITY
 from workflows.history_tags import ActivityTag, activity_tag, timer_step
 
 __all__ = ["Entry", "StepRow", "StepSummary", "Timeline", "Totals", "Wait", "build_timeline", "render_markdown"]
@@ -384,7 +384,8 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                         _touch(timeline, entry.step, at, at)
             elif kind == _E.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED:
                 fields = event.workflow_properties_modified_event_attributes.upserted_memo.fields
-                memo = {key: (await client.data_converter.decode([fields[key]]))[0] for key in fields}
+                keys = list(fields)
+                memo = dict(zip(keys, await client.data_converter.decode([fields[k] for k in keys]), strict=True))
                 waits.upserted(at, memo)
             elif kind == _E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
                 pass
@@ -431,8 +432,6 @@ def _when(value: Any) -> datetime | None:
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
-_MEMO_STEP = "coldstart.step."
-_MEMO_RUN = "coldstart.run"
 _ENDED = ("succeeded", "skipped", "failed", "aborted", "rolled_back")
 
 
@@ -467,12 +466,12 @@ class _Waits:
                                            wait.ended_by, said, wait.duration_s, wait.how))
 
     def upserted(self, at: datetime, memo: dict[str, Any]) -> None:
-        run = memo.get(_MEMO_RUN)
+        run = memo.get(MEMO_RUN)
         if isinstance(run, dict):
             self._controls(at, run.get("controls") or [])
         for key, entry in memo.items():
-            if key.startswith(_MEMO_STEP) and isinstance(entry, dict):
-                self._step(at, key.removeprefix(_MEMO_STEP), entry)
+            if key.startswith(MEMO_STEP) and isinstance(entry, dict):
+                self._step(at, key.removeprefix(MEMO_STEP), entry)
 
     def _step(self, at: datetime, step: str, entry: dict[str, Any]) -> None:
         status, before = entry.get("status") or "pending", self.status.get(step, "pending")

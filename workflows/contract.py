@@ -15,6 +15,8 @@ from activities.oidc import IdentityKeys
 from workflows.spec import ActionDefaults, ForEachSpec, Runbook
 
 __all__ = [
+    "MEMO_RUN",
+    "MEMO_STEP",
     "RESOLVE_RUN_ACTIVITY",
     "ApprovalRecord",
     "ApproveRequest",
@@ -244,8 +246,9 @@ class RunStatus(BaseModel):
 # A running run's status, kept in its memo (one key for the run, one per step, so an upsert carries
 # only what changed): a live view reads it with describe(), from the server, and never Queries the
 # worker. Steps' outputs and all but the last reading stay in the status Query.
-_MEMO_RUN = "coldstart.run"
-_MEMO_STEP = "coldstart.step."
+# The status memo's keys: the run's own fields, and one entry per step (cli/timeline.py reads the upserts too).
+MEMO_RUN = "coldstart.run"
+MEMO_STEP = "coldstart.step."
 
 
 # A memo over the server's limit (2 MB total by default) would end the run: the status stops being
@@ -260,12 +263,12 @@ def _cut(text: str | None) -> str | None:
 
 def status_memo(status: RunStatus) -> dict[str, Any]:
     """The memo entries that describe `status`: the run's, and one per step (no outputs, last reading only)."""
-    entries: dict[str, Any] = {_MEMO_RUN: {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}}
+    entries: dict[str, Any] = {MEMO_RUN: {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}}
     for position, step in enumerate(status.steps):
         entry = step.model_dump(mode="json", exclude={"outputs", "readings"})
         entry.update(error=_cut(step.error), awaiting=_cut(step.awaiting),
                      readings=[{**reading.model_dump(mode="json"), "error": _cut(reading.error)} for reading in step.readings[-1:]])
-        entries[_MEMO_STEP + step.id] = {"position": position, **entry}
+        entries[MEMO_STEP + step.id] = {"position": position, **entry}
     return entries
 
 
@@ -286,7 +289,7 @@ class StatusMemo:
         sizes = {key: len(json.dumps(entry, separators=(",", ":"))) for key, entry in changed.items()}
         if sum({**self._sizes, **sizes}.values()) > self._budget:
             self.full = True
-            return {_MEMO_RUN: {"kept": False}}
+            return {MEMO_RUN: {"kept": False}}
         self._sent.update(changed)
         self._sizes.update(sizes)
         return changed
@@ -295,11 +298,11 @@ class StatusMemo:
 def status_from_memo(memo: Mapping[str, Any]) -> RunStatus | None:
     """The status a run's memo holds; None if it holds none (a run started before the memo was kept,
     or one whose status outgrew MEMO_BUDGET)."""
-    if _MEMO_RUN not in memo or memo[_MEMO_RUN].get("kept") is False:
+    if MEMO_RUN not in memo or memo[MEMO_RUN].get("kept") is False:
         return None
-    entries = sorted((value for key, value in memo.items() if key.startswith(_MEMO_STEP)), key=lambda entry: entry["position"])
+    entries = sorted((value for key, value in memo.items() if key.startswith(MEMO_STEP)), key=lambda entry: entry["position"])
     try:
-        return RunStatus.model_validate({**memo[_MEMO_RUN], "steps": entries})
+        return RunStatus.model_validate({**memo[MEMO_RUN], "steps": entries})
     except ValidationError:
         return None
 
