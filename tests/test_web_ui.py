@@ -34,8 +34,9 @@ async def _awaiting(handle):
 
 
 async def test_approve_from_the_web_ui(env, task_queue, tmp_path, ui_port, monkeypatch):
-    """The run's details in the Web UI say what an approver pastes and how to get it; doing exactly that (a
-    token bound to this run, step and verb, from the real Vault's OIDC provider) approves the step."""
+    """The page the Web UI opens a run on (its timeline) says who may approve, the command, the Update's name and
+    input and how to get the identity token, without a click; doing exactly that (a token bound to this run,
+    step and verb, from the real Vault's OIDC provider) approves the step."""
     from playwright.async_api import async_playwright
     from typer.testing import CliRunner
 
@@ -65,9 +66,13 @@ async def test_approve_from_the_web_ui(env, task_queue, tmp_path, ui_port, monke
                 try:
                     page = await browser.new_page(viewport={"width": 1400, "height": 1000})
                     await page.goto(f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}")
-                    # The approver reads the command from the run's details (User Metadata, Current Details:
-                    # Markdown the UI renders in its own frame), and runs it.
-                    await page.get_by_text("User Metadata", exact=True).click()
+                    # No tab clicked: the UI opens on the timeline, where each pending timer shows its summary.
+                    await _command_on_page(page, r"restore: awaits approval; may approve: bob\b")
+                    assert page.url.endswith("/timeline"), page.url
+                    await page.screenshot(path=str(tmp_path / "first-page.png"))
+                    cli = await _command_on_page(page, r"coldstart approve (\S+) restore --vault-login")
+                    assert cli.group(1) == f"ui-{task_queue}"
+                    update = await _command_on_page(page, r"Send an Update, approve, input (\{.*\})")
                     command = await _command_on_page(page, r"coldstart identity token (\S+) --verb approve "
                                                            r"--step restore --vault-login")
                     assert command.group(1) == handle.id
@@ -85,8 +90,10 @@ async def test_approve_from_the_web_ui(env, task_queue, tmp_path, ui_port, monke
                     await dialog.get_by_role("option", name="approve", exact=True).click()
                     editor = dialog.locator(".cm-content")
                     await editor.click()
-                    await page.keyboard.insert_text(json.dumps({"step": "restore", "approver": "bob",
-                                                                "comment": "from the UI", "identity_token": token}))
+                    # The input as the page shows it, with the token pasted where it says.
+                    shown = json.loads(update.group(1))
+                    assert shown == {"step": "restore", "approver": "bob", "comment": "", "identity_token": "PASTE"}
+                    await page.keyboard.insert_text(json.dumps({**shown, "comment": "from the UI", "identity_token": token}))
                     # The form submits only once it has an update id.
                     await dialog.get_by_role("button", name="Random UUID").click()
                     await dialog.get_by_role("button", name="Submit").click()

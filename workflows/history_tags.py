@@ -24,6 +24,8 @@ __all__ = [
     "ActivityTag",
     "HistoryTagInterceptor",
     "activity_tag",
+    "approval_note",
+    "is_approval_note",
     "tagged",
     "timer_step",
     "timer_summary",
@@ -36,6 +38,8 @@ ACTIVITY_HEADER = "coldstart-step"
 # attempts by it, so a step repeated across continue-as-new is seen as one.
 CHAIN_HEADER = "coldstart-chain"
 _TIMER_SEPARATOR = ": "
+_APPROVAL_FIRST = "awaits approval; "
+_APPROVAL_NOTE = "approve with: "
 _CONVERTER = temporalio.converter.PayloadConverter.default
 
 Role = Literal["action", "undo", "gate", "ramp", "fan-out", "identity", "resolve"]
@@ -79,6 +83,15 @@ def activity_tag(header: Any) -> ActivityTag | None:
 def timer_summary(step: str, text: str) -> str:
     """A timer's summary: the step first, so the Web UI and the timeline both show whose wait it is."""
     return f"{step}{_TIMER_SEPARATOR}{text}"
+
+
+def approval_note(step: str, text: str, *, first: bool = False) -> str:
+    """A timer's summary that shows how to approve (its first line: who may), not a wait of its own."""
+    return timer_summary(step, f"{_APPROVAL_FIRST if first else _APPROVAL_NOTE}{text}")
+
+
+def is_approval_note(summary: str) -> bool:
+    return summary.partition(_TIMER_SEPARATOR)[2].startswith((_APPROVAL_FIRST, _APPROVAL_NOTE))
 
 
 def timer_step(summary: str) -> str | None:

@@ -76,6 +76,8 @@ _READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30),
 _READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
 _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
+# How long the timers that show an approval's instructions run before the next ones replace them.
+NOTES_RENEWED_EVERY = timedelta(days=1)
 # What a Temporal Schedule appends to the workflow id of each run it starts.
 _SCHEDULED_ID = re.compile(r"-\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
@@ -658,11 +660,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._publish(step_id)
         workflow.set_current_details(self._details(self._specs[step_id]))
         try:
-            await workflow.wait_condition(
-                lambda: step_id in self._granted or self._abort is not None,
-                timeout=spec.timeout,
-                timeout_summary=f"{step_id}: approval deadline",
-            )
+            await self._await_approval(step_id, spec)
         except TimeoutError:
             self._awaiting.pop(step_id, None)
             state.awaiting = None
@@ -680,6 +678,28 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         state.status = "running"
         self._publish(step_id)
         return record
+
+    async def _await_approval(self, step_id: str, spec: ApprovalSpec) -> None:
+        """Wait for the approval (or an abort); TimeoutError once the approval's own timeout passes."""
+        decided = lambda: step_id in self._granted or self._abort is not None
+        deadline = f"{step_id}: approval deadline"
+        # Patched: before it, an approval waited on no timer but its deadline's; runs in flight then
+        # keep waiting that way. The timers beside it show how to approve on the Web UI's first page.
+        if not workflow.patched("approval-instructions-timers"):
+            await workflow.wait_condition(decided, timeout=spec.timeout, timeout_summary=deadline)
+            return
+        notes = asyncio.create_task(self._show_notes(self._approval_notes(step_id, spec)))
+        try:
+            await workflow.wait_condition(decided, timeout=spec.timeout, timeout_summary=deadline)
+        finally:
+            notes.cancel()
+
+    @staticmethod
+    async def _show_notes(lines: list[str]) -> None:
+        """A timer per line, renewed until canceled: the Web UI's timeline shows a pending timer's summary."""
+        while True:
+            # Started last line first: the timeline lists the newest first, so the lines read top down.
+            await asyncio.gather(*(workflow.sleep(NOTES_RENEWED_EVERY, summary=line) for line in reversed(lines)))
 
     async def _ramp(self, step: RampStep, state: StepState) -> dict[str, Any]:
         spec = step.ramp

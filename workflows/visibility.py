@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import json
+
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
     from workflows.contract import GateReading, StatusMemo
+    from workflows.history_tags import approval_note
     from workflows.run_state import RunFields
-    from workflows.spec import ActionStep, AnyStep, RampStep
+    from workflows.spec import ActionStep, AnyStep, ApprovalSpec, RampStep
 
 __all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
+
+# The server's cap on a summary (limit.userMetadataSummarySize), counted on its JSON payload.
+_SUMMARY_BYTES = 400
 
 _OPERATOR_HELP = (
     "Approve from the Temporal Web UI (Send an Update) or `coldstart approve`. Update name: "
 )
+
+
+def _clamped(summary: str) -> str:
+    while len(json.dumps(summary).encode()) > _SUMMARY_BYTES:
+        summary = summary[:-10]
+    return summary
 
 
 def metrics_step(runbook: str, step: str, outcome: str | None) -> None:
@@ -74,6 +86,28 @@ class RunVisibility(RunFields):
         workflow.upsert_search_attributes(
             [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
         )
+
+    def _approval_notes(self, step_id: str, spec: ApprovalSpec) -> list[str]:
+        """How to approve, one line per timer an approval waits beside (workflows/runbook_workflow.py).
+
+        The Web UI opens a run on its timeline, which shows each pending timer's summary on a row of its
+        own and none of the run's details: who may approve, the command, and the Update's name and input.
+        """
+        allowed = self._allowed_approvers(spec)
+        verified = self._needs_identity("approve")
+        fields = {"step": step_id, "approver": allowed[0] if allowed else "YOU", "comment": ""}
+        if verified:
+            fields["identity_token"] = "PASTE"
+        lines = [
+            approval_note(step_id, f"may approve: {', '.join(allowed) if allowed else 'anyone named'}"
+                          + (f" (not {self._inp.initiator}, who started the run: four eyes)" if self._four_eyes(spec) else ""),
+                          first=True),
+            approval_note(step_id, f"coldstart approve {self._inp.target_name} {step_id}" + (" --vault-login" if verified else "")),
+            approval_note(step_id, f"Web UI: More Actions, Send an Update, approve, input {json.dumps(fields, separators=(',', ':'))}"),
+        ]
+        if verified:
+            lines.append(approval_note(step_id, f"Web UI: PASTE the output of {self.token_command('approve', step_id)}"))
+        return [_clamped(line) for line in lines]
 
     def _details(self, step: AnyStep | None) -> str:
         """Markdown for the Web UI's 'current details': what is happening and how to act on it."""
