@@ -16,6 +16,7 @@ ACTION_MODULES = [
     "activities.consul.snapshots",
     "activities.consul.leadership",
     "activities.consul.kv",
+    "activities.consul.agents",
     "activities.consul.users",
     "activities.nomad",
     "activities.vault",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from activities._clients import ConsulTarget, NomadTarget
+from activities._fields import unique_names
+from activities.consul.agent_hosts import ConsulAgentHost
 from activities.consul.services import UserService
 from activities.executors import HostTarget, ShellAccess
 from activities.policy import TargetPolicy
@@ -84,6 +86,9 @@ class Inventory(StrictModel):
     vault: VaultLogin | None = None
     dns: DnsSteering | None = None
     consul: ConsulTarget | None = None
+    # Every Consul agent whose own configuration an action changes (consul.agents.streaming): its host's
+    # shell, its API, its config directory and how it restarts.
+    consul_agents: Annotated[list[ConsulAgentHost], unique_names("consul agent")] = Field(default_factory=list)
     nomad: NomadTarget | None = None
     # Named lists of hosts, ready to pass to host actions (e.g. groups.consul_servers to firewall.block).
     groups: dict[str, list[HostTarget]] = Field(default_factory=dict)
@@ -93,6 +98,17 @@ class Inventory(StrictModel):
     policy: TargetPolicy | None = None
     # Free-form facts for humans and runbook params (state dir, controller address, ...).
     facts: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _agents_on_known_hosts(self) -> Inventory:
+        # An agent's shell must be the one its host entry gives, or a change would land on another machine.
+        for agent in self.consul_agents:
+            host = self.hosts.get(agent.name)
+            if host is not None and host.executor is not None:
+                given = ShellAccess.model_validate(agent.model_dump(include=set(ShellAccess.model_fields)))
+                if given != host.executor:
+                    raise ValueError(f"consul_agents {agent.name}: its shell access differs from hosts.{agent.name}.executor")
+        return self
 
     def hosts_with_role(self, role: str) -> dict[str, Host]:
         return {name: h for name, h in self.hosts.items() if role in h.roles}

@@ -13,18 +13,41 @@ from lab.hashistack import Backends, ConsulAgent, NomadAgent, VaultServer
 from lab.hosts.processes import start_daemon, wait_for_port
 from lab.hosts.shell import LabError
 from lab.hosts.state import DaemonRecord
-from lab.services import Secrets, consul_argv, nomad_argv
+from lab.services import PY, Secrets, consul_argv, nomad_argv
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 
-__all__ = ["NOMAD_CLIENTS", "WORKER_POLICY", "poll_until", "start_consul", "start_nomad", "start_vault", "wait_ready"]
+__all__ = [
+    "CONSUL_CLIENT_HOSTS",
+    "NOMAD_CLIENTS",
+    "WORKER_POLICY",
+    "consul_agent_dir",
+    "consul_restart_argv",
+    "poll_until",
+    "start_consul",
+    "start_nomad",
+    "start_vault",
+    "wait_ready",
+]
 
 # Nomad client nodes: (host, datacenter, node class). The internal services run in a datacenter
 # of their own so their allocations never compete with the cache nodes.
 NOMAD_CLIENTS = [*((h, "dc1", "cache") for h in CACHE_HOSTS), ("internal", "services", "services")]
-# A Consul client agent where Nomad registers services and their checks (the internal services).
-CONSUL_CLIENT_HOSTS = ("internal",)
+# Consul client agents: where Nomad registers the internal services and their checks, and the game edge's.
+CONSUL_CLIENT_HOSTS = ("internal", "edge")
 WORKER_POLICY = "coldstart-worker"
 _WORKER_RULES = 'path "secret/data/coldstart/*" {\n  capabilities = ["read"]\n}\n'
+
+
+def consul_agent_dir(cfg: LabConfig, host: str) -> Path:
+    """The agent's config directory (-config-dir), where drop-ins such as the streaming setting go."""
+    return cfg.path("consul", host, "config.d")
+
+
+def consul_restart_argv(cfg: LabConfig, host: str) -> list[str]:
+    """What restarts the agent on `host` from a shell there: the lab's stand-in for `systemctl restart consul`."""
+    root = Path(__file__).resolve().parents[1]
+    return ["/usr/bin/env", f"PYTHONPATH={root}", PY, "-m", "lab.daemon_restart",
+            str(Path(cfg.state_dir).resolve()), host, "consul"]
 
 
 def _consul_agent(cfg: LabConfig, sec: Secrets, host: str, *, server: bool) -> ConsulAgent:
@@ -32,7 +55,8 @@ def _consul_agent(cfg: LabConfig, sec: Secrets, host: str, *, server: bool) -> C
     return ConsulAgent(
         node_name=host, data_dir=cfg.path("consul", host, "data"), bind=cfg.ip(host),
         management_token=sec.read("consul-token"), http_port=p.consul_http, server=server,
-        bootstrap_expect=len(CONSUL_HOSTS), retry_join=[cfg.ip(h) for h in CONSUL_HOSTS if h != host])
+        bootstrap_expect=len(CONSUL_HOSTS), retry_join=[cfg.ip(h) for h in CONSUL_HOSTS if h != host],
+        config_dir=consul_agent_dir(cfg, host))
 
 
 def start_consul(cfg: LabConfig, sec: Secrets, found: Backends) -> list[DaemonRecord]:

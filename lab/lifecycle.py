@@ -13,10 +13,21 @@ from typing import Any
 import httpx
 
 from activities._clients import ConsulTarget, NomadTarget
+from activities.consul.agent_hosts import ConsulAgentHost
 from activities.executors import HostTarget, ShellAccess
 from activities.inventory import DnsSteering, Endpoints, Host, Inventory, Telemetry, VaultLogin
 from activities.secrets import VaultSecretRef
-from lab.agents import NOMAD_CLIENTS, poll_until, start_consul, start_nomad, start_vault, wait_ready
+from lab.agents import (
+    CONSUL_CLIENT_HOSTS,
+    NOMAD_CLIENTS,
+    consul_agent_dir,
+    consul_restart_argv,
+    poll_until,
+    start_consul,
+    start_nomad,
+    start_vault,
+    wait_ready,
+)
 from lab.containers import remove_sessions_cgroup, sessions_cgroup
 from lab.hashistack import Backends, backends
 from lab.hosts import create, destroy, leftovers, netns_usable, setup_ssh, ssh_target
@@ -377,6 +388,12 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
         consul=ConsulTarget(address=cfg.url(CONSUL_HOSTS[0], p.consul_http),
                             servers=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], token=secret_refs["consul_token"]),
         nomad=NomadTarget(address=cfg.nomad_url, token=secret_refs["nomad_token"]),
+        # Real agents only: the stand-in has no agent configuration to change.
+        consul_agents=[ConsulAgentHost(name=h, **hosts[h].executor.model_dump(exclude_unset=True),
+                                       role="server" if h in CONSUL_HOSTS else "client",
+                                       http=cfg.url(h, p.consul_http), config_dir=str(consul_agent_dir(cfg, h)),
+                                       restart=consul_restart_argv(cfg, h))
+                       for h in (*CONSUL_HOSTS, *CONSUL_CLIENT_HOSTS)] if found.consul is not None else [],
         groups={"consul_servers": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))
                                    for h in CONSUL_HOSTS],
                 "container_hosts": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PURE_MODULES = [
     "activities.consul",
     "activities.consul._kv",
+    "activities.consul.agent_hosts",
     "activities.consul.archive",
     "activities.consul.services",
     "activities.dns",
@@ -29,6 +30,8 @@ PURE_MODULES = [
 EXPECTED_ACTIONS = [
     "containers.kill_inits",
     "containers.list",
+    "consul.agents.streaming",
+    "consul.agents.streaming_restore",
     "consul.health",
     "consul.kv.delete_prefix",
     "consul.kv.restore",

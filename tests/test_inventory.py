@@ -95,3 +95,40 @@ def test_lab_services_validate_as_action_inputs() -> None:
         action = UserService.model_validate(service.model_dump())
         # The lab's checks belong to the services' Nomad jobs: stretched there, not on an agent.
         assert action.check_owner == "nomad" and action.nomad_job == service.name and action.check_name
+
+
+AGENTS = TARGET + """\
+hosts:
+  web1:
+    address: 10.0.0.31
+    executor: {address: 10.0.0.31, key_path: /etc/coldstart/id_ed25519, known_hosts: /etc/coldstart/known_hosts}
+consul_agents:
+  - {name: web1, role: client, address: 10.0.0.31, key_path: /etc/coldstart/id_ed25519,
+     known_hosts: /etc/coldstart/known_hosts, http: "http://10.0.0.31:8500", config_dir: /etc/consul.d,
+     restart: [systemctl, restart, consul]}
+"""
+
+
+def test_consul_agents_are_the_streaming_actions_argument(tmp_path: Path) -> None:
+    from pydantic import TypeAdapter
+
+    target = load_inventory("prod-eu", _write(tmp_path, AGENTS).parent).as_target()
+    field = load_registry().get("consul.agents.streaming").input_model.model_fields["agents"]
+    [agent] = TypeAdapter(field.annotation).validate_python(target["consul_agents"])
+    assert (agent.role, agent.config_dir, agent.restart) == ("client", "/etc/consul.d", ["systemctl", "restart", "consul"])
+
+
+@pytest.mark.parametrize("body, needle", [
+    (AGENTS.replace("config_dir: /etc/consul.d", "config_dir: consul.d"), "must be an absolute path"),
+    (AGENTS.replace("config_dir: /etc/consul.d", "config_dir: /etc/../consul.d"), "must be an absolute path"),
+    (AGENTS.replace("restart: [systemctl, restart, consul]", "restart: []"), "restart"),
+    (AGENTS.replace("role: client", "role: leader"), "role"),
+    (AGENTS.replace("http: \"http://10.0.0.31:8500\"", "http: 10.0.0.31:8500"), "http"),
+    (AGENTS + AGENTS[AGENTS.index("  - {name: web1, role"):], "duplicate consul agent names: ['web1']"),
+    (AGENTS.replace("role: client, address: 10.0.0.31", "role: client, address: 10.0.0.32"),
+     "consul_agents web1: its shell access differs from hosts.web1.executor"),
+])
+def test_bad_consul_agents_are_refused(tmp_path: Path, body: str, needle: str) -> None:
+    with pytest.raises(InventoryInvalid) as caught:
+        read_inventory(_write(tmp_path, body))
+    assert any(needle in e for e in caught.value.errors), caught.value.errors

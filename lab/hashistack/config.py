@@ -34,6 +34,8 @@ class ConsulAgent:
     # Clients' reads go through the streaming backend, as in the outage (agent config, not KV).
     use_streaming_backend: bool = True
     raft_multiplier: int = 1
+    # Read after the main file (-config-dir): where an operator's drop-ins go (coldstart-streaming.json).
+    config_dir: Path | None = None
 
     def render(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
@@ -62,11 +64,14 @@ class ConsulAgent:
     def write(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config_dir is not None:
+            self.config_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.render(), indent=2))
         return path
 
     def argv(self, binary: Path, config: Path) -> list[str]:
-        return [str(binary), "agent", f"-config-file={config}"]
+        extra = [f"-config-dir={self.config_dir}"] if self.config_dir is not None else []
+        return [str(binary), "agent", f"-config-file={config}", *extra]
 
     @property
     def url(self) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "kill_pid",
     "pid_alive",
     "process_starttime",
+    "restart_daemon",
     "run_in_host",
     "start_daemon",
     "stop_daemon",
@@ -115,3 +116,12 @@ def _log_tail(log: str | Path | None, lines: int = 5) -> str:
     except OSError:
         return ""
     return f"; {log} ends: " + " | ".join(tail) if tail else f"; {log} is empty"
+
+
+def restart_daemon(spec: LabSpec, host: str, name: str) -> DaemonRecord:
+    """Stop a recorded daemon and start it again with the argv it was started with (as a service manager would)."""
+    record = load_state(spec.state_dir).daemons.get(f"{host}/{name}")
+    if record is None:
+        raise KeyError(f"no daemon {name!r} recorded on lab host {host!r}")
+    stop_daemon(spec, host, name)
+    return start_daemon(spec, host, name, record.argv)

@@ -1,0 +1,372 @@
+"""Streaming on or off in the Consul agents' own configuration: a drop-in per agent, restarted in waves, read back."""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import consul
+from pydantic import BaseModel, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities._clients import (
+    CLIENT_ERRORS,
+    ConsulTarget,
+    consul_client,
+    consul_get,
+    resume_details,
+    secret_of,
+)
+from activities._fields import unique_names
+from activities.consul.agent_hosts import (
+    DROP_IN,
+    ConsulAgentHost,
+    Role,
+    StreamingReport,
+    drop_in,
+    wanted,
+)
+from activities.errors import Unavailable
+from activities.executors import Executor, ExecutorError, executor_for
+from activities.registry import action
+from activities.retry import format_duration
+
+__all__ = [
+    "AgentChange",
+    "AgentRestore",
+    "AgentsStreamingInput",
+    "AgentsStreamingOutput",
+    "AgentsStreamingRestoreInput",
+    "AgentsStreamingRestoreOutput",
+    "agents_streaming",
+    "agents_streaming_restore",
+]
+
+class _Waves(BaseModel):
+    wave_size: int = Field(default=5, ge=1, le=100, description="client agents restarted at once (servers: one)")
+    ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600,
+                                         description="how long a restarted agent has to answer with the setting")
+
+
+class AgentsStreamingInput(_Waves):
+    """Streaming on or off in each agent's own configuration (client agents' use_streaming_backend, servers'
+    rpc.enable_streaming too), applied by restarting the agents in waves and read back from each agent."""
+
+    consul: ConsulTarget = Field(description="the cluster, for its ACL token (agent:read on every agent)")
+    agents: Annotated[list[ConsulAgentHost], unique_names("agent")] = Field(min_length=1, max_length=10_000)
+    enabled: bool
+    roles: list[Role] = Field(default_factory=lambda: ["client"], min_length=1,
+                              description="which agents change: servers are restarted one at a time")
+    file: str = Field(default=DROP_IN, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\.json$",
+                      description="the drop-in's name in each config directory")
+
+
+class AgentChange(BaseModel):
+    agent: str
+    role: Role
+    changed: bool
+    file_written: bool
+    restarted: bool
+    before: StreamingReport
+    after: StreamingReport
+
+
+class AgentRestore(BaseModel):
+    """One agent as the change found it: its drop-in (None: absent) and what it reported."""
+
+    agent: ConsulAgentHost
+    file: str
+    previous: str | None
+    written: str = Field(description="the drop-in the change left; the undo refuses if it is no longer there")
+    report: StreamingReport
+
+
+class AgentsStreamingRestoreInput(_Waves):
+    """Put each agent's drop-in back as it was and restart the agents whose setting differs from before."""
+
+    consul: ConsulTarget
+    agents: list[AgentRestore] = Field(max_length=10_000)
+
+
+class AgentsStreamingOutput(BaseModel):
+    enabled: bool
+    agents: list[AgentChange]
+    changed_agents: list[str]
+    skipped_agents: list[str] = Field(description="agents of a role not selected; left alone")
+    undo: AgentsStreamingRestoreInput
+
+
+class AgentsStreamingRestoreOutput(BaseModel):
+    agents: list[AgentChange]
+    changed_agents: list[str]
+
+
+class AgentFailure(Unavailable):
+    """One agent could not be changed or verified; `retryable` says whether running again could help."""
+
+    def __init__(self, agent: str, message: str, *, retryable: bool = True) -> None:
+        super().__init__(f"{agent}: {message}")
+        self.agent = agent
+        self.retryable = retryable
+
+
+# --------------------------------------------------------------------------- one agent
+
+
+class _Agent:
+    """One agent reached two ways: its host's shell (files, restart) and its own API (the effective setting)."""
+
+    def __init__(self, spec: ConsulAgentHost, ex: Executor, client: consul.Consul, file: str) -> None:
+        self.spec = spec
+        self.ex = ex
+        self.client = client
+        self.path = posixpath.join(spec.config_dir, file)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    async def _run(self, argv: list[str], what: str, *, input: str | None = None, timeout: float = 30.0) -> str:
+        rc, out, err = await self.ex.run(argv, input=input, timeout=timeout)
+        if rc != 0:
+            raise AgentFailure(self.name, f"{what} failed (rc={rc}): {(err or out).strip()[:300]}")
+        return out
+
+    async def read_file(self) -> str | None:
+        rc, _, _ = await self.ex.run(["test", "-d", self.spec.config_dir])
+        if rc != 0:
+            raise AgentFailure(self.name, f"config directory {self.spec.config_dir} does not exist on the host",
+                               retryable=False)
+        rc, _, _ = await self.ex.run(["test", "-e", self.path])
+        if rc != 0:
+            return None
+        return await self._run(["cat", "--", self.path], f"reading {self.path}")
+
+    async def put_file(self, content: str | None) -> None:
+        if content is None:
+            await self._run(["rm", "-f", "--", self.path], f"removing {self.path}")
+            return
+        # Write beside, then rename: a restart never reads half a file. The agent ignores the .tmp name.
+        tmp = self.path + ".coldstart.tmp"
+        await self._run(["tee", "--", tmp], f"writing {tmp}", input=content)
+        await self._run(["mv", "-f", "--", tmp, self.path], f"renaming {tmp}")
+
+    async def report(self) -> StreamingReport:
+        try:
+            self_info = await asyncio.to_thread(consul_get, self.client, "/v1/agent/self")
+        except CLIENT_ERRORS as exc:
+            raise AgentFailure(self.name, f"{self.spec.http}/v1/agent/self: {exc}") from None
+        debug = self_info.get("DebugConfig") or {}
+        if "UseStreamingBackend" not in debug:
+            raise AgentFailure(self.name, "its /v1/agent/self reports no UseStreamingBackend (Consul before 1.10?)",
+                               retryable=False)
+        rpc = debug.get("RPCConfig") or {}
+        server = bool((self_info.get("Config") or {}).get("Server"))
+        if server != (self.spec.role == "server"):
+            raise AgentFailure(self.name, f"the inventory says {self.spec.role} but the agent says "
+                                          f"{'server' if server else 'client'}", retryable=False)
+        return StreamingReport(use_streaming_backend=bool(debug["UseStreamingBackend"]),
+                               enable_streaming=bool(rpc.get("EnableStreaming")) if server else None)
+
+    async def restart(self, timeout: float) -> None:
+        await self._run(self.spec.restart, "restart", timeout=timeout)
+
+    async def wait_for(self, want: StreamingReport, timeout: float) -> StreamingReport:
+        """Until the restarted agent answers with `want` and knows a leader (it rejoined the cluster)."""
+        deadline = time.monotonic() + timeout
+        last: object = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                got = await self.report()
+                leader = await asyncio.to_thread(self.client.status.leader)
+                if got == want and leader:
+                    return got
+                last = f"reports {got.model_dump(exclude_none=True)}, leader {leader or 'none'}"
+            except AgentFailure as exc:
+                if not exc.retryable:
+                    raise
+                last = str(exc)
+            except CLIENT_ERRORS as exc:
+                last = repr(exc)
+            _beat(self.name)
+            await asyncio.sleep(0.5)
+        raise AgentFailure(self.name, f"not back with {want.model_dump(exclude_none=True)} after "
+                                      f"{format_duration(timeout)} ({last})")
+
+
+def _beat(*details: Any) -> None:
+    if activity.in_activity():
+        activity.heartbeat(*details)
+
+
+# --------------------------------------------------------------------------- waves
+
+
+def _waves(items: list[Any], role_of: Callable[[Any], Role], size: int) -> list[list[Any]]:
+    """Servers one per wave (a quorum survives), clients `size` at a time, in the given order."""
+    waves: list[list[Any]] = []
+    clients: list[Any] = []
+    for item in items:
+        if role_of(item) == "server":
+            if clients:
+                waves.append(clients)
+                clients = []
+            waves.append([item])
+            continue
+        clients.append(item)
+        if len(clients) == size:
+            waves.append(clients)
+            clients = []
+    if clients:
+        waves.append(clients)
+    return waves
+
+
+async def _in_waves(name: str, consul_target: ConsulTarget, waves: list[list[Any]],
+                    spec_of: Callable[[Any], ConsulAgentHost], file_of: Callable[[Any], str],
+                    per_agent: Callable[[_Agent, Any], Awaitable[AgentChange]],
+                    partial: Callable[[], dict[str, Any]]) -> list[AgentChange]:
+    """Run per_agent wave by wave; a failed wave stops the rest, and the error says exactly who changed."""
+    token = await asyncio.to_thread(secret_of, consul_target.token)
+    results: dict[str, AgentChange] = {}
+    failures: dict[str, AgentFailure | ExecutorError] = {}
+
+    async def one(item: Any) -> None:
+        spec = spec_of(item)
+        try:
+            client = consul_client(consul_target, address=spec.http, token=token)
+            async with executor_for(spec) as ex:
+                results[spec.name] = await per_agent(_Agent(spec, ex, client, file_of(item)), item)
+        except (AgentFailure, ExecutorError) as exc:
+            failures[spec.name] = exc
+        except Exception as exc:  # noqa: BLE001 - one agent's surprise must not hide what the others did
+            failures[spec.name] = AgentFailure(spec.name, f"unexpected error: {exc!r}")
+        _beat(partial())
+
+    done_waves = 0
+    for wave in waves:
+        await asyncio.gather(*(one(item) for item in wave))
+        done_waves += 1
+        if failures:
+            break
+    if not failures:
+        return [results[spec_of(i).name] for w in waves for i in w]
+    changed = [r.agent for r in results.values() if r.changed]
+    unchanged = [r.agent for r in results.values() if not r.changed]
+    untouched = [spec_of(i).name for w in waves[done_waves:] for i in w]
+    failed = {agent: str(exc) for agent, exc in failures.items()}
+    raise ApplicationError(
+        f"{name}: failed on {', '.join(sorted(failed))}; changed: {', '.join(changed) or 'none'}; "
+        f"unchanged: {', '.join(unchanged) or 'none'}; not attempted: {', '.join(untouched) or 'none'}; errors: "
+        + "; ".join(f"{e}" for _, e in sorted(failed.items())),
+        {"changed_agents": changed, "unchanged_agents": unchanged, "not_attempted": untouched,
+         "failed_agents": failed, "results": [r.model_dump() for r in results.values()], **partial()},
+        type="PartialFailure",
+        # Safe to run again as a whole: every agent is check-then-act.
+        non_retryable=not all(getattr(exc, "retryable", True) for exc in failures.values()),
+    )
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@action("consul.agents.streaming", timeout=3600, heartbeat=60, mutating=True,
+        undo="consul.agents.streaming_restore", undo_from_output="undo")
+async def agents_streaming(inp: AgentsStreamingInput) -> AgentsStreamingOutput:
+    """Turn Consul streaming on or off where it lives: each agent's own configuration.
+
+    For each selected agent, through its host's shell: a drop-in in its config directory
+    (`use_streaming_backend`, and on servers `rpc.enable_streaming`), a restart, and a read-back
+    of the agent's effective setting from its own /v1/agent/self. An agent already reporting the
+    setting is left alone. Turning off goes clients first, then servers; turning on the reverse.
+    Clients restart `wave_size` at a time, servers one at a time; a failed wave stops the rest.
+    """
+    selected = [a for a in inp.agents if a.role in inp.roles]
+    skipped = [a.name for a in inp.agents if a.role not in inp.roles]
+    first: Role = "client" if not inp.enabled else "server"
+    ordered = sorted(selected, key=lambda a: a.role != first)
+    # What earlier attempts of this activity changed: a retry finds those agents done, and must still undo them.
+    details = resume_details()
+    restores: dict[str, AgentRestore] = {}
+    if isinstance(details, dict) and details.get("enabled") == inp.enabled:
+        restores = {r["agent"]["name"]: AgentRestore.model_validate(r) for r in details.get("restores", [])}
+
+    def progress() -> dict[str, Any]:
+        return {"enabled": inp.enabled, "restores": [r.model_dump(mode="json") for r in restores.values()]}
+
+    async def change(agent: _Agent, spec: ConsulAgentHost) -> AgentChange:
+        want = wanted(spec.role, inp.enabled)
+        content = drop_in(spec.role, inp.enabled)
+        before = await agent.report()
+        current = await agent.read_file()
+        # Already in effect with no drop-in saying otherwise: nothing to do (the main config may say so).
+        write = current != content and not (current is None and before == want)
+        if write:
+            if spec.name not in restores:
+                restores[spec.name] = AgentRestore(agent=spec, file=inp.file, previous=current, written=content,
+                                                   report=before)
+            _beat(progress())  # recorded before the change, so a crash after it still leaves an undo
+            await agent.put_file(content)
+        restart = before != want
+        after = before
+        if restart:
+            await agent.restart(inp.ready_timeout_seconds)
+            after = await agent.wait_for(want, inp.ready_timeout_seconds)
+        return AgentChange(agent=spec.name, role=spec.role, changed=write or restart, file_written=write,
+                           restarted=restart, before=before, after=after)
+
+    results = await _in_waves("consul.agents.streaming", inp.consul, _waves(ordered, lambda a: a.role, inp.wave_size),
+                              lambda a: a, lambda _: inp.file, change, progress)
+    # The undo runs the agents in the opposite order (turning back on: servers before their clients).
+    undo_agents = [restores[a.name] for a in reversed(ordered) if a.name in restores]
+    return AgentsStreamingOutput(
+        enabled=inp.enabled, agents=results, changed_agents=[r.agent for r in results if r.changed],
+        skipped_agents=skipped,
+        undo=AgentsStreamingRestoreInput(consul=inp.consul, agents=undo_agents, wave_size=inp.wave_size,
+                                         ready_timeout_seconds=inp.ready_timeout_seconds))
+
+
+@action("consul.agents.streaming_restore", timeout=3600, heartbeat=60, mutating=True)
+async def agents_streaming_restore(inp: AgentsStreamingRestoreInput) -> AgentsStreamingRestoreOutput:
+    """The undo of consul.agents.streaming: each agent's drop-in back as it was (or gone), restarted where its
+    reported setting differs from what it reported before, and read back from the agent.
+
+    Refuses before changing anything when a drop-in is neither what the change wrote nor what was
+    there before (someone changed it since).
+    """
+    if not inp.agents:
+        return AgentsStreamingRestoreOutput(agents=[], changed_agents=[])
+    token = await asyncio.to_thread(secret_of, inp.consul.token)
+    conflicts = []
+    for r in inp.agents:
+        async with executor_for(r.agent) as ex:
+            agent = _Agent(r.agent, ex, consul_client(inp.consul, address=r.agent.http, token=token), r.file)
+            current = await agent.read_file()
+        if current not in (r.written, r.previous):
+            conflicts.append(f"{r.agent.name}: {agent.path} changed since")
+    if conflicts:
+        raise ApplicationError(f"consul.agents.streaming_restore: nothing changed, drop-ins rewritten by someone "
+                               f"else: {'; '.join(conflicts[:20])}", type="Conflict", non_retryable=True)
+
+    async def restore(agent: _Agent, r: AgentRestore) -> AgentChange:
+        before = await agent.report()
+        current = await agent.read_file()
+        write = current != r.previous
+        if write:
+            await agent.put_file(r.previous)
+        restart = before != r.report
+        after = before
+        if restart:
+            await agent.restart(inp.ready_timeout_seconds)
+            after = await agent.wait_for(r.report, inp.ready_timeout_seconds)
+        return AgentChange(agent=r.agent.name, role=r.agent.role, changed=write or restart, file_written=write,
+                           restarted=restart, before=before, after=after)
+
+    results = await _in_waves("consul.agents.streaming_restore", inp.consul,
+                              _waves(inp.agents, lambda r: r.agent.role, inp.wave_size), lambda r: r.agent,
+                              lambda r: r.file, restore, dict)
+    return AgentsStreamingRestoreOutput(agents=results, changed_agents=[r.agent for r in results if r.changed])
