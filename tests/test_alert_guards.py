@@ -48,11 +48,11 @@ def test_a_notice_for_a_host_in_the_inventory_plans(targets):
 
 @pytest.mark.parametrize("host, ahead, said", [
     ("c9", 30, "parameter 'host': 'c9' is not one of c1, c2"),
-    ("c1", -5, "is already 5 s past: nothing is started"),
+    ("c1", -5, "is already 5s past: nothing is started"),
     # deadline=1, the attack in the review (an id of its own: the offset changes every run, and test
     # workers must collect the same ids)
     pytest.param("c1", 1.0 - time.time(), "past: nothing is started", id="c1-epoch-past"),
-    ("c1", 6 * 3600, "more than max_ahead (900 s): nothing is started"),
+    ("c1", 6 * 3600, "is 6h ahead, more than max_ahead (15m): nothing is started"),
 ])
 def test_an_unknown_host_or_an_implausible_deadline_plans_nothing(targets, host, ahead, said):
     with pytest.raises(RunbookInvalid) as refused:

@@ -942,7 +942,7 @@ def _keep_reading(state: StepState, reading: GateReading) -> None:
 
 
 def _seconds(delta: timedelta) -> str:
-    return f"{delta.total_seconds():.1f}s"
+    return format_duration(round(delta.total_seconds(), 1))
 
 
 def _clock(at: datetime) -> str:
