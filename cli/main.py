@@ -810,6 +810,76 @@ def timeline(
 
 
 @app.command()
+def scorecard(
+    run_ref: str = typer.Argument(..., metavar="TARGET|WORKFLOW_ID"),
+    run_id: str | None = typer.Option(None, help="a specific run (default: the latest)"),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """The run's scorecard: each phase of its runbook's objectives, the time measured, and what it waited on."""
+    from temporalio.service import RPCError
+
+    from cli.report import print_scorecard
+    from cli.scorecard import score
+    from cli.timeline import build_timeline
+
+    async def go() -> None:
+        client = await _client()
+        try:
+            card = score(await build_timeline(client, _workflow_id(run_ref), run_id))
+        except RPCError as exc:
+            await _no_such_run(client, run_ref, exc)
+            _fail(f"{_workflow_id(run_ref)}: {exc.message}", EXIT_FAILED)
+        if card is None:
+            _fail(f"{_workflow_id(run_ref)}: its runbook states no objectives (add `objectives:` to score its runs)",
+                  EXIT_INVALID)
+        if json_output:
+            _print_json(card.to_json())
+        else:
+            print_scorecard(out, card)
+
+    asyncio.run(go())
+
+
+@app.command()
+def report(
+    target: str = typer.Option(..., "--target", help="the target whose runs are compared"),
+    runbook: str | None = typer.Option(None, "--runbook", help="only this runbook's runs (its metadata name)"),
+    all_runs: bool = typer.Option(False, "--all", help="every finished run, not only drills"),
+    limit: int = typer.Option(50, help="the newest this many runs"),
+    png: Path | None = typer.Option(None, "--png", help="also draw each phase's time per run into this PNG"),
+    kept_file: Path | None = typer.Option(
+        None, "--file", help="read the scorecards kept in this file (a lab drill keeps them in "
+                             ".state/drill/scorecards.jsonl) instead of the runs on Temporal"),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Recovery phases across drills: each run's time per phase against its objective, oldest first."""
+    from cli.report import PlotUnavailable, collect, kept, plot_trend, print_trend
+
+    async def go() -> None:
+        if kept_file is not None:
+            try:
+                cards = kept(kept_file, target, runbook=runbook, limit=limit)
+            except InvalidInput as exc:
+                _fail(str(exc), EXIT_INVALID)
+        else:
+            cards = await collect(await _client(), target, runbook=runbook, drills_only=not all_runs, limit=limit)
+        if not cards:
+            _fail(f"no finished {'runs' if all_runs else 'drills'} on {target} whose runbook states objectives"
+                  + ("" if all_runs else " (--all: every run)"), EXIT_FAILED)
+        if json_output:
+            _print_json([card.to_json() for card in cards])
+        else:
+            print_trend(out, cards)
+        if png is not None:
+            try:
+                err.print(f"trend plot {plot_trend(cards, png)}", highlight=False)
+            except PlotUnavailable as exc:
+                _fail(str(exc), EXIT_INVALID)
+
+    asyncio.run(go())
+
+
+@app.command()
 def server(
     db_file: Path = typer.Option(Path(".state/temporal.db"), help="persistent database file"),
     port: int = typer.Option(7233, help="the frontend's port"),

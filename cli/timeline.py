@@ -13,7 +13,7 @@ from temporalio.client import Client
 from activities.retry import format_duration
 from activities.telemetry import READ_ACTION, READ_ACTIONS
 from workflows.contract import MEMO_RUN, MEMO_STEP, RESOLVE_RUN_ACTIVITY
-from workflows.history_tags import ActivityTag, activity_tag, is_approval_note, timer_step
+from workflows.history_tags import ActivityTag, activity_tag, timer_step
 
 __all__ = ["Entry", "StepRow", "StepSummary", "Timeline", "Totals", "Wait", "build_timeline", "render_markdown"]
 
@@ -121,6 +121,8 @@ class Timeline:
     # The runbook version the controller resolved the run to, and where it found it (catalog, development).
     runbook_digest: str = ""
     runbook_origin: str = ""
+    # The runbook's recovery objectives as resolved (workflows/spec.Objectives, JSON), for its scorecard.
+    objectives: dict[str, Any] | None = None
     started: datetime | None = None
     ended: datetime | None = None
     outcome: str = "running"
@@ -207,7 +209,9 @@ def _adopt_resolution(timeline: Timeline, plan: Any) -> None:
     """The header from what the controller resolved, not from what the starter sent."""
     if not isinstance(plan, dict):
         return
-    timeline.runbook = plan.get("runbook", {}).get("metadata", {}).get("name", timeline.runbook)
+    runbook = plan.get("runbook") or {}
+    timeline.runbook = runbook.get("metadata", {}).get("name", timeline.runbook)
+    timeline.objectives = runbook.get("objectives") or timeline.objectives
     timeline.target = plan.get("target_name", timeline.target)
     timeline.initiator = plan.get("initiator", timeline.initiator)
     catalog = plan.get("catalog") or {}
@@ -361,8 +365,7 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 seconds = attrs.start_to_fire_timeout.ToTimedelta().total_seconds()
                 text = summary[0] if summary else "timer"
                 step = timer_step(str(text)) if summary else None
-                # A gate's next reading and the lines showing how to approve are no waits of their own.
-                if "next reading" not in str(text) and not is_approval_note(str(text)):
+                if "next reading" not in str(text):
                     entry = Entry(at, step, "wait", None, f"{text} (timer {format_duration(seconds)})")
                     timeline.entries.append(entry)
                     wait = None

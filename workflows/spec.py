@@ -36,9 +36,11 @@ __all__ = [
     "GateStep",
     "IdentityPolicy",
     "Metadata",
+    "Objectives",
     "OnFailure",
     "ParallelStep",
     "Param",
+    "PhaseObjective",
     "RampSpec",
     "RampStep",
     "Runbook",
@@ -321,6 +323,21 @@ class DeadlineSpec(StrictModel):
         return min(ends) - self.margin
 
 
+class PhaseObjective(StrictModel):
+    """A phase of the recovery: it ends when step `until` succeeds, and should take at most `within`."""
+
+    until: StepId = Field(description="the top-level step whose success ends the phase")
+    within: Duration = Field(description="the phase's objective, from the end of the phase before it")
+
+
+class Objectives(StrictModel):
+    """Recovery objectives: the whole run and each phase, in step order; every run's scorecard measures them."""
+
+    rto: Duration | None = Field(default=None, description="the whole recovery, from the run's start")
+    phases: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)], PhaseObjective] = Field(
+        default_factory=dict, description="consecutive phases in step order, each ending at its `until` step")
+
+
 class Runbook(StrictModel):
     """A runbook file."""
 
@@ -339,6 +356,7 @@ class Runbook(StrictModel):
     )
     identity: IdentityPolicy | None = None
     deadline: DeadlineSpec | None = None
+    objectives: Objectives | None = None
     steps: list[Step]
 
     @field_validator("steps")

@@ -37,6 +37,10 @@ def run_drill(name: str, state_dir: Path, console: Console, *, interactive: bool
 
     report = asyncio.run(run_demo_drill(state_dir, console, interactive=interactive))
     console.print(Markdown(report.timeline_markdown.split("## Events")[0]))
-    console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s; report written to {report.report_path}",
-                  highlight=False)
+    if report.scorecard is not None:
+        from cli.report import print_scorecard
+
+        print_scorecard(console, report.scorecard)
+    console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s; report written to {report.report_path}"
+                  + (f"; scorecard kept in {report.scorecard_path}" if report.scorecard_path else ""), highlight=False)
     return report.outcome == "succeeded"

@@ -18,6 +18,8 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
+from cli.report import keep
+from cli.scorecard import Scorecard, score
 from cli.timeline import build_timeline, render_markdown
 from runtime.connection import connect
 from runtime.polling import read_kept_status
@@ -38,6 +40,8 @@ class DrillReport:
     wall_seconds: float
     timeline_markdown: str
     report_path: Path
+    scorecard: Scorecard | None = None  # against the runbook's objectives; kept in scorecard_path
+    scorecard_path: Path | None = None
 
 
 def _prometheus_config(path: Path, prometheus_port: int, worker_metrics_port: int) -> None:
@@ -138,5 +142,8 @@ async def run_demo_drill(state_dir: Path, console: Console, *, interactive: bool
     markdown = render_markdown(timeline)
     report_path = state_dir / "report.md"
     report_path.write_text(markdown)
+    card = score(timeline)
+    # The drill's Temporal goes with it: its scorecard is kept beside the report, for `coldstart report --file`.
+    kept_in = keep(card, state_dir / "scorecards.jsonl") if card is not None else None
     return DrillReport(outcome="succeeded" if code == 0 else timeline.outcome, wall_seconds=wall,
-                       timeline_markdown=markdown, report_path=report_path)
+                       timeline_markdown=markdown, report_path=report_path, scorecard=card, scorecard_path=kept_in)

@@ -20,6 +20,8 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from activities.catalog import load_registry
 from cli import render
 from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, start_source
+from cli.report import print_scorecard
+from cli.scorecard import Scorecard, score
 from cli.timeline import build_timeline, render_markdown
 from lab.drills.demo import DRILL_APPROVER, auto_approve
 from runtime.connection import connect
@@ -72,6 +74,8 @@ class LabDrillReport:
     report_path: Path
     plot_path: Path | None
     backends: dict[str, str] = field(default_factory=dict)  # system -> "real (path)" or "stand-in"
+    scorecard: Scorecard | None = None  # against the runbook's objectives; kept in scorecard_path
+    scorecard_path: Path | None = None
 
 
 async def _abort_when_held(client: Any, workflow_id: str, console: Console, grace_s: float = 5.0) -> None:
@@ -277,6 +281,9 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     verified = code == 0 and any(s.kind == "ramp" and s.percent == 100 for s in status.steps)
     backends = info.get("backends", {})
     report_path.write_text("Backends: " + ", ".join(f"{k} {v}" for k, v in backends.items()) + "\n\n" + markdown)
+    card = score(timeline)
+    # The drill's Temporal goes with it: its scorecard is kept beside the report, for `coldstart report --file`.
+    kept_in = keep(card, state_dir / "scorecards.jsonl") if card is not None else None
     return LabDrillReport(
         outcome="succeeded" if verified else status.state,
         wall_seconds=wall,
@@ -289,6 +296,8 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
         report_path=report_path,
         plot_path=plot_path,
         backends=backends,
+        scorecard=card,
+        scorecard_path=kept_in,
     )
 
 
@@ -332,6 +341,11 @@ def print_report(console: Console, report: LabDrillReport) -> None:
             ramp.add_row(str(target), "n/a" if math.isnan(admitted) else f"{admitted:.1f}", bar)
         console.print(ramp)
     console.print("backends: " + ", ".join(f"{k} {v}" for k, v in report.backends.items()), highlight=False)
+    if report.scorecard is not None:
+        print_scorecard(console, report.scorecard)
+        console.print(f"scorecard kept in {report.scorecard_path}; the trend across drills: "
+                      f"coldstart report --target {report.scorecard.target} --file {report.scorecard_path} --png trend.png",
+                      highlight=False)
     console.print(f"drill {report.outcome} in {report.wall_seconds:.1f} s, the run {report.run_seconds:.1f} s "
                   f"(configured waits {report.configured_wait_seconds:.1f} s); "
                   f"timeline {report.report_path}" + (f"; ramp plot {report.plot_path}" if report.plot_path else ""),
