@@ -16,7 +16,7 @@ from activities.errors import LocatedErrors
 from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.policy import TargetPolicy
-from activities.retry import parse_duration
+from activities.retry import format_duration, parse_duration
 from activities.telemetry import READ_ACTIONS, WAITED_IN_READING
 from workflows.contract import RunInput, RunRequest
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
@@ -593,11 +593,11 @@ def _check_deadline_ahead(runbook: Runbook, source: LocatedSource) -> None:
         return
     ahead = spec.at - datetime.now(UTC)
     if ahead <= timedelta(0):
-        source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is already {-ahead.total_seconds():.0f} s "
-                                         "past: nothing is started")
+        source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is already "
+                                         f"{format_duration(round(-ahead.total_seconds()))} past: nothing is started")
     elif ahead > spec.max_ahead:
-        source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is {ahead.total_seconds():.0f} s ahead, "
-                                         f"more than max_ahead ({spec.max_ahead.total_seconds():.0f} s): nothing is started")
+        source.error(("deadline", "at"), f"the deadline {spec.at.isoformat()} is {format_duration(round(ahead.total_seconds()))} "
+                                         f"ahead, more than max_ahead ({format_duration(spec.max_ahead)}): nothing is started")
 
 
 def _check_objectives(runbook: Runbook, source: LocatedSource) -> None:
@@ -628,7 +628,8 @@ def _check_deadlines(runbook: Runbook, source: LocatedSource) -> None:
                 source.error(path + ("needs",), f"step {step.id}: `needs` without a deadline (set the step's "
                                                 "`deadline` or the runbook's)")
             if step.needs is not None and step.deadline is not None and step.needs >= step.deadline:
-                source.error(path + ("needs",), f"step {step.id}: needs {step.needs} but its deadline is {step.deadline}")
+                source.error(path + ("needs",), f"step {step.id}: needs {format_duration(step.needs)} but its deadline "
+                                                f"is {format_duration(step.deadline)}")
             if isinstance(step, ParallelStep):
                 walk(step.parallel, path + ("parallel",), bound or step.deadline is not None)
 
@@ -666,7 +667,7 @@ def _note_fast_gates(runbook: Runbook, source: LocatedSource) -> None:
         for _, step, gates in _gates(steps, base):
             for path, gate in gates:
                 if gate.interval < WAITED_IN_READING:
-                    source.note(path + ("interval",), f"step {step.id}: gate interval {gate.interval.total_seconds():g}s "
+                    source.note(path + ("interval",), f"step {step.id}: gate interval {format_duration(gate.interval)} "
                                                       "is under a second; the worker waits it, and reads no faster than "
                                                       "its pace ($COLDSTART_READINGS_PER_SECOND, shared by every gate)")
 
