@@ -182,8 +182,9 @@ def _ref(current: RunStatus) -> str:
 
 
 def _command(current: RunStatus, verb: str, step: str) -> str:
+    """Pasted as it is, it acts as whoever runs it ($COLDSTART_USER or their login; --as names someone else)."""
     verified = " --vault-login" if verb in current.identity_required else ""
-    return f"coldstart {verb} {_ref(current)} {step} --as YOU{verified}"
+    return f"coldstart {verb} {_ref(current)} {step}{verified}"
 
 
 def decisions(current: RunStatus) -> list[str]:

@@ -178,23 +178,23 @@ async def test_a_held_gate_says_why_and_what_to_do_next(env, task_queue, tmp_pat
             assert "holds: prometheus-up=none (prometheus at http://127.0.0.1:9 unreachable" in text, text
             assert "ready is held: prometheus-up=none (prometheus at http://127.0.0.1:9 unreachable" in text, text
             assert "  may retry or abort: alice, bob, carol; may skip: alice, bob\n" in text, text
-            assert f"  retry: coldstart retry {target} ready --as YOU\n" in text, text
-            assert f"  skip:  coldstart skip {target} ready --as YOU\n" in text, text
-            assert f"  abort: coldstart abort {target} ready --as YOU\n" in text, text
+            assert f"  retry: coldstart retry {target} ready\n" in text, text
+            assert f"  skip:  coldstart skip {target} ready\n" in text, text
+            assert f"  abort: coldstart abort {target} ready\n" in text, text
             assert "waiting: operator" not in text  # the reason, not the bare wait
             assert f"Web UI: {web_ui}" in text
             assert httpx.get(web_ui, timeout=30).status_code == 200  # the dev server's Web UI serves the run's page
             await log.wait_for("ready is held: prometheus-up=none (prometheus at http://127.0.0.1:9 unreachable",
-                               f"  retry: coldstart retry {target} ready --as YOU",
-                               f"  skip:  coldstart skip {target} ready --as YOU",
-                               f"  abort: coldstart abort {target} ready --as YOU")
+                               f"  retry: coldstart retry {target} ready",
+                               f"  skip:  coldstart skip {target} ready",
+                               f"  abort: coldstart abort {target} ready")
 
             # The live view on a terminal, re-attached with `status --follow`: the same reason and commands; Ctrl-C
             # leaves the view, says the run goes on and how to come back.
             live, screen, _ = _spawn(env_vars, "status", target, "--follow", terminal=True)
             try:
                 await screen.wait_for(f"Web UI: {web_ui}", "ready is held: prometheus-up=none (prometheus at ",
-                                      f"  retry: coldstart retry {target} ready --as YOU")
+                                      f"  retry: coldstart retry {target} ready")
                 live.send_signal(signal.SIGINT)
                 assert await _exit(live) == 130
                 told = await screen.wait_for("stopped following")
@@ -213,7 +213,7 @@ async def test_a_held_gate_says_why_and_what_to_do_next(env, task_queue, tmp_pat
             text = (await acli(env_vars, "status", target)).stdout
             assert "cache is held: cache_hit_ratio=0.62 < 0.9" in text, text
             await log.wait_for("cache is held: cache_hit_ratio=0.62 < 0.9",
-                               f"  retry: coldstart retry {target} cache --as YOU")
+                               f"  retry: coldstart retry {target} cache")
 
             aborted = await acli(env_vars, "abort", target, "--as", "carol", "-m", "cache cannot warm tonight")
             assert aborted.returncode == 0, aborted.stderr
@@ -276,12 +276,12 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         # Who may approve: alice started the run, and four eyes leaves her out.
         shown = (await acli(env_vars, "status", target)).stdout
         assert "go awaits approval: go on?" in shown, shown
-        assert f"  may approve: bob, carol\n  approve with: coldstart approve {target} go --as YOU\n" in shown, shown
+        assert f"  may approve: bob, carol\n  approve with: coldstart approve {target} go\n" in shown, shown
 
         # `status --follow` (a pipe) says the same, and leaves on Ctrl-C with the way back.
         follower, log, _ = _spawn(env_vars, "status", target, "--follow")
         try:
-            await log.wait_for("go awaits approval: go on?", f"  approve with: coldstart approve {target} go --as YOU",
+            await log.wait_for("go awaits approval: go on?", f"  approve with: coldstart approve {target} go",
                                f"Web UI: http://127.0.0.1:{ui_port}/namespaces/default/workflows/coldstart-{target}/")
             follower.send_signal(signal.SIGINT)
             assert await _exit(follower) == 130
@@ -309,9 +309,12 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         assert row is not None, listed.stdout
         assert row.split()[0] == f"coldstart-{target}" and row.split()[-3] == "go", listed.stdout
 
-        approved = await acli(env_vars, "approve", target, "go", "--as", "bob", "-m", "looks right")
+        # The approve command as status printed it, pasted by bob: it acts as whoever runs it.
+        command = re.search(r"approve with: (coldstart approve \S+ go)\n", shown)
+        assert command, shown
+        approved = await acli({**env_vars, "COLDSTART_USER": "bob"}, *command.group(1).split()[1:])
         assert approved.returncode == 0, approved.stderr
-        assert approved.stdout.strip() == "approved go by bob: looks right"
+        assert approved.stdout.strip() == "approved go by bob"
         assert not approved.stdout.lstrip().startswith("{")
         await env.client.get_workflow_handle(f"coldstart-{target}").result()
 
