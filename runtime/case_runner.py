@@ -173,8 +173,9 @@ class _Decider:
         self.used: dict[tuple[str, str], int] = {}
         self.answered: set[tuple[Any, ...]] = set()
         self.unanswered: set[tuple[Any, ...]] = set()
+        self.seen: set[tuple[Any, ...]] = set()
         self.asked: list[str] = []
-        self.refused: str | None = None
+        self.wrong: str | None = None
         self.expiring = {step.id for step in _steps(plan.runbook.steps) if (spec := _approval_of(step)) and spec.timeout}
 
     def _next(self, kind: str, step: str) -> Decision | None:
@@ -191,15 +192,18 @@ class _Decider:
         for ask in self._asks(status):
             if ask in self.answered:
                 continue
-            self.answered.add(ask)
             kind, step = ask[0], ask[1]
-            if kind == "approval":
-                self.asked.append(step)
+            if ask not in self.seen:
+                self.seen.add(ask)
+                if kind == "approval":
+                    self.asked.append(step)
             decision = self._next(kind, step)
             if decision is None:
+                self.answered.add(ask)
                 self.unanswered.add(ask)
                 continue
-            await self._send(decision, step)
+            if await self._send(decision, step):
+                self.answered.add(ask)
             return True
         return False
 
@@ -216,7 +220,8 @@ class _Decider:
         asks += [("hold", step, states[step].attempts, states[step].skip_requested_by) for step in status.held]
         return asks
 
-    async def _send(self, decision: Decision, step: str) -> None:
+    async def _send(self, decision: Decision, step: str) -> bool:
+        """Send one decision; whether the run took it (a refusal the case expects is not a difference)."""
         verb = "abort" if decision.verb == "refuse" else decision.verb
         on_step = RUN_LEVEL if verb == "abort" else step
         body: dict[str, Any] = {"step": None if verb == "abort" else step}
@@ -231,10 +236,19 @@ class _Decider:
         else:
             reason = decision.reason or (f"refused approval of {step}" if decision.verb == "refuse" else "")
             body.update(actor=decision.actor, reason=reason, undo=decision.undo)
+        what = f"{decision.verb} of {step} by {decision.actor}"
         try:
             await self.handle.execute_update(verb, body)
         except WorkflowUpdateFailedError as exc:
-            self.refused = f"{decision.verb} of {step} by {decision.actor} refused: {getattr(exc.cause, 'message', exc.cause)}"
+            reason = str(getattr(exc.cause, "message", exc.cause))
+            if decision.refused is None:
+                self.wrong = f"{what} refused: {reason}"
+            elif decision.refused not in reason:
+                self.wrong = f"{what} refused ({reason}), expected a refusal saying {decision.refused!r}"
+            return False
+        if decision.refused is not None:
+            self.wrong = f"{what} accepted, expected it refused ({decision.refused!r})"
+        return True
 
 
 async def _observe(handle: WorkflowHandle, observed: Observed, status: RunStatus, now: datetime) -> None:
@@ -279,8 +293,8 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
             if status.over:
                 break
             if await decider.step(status):
-                if decider.refused:
-                    differences.append(decider.refused)
+                if decider.wrong:
+                    differences.append(decider.wrong)
                     break
                 continue
             if decider.stuck(status) and not _moving(status):

@@ -73,7 +73,8 @@ class GateScript(StrictModel):
 
 class Decision(StrictModel):
     """An operator's answer to an approval (approve or refuse) or to a held step (retry, skip or abort).
-    Refusing an approval aborts the run; with `undo`, its steps' undo actions run first."""
+    Refusing an approval aborts the run; with `undo`, its steps' undo actions run first. With `refused`,
+    the run must turn the decision down (someone who may not decide it)."""
 
     approve: Name | None = None
     refuse: Name | None = None
@@ -82,6 +83,8 @@ class Decision(StrictModel):
     abort: Name | None = None
     reason: str = ""
     undo: bool = False
+    refused: str | None = Field(default=None, description="the run must refuse this decision, its reason saying this; "
+                                                           "the next decision then answers the same question")
 
     @model_validator(mode="after")
     def _one(self) -> Decision:
