@@ -910,6 +910,34 @@ def server(
     os.execv(argv[0], argv)
 
 
+@app.command("test")
+def test_command(
+    runbook: Path = typer.Argument(..., metavar="RUNBOOK", help="the runbook file"),
+    cases: Path | None = typer.Argument(None, metavar="[CASES]",
+                                        help="its cases file (default: cases/NAME.yaml beside the runbook)"),
+    case: str | None = typer.Option(None, "--case", help="run only the case with this name"),
+) -> None:
+    """Test a runbook against its cases, in seconds and with no system touched.
+
+    Each case runs the runbook on Temporal's time-skipping test server, so its waits, bakes and gate timeouts take no time. Every action answers what the case scripts (outputs or an error, in order), every gate reads the case's readings, and approvals and holds are decided by the people the case names.
+
+    A line per case says PASS, or FAIL and what differed from the path the case expects: how the run ended, which steps succeeded, held, failed, were skipped or undone, where a ramp stepped back, which approvals were asked. Exit 0 when every case passes, 1 when one fails, 2 for a cases file that is not valid (each problem as file:line:col).
+    """
+    from cli.cases import test_runbook
+    from runtime.case_runner import NoTestServer
+
+    try:
+        passed = test_runbook(runbook, cases, only=case, out=out)
+    except LocatedErrors:
+        raise  # every line printed by the command group
+    except NoTestServer as exc:
+        _fail(str(exc), EXIT_FAILED)
+    except ValueError as exc:
+        _fail(str(exc).splitlines()[0], EXIT_INVALID)
+    if not passed:
+        raise typer.Exit(EXIT_FAILED)
+
+
 @app.command()
 def schema(output: Path = typer.Option(Path("runbooks/runbook.schema.json"), "--output", "-o")) -> None:
     """Write the runbook JSON Schema (for editor autocompletion)."""
