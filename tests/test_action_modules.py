@@ -32,6 +32,7 @@ EXPECTED_ACTIONS = [
     "containers.list",
     "consul.agents.streaming",
     "consul.agents.streaming_restore",
+    "consul.agents.streaming_status",
     "consul.health",
     "consul.kv.delete_prefix",
     "consul.kv.restore",

@@ -6,6 +6,7 @@ import asyncio
 import posixpath
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Annotated, Any
 
 import consul
@@ -33,17 +34,21 @@ from activities.consul.agent_hosts import (
 from activities.errors import Unavailable
 from activities.executors import Executor, ExecutorError, executor_for
 from activities.registry import action
-from activities.retry import format_duration
+from activities.retry import Retry, format_duration
 
 __all__ = [
     "AgentChange",
     "AgentRestore",
+    "AgentStatus",
     "AgentsStreamingInput",
     "AgentsStreamingOutput",
     "AgentsStreamingRestoreInput",
     "AgentsStreamingRestoreOutput",
+    "AgentsStreamingStatusInput",
+    "AgentsStreamingStatusOutput",
     "agents_streaming",
     "agents_streaming_restore",
+    "agents_streaming_status",
 ]
 
 class _Waves(BaseModel):
@@ -105,6 +110,29 @@ class AgentsStreamingRestoreOutput(BaseModel):
     changed_agents: list[str]
 
 
+class AgentsStreamingStatusInput(BaseModel):
+    """Read each agent's effective streaming setting from its own API; with `expect`, fail unless all report it."""
+
+    consul: ConsulTarget
+    agents: Annotated[list[ConsulAgentHost], unique_names("agent")] = Field(min_length=1, max_length=10_000)
+    roles: list[Role] = Field(default_factory=lambda: ["client"], min_length=1)
+    expect: bool | None = Field(default=None, description="the setting every selected agent must report")
+    max_parallel: int = Field(default=16, ge=1, le=256)
+
+
+class AgentStatus(BaseModel):
+    agent: str
+    role: Role
+    report: StreamingReport | None = None
+    error: str | None = None
+
+
+class AgentsStreamingStatusOutput(BaseModel):
+    agents: list[AgentStatus]
+    streaming_on: list[str]
+    streaming_off: list[str]
+
+
 class AgentFailure(Unavailable):
     """One agent could not be changed or verified; `retryable` says whether running again could help."""
 
@@ -156,21 +184,7 @@ class _Agent:
         await self._run(["mv", "-f", "--", tmp, self.path], f"renaming {tmp}")
 
     async def report(self) -> StreamingReport:
-        try:
-            self_info = await asyncio.to_thread(consul_get, self.client, "/v1/agent/self")
-        except CLIENT_ERRORS as exc:
-            raise AgentFailure(self.name, f"{self.spec.http}/v1/agent/self: {exc}") from None
-        debug = self_info.get("DebugConfig") or {}
-        if "UseStreamingBackend" not in debug:
-            raise AgentFailure(self.name, "its /v1/agent/self reports no UseStreamingBackend (Consul before 1.10?)",
-                               retryable=False)
-        rpc = debug.get("RPCConfig") or {}
-        server = bool((self_info.get("Config") or {}).get("Server"))
-        if server != (self.spec.role == "server"):
-            raise AgentFailure(self.name, f"the inventory says {self.spec.role} but the agent says "
-                                          f"{'server' if server else 'client'}", retryable=False)
-        return StreamingReport(use_streaming_backend=bool(debug["UseStreamingBackend"]),
-                               enable_streaming=bool(rpc.get("EnableStreaming")) if server else None)
+        return await _report(self.spec, self.client)
 
     async def restart(self, timeout: float) -> None:
         await self._run(self.spec.restart, "restart", timeout=timeout)
@@ -196,6 +210,25 @@ class _Agent:
             await asyncio.sleep(0.5)
         raise AgentFailure(self.name, f"not back with {want.model_dump(exclude_none=True)} after "
                                       f"{format_duration(timeout)} ({last})")
+
+
+async def _report(spec: ConsulAgentHost, client: consul.Consul) -> StreamingReport:
+    """The agent's effective setting from its own /v1/agent/self (DebugConfig), never from a file."""
+    try:
+        self_info = await asyncio.to_thread(consul_get, client, "/v1/agent/self")
+    except CLIENT_ERRORS as exc:
+        raise AgentFailure(spec.name, f"{spec.http}/v1/agent/self: {exc}") from None
+    debug = self_info.get("DebugConfig") or {}
+    if "UseStreamingBackend" not in debug:
+        raise AgentFailure(spec.name, "its /v1/agent/self reports no UseStreamingBackend (Consul before 1.10?)",
+                           retryable=False)
+    rpc = debug.get("RPCConfig") or {}
+    server = bool((self_info.get("Config") or {}).get("Server"))
+    if server != (spec.role == "server"):
+        raise AgentFailure(spec.name, f"the inventory says {spec.role} but the agent says "
+                                      f"{'server' if server else 'client'}", retryable=False)
+    return StreamingReport(use_streaming_backend=bool(debug["UseStreamingBackend"]),
+                           enable_streaming=bool(rpc.get("EnableStreaming")) if server else None)
 
 
 def _beat(*details: Any) -> None:
@@ -370,3 +403,41 @@ async def agents_streaming_restore(inp: AgentsStreamingRestoreInput) -> AgentsSt
                               _waves(inp.agents, lambda r: r.agent.role, inp.wave_size), lambda r: r.agent,
                               lambda r: r.file, restore, dict)
     return AgentsStreamingRestoreOutput(agents=results, changed_agents=[r.agent for r in results if r.changed])
+
+
+@action("consul.agents.streaming_status", timeout=300, retry=Retry(max_attempts=10, initial_interval=timedelta(seconds=2)))
+async def agents_streaming_status(inp: AgentsStreamingStatusInput) -> AgentsStreamingStatusOutput:
+    """Each selected agent's effective streaming setting, as its own /v1/agent/self reports it.
+
+    With `expect`, an agent that reports otherwise or does not answer fails the step (retried a few
+    times, as a restarted agent may still be coming up): a check that the setting holds everywhere.
+    """
+    token = await asyncio.to_thread(secret_of, inp.consul.token)
+    gate = asyncio.Semaphore(inp.max_parallel)
+
+    async def one(spec: ConsulAgentHost) -> AgentStatus:
+        async with gate:
+            client = consul_client(inp.consul, address=spec.http, token=token)
+            try:
+                return AgentStatus(agent=spec.name, role=spec.role, report=await _report(spec, client))
+            except AgentFailure as exc:
+                return AgentStatus(agent=spec.name, role=spec.role, error=str(exc))
+
+    statuses = list(await asyncio.gather(*(one(a) for a in inp.agents if a.role in inp.roles)))
+    on = [s.agent for s in statuses if s.report is not None and _streaming(s.report)]
+    off = [s.agent for s in statuses if s.report is not None and not _streaming(s.report)]
+    if inp.expect is not None:
+        wrong = [s for s in statuses if s.report is None or _streaming(s.report) != inp.expect]
+        if wrong:
+            raise ApplicationError(
+                f"{len(wrong)} of {len(statuses)} agent(s) do not report streaming "
+                f"{'on' if inp.expect else 'off'}: " + "; ".join(
+                    f"{s.agent}: {s.error or s.report}" for s in wrong[:20]),
+                {"streaming_on": on, "streaming_off": off, "errors": {s.agent: s.error for s in statuses if s.error}},
+                type="Mismatch")
+    return AgentsStreamingStatusOutput(agents=statuses, streaming_on=on, streaming_off=off)
+
+
+def _streaming(report: StreamingReport) -> bool:
+    """On if the agent reads through the streaming backend or (a server) serves it."""
+    return report.use_streaming_backend or bool(report.enable_streaming)

@@ -13,8 +13,10 @@ from activities.consul.agent_hosts import ConsulAgentHost
 from activities.consul.agents import (
     AgentsStreamingInput,
     AgentsStreamingRestoreInput,
+    AgentsStreamingStatusInput,
     agents_streaming,
     agents_streaming_restore,
+    agents_streaming_status,
 )
 from activities.executors import executor_for
 from lab.services import Secrets
@@ -60,6 +62,10 @@ def undo(inp: AgentsStreamingRestoreInput):
     return asyncio.run(agents_streaming_restore(inp))
 
 
+def status(target, agents, **kw):
+    return asyncio.run(agents_streaming_status(AgentsStreamingStatusInput(consul=target, agents=agents, **kw)))
+
+
 def test_streaming_off_on_every_client_agent_then_undo(setup):
     cfg, inv, target = setup
     agents = inv.consul_agents
@@ -79,6 +85,13 @@ def test_streaming_off_on_every_client_agent_then_undo(setup):
         assert reported(cfg, a) == {"use_streaming_backend": True, "enable_streaming": True}
         assert drop_in(a) is None
 
+    seen = status(target, agents, expect=False)
+    assert seen.streaming_off == [a.name for a in clients] and seen.streaming_on == []
+    assert status(target, agents, roles=["server"]).streaming_on == [a.name for a in servers]
+    with pytest.raises(ApplicationError) as mismatch:
+        status(target, agents, expect=True)
+    assert mismatch.value.type == "Mismatch" and all(a.name in str(mismatch.value) for a in clients)
+
     again = change(target, agents, enabled=False, wave_size=1)
     assert again.changed_agents == [] and not any(c.restarted or c.file_written for c in again.agents)
     assert again.undo.agents == []
@@ -89,6 +102,7 @@ def test_streaming_off_on_every_client_agent_then_undo(setup):
         assert reported(cfg, a)["use_streaming_backend"] is True, a.name
         assert drop_in(a) is None  # there was no drop-in before
     assert undo(out.undo).changed_agents == []  # the undo, run again, finds nothing to do
+    assert status(target, agents, expect=True).streaming_on == [a.name for a in clients]
 
 
 def test_servers_one_at_a_time_and_back(setup):
