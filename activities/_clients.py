@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import consul
@@ -15,13 +14,13 @@ import consul.std
 import nomad
 import nomad.api.exceptions as nex
 import requests
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities._fields import BaseUrl
-from activities.registry import invalid_argument
-from activities.secrets import VaultSecretRef, forget_cached_secrets, read_kv_secret
+from activities._fields import go_duration_seconds
+from activities.binding import invalid_argument
+from activities.contracts.targets import ConsulTarget, NomadTarget, VaultSecretRef
+from activities.secrets import forget_cached_secrets, read_kv_secret
 
 __all__ = [
     "CLIENT_ERRORS",
@@ -57,7 +56,6 @@ def unavailable(message: str, *, retryable: bool = True, details: Any = None) ->
     return ApplicationError(message, *args, type="Unavailable", non_retryable=not retryable)
 
 
-
 def heartbeat(*details: Any) -> None:
     # Plain calls (tests, scripts) run outside an activity; heartbeating there is a no-op.
     if activity.in_activity():
@@ -72,55 +70,7 @@ def resume_details() -> Any:
     return details[0] if details else None
 
 
-_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def go_duration_seconds(value: Any) -> float:
-    """Go duration text ("1m0s", "250ms") or integer nanoseconds (Go JSON) to seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) / 1e9
-    text = str(value).strip()
-    parts = re.findall(r"([\d.]+)(ns|us|µs|ms|s|m|h)", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a Go duration: {value!r}")
-    return sum(float(n) * _GO_UNITS[u] for n, u in parts)
-
-
 # --------------------------------------------------------------------------- targets
-
-
-def _distinct(values: list[str]) -> list[str]:
-    return list(dict.fromkeys(values))
-
-
-class ConsulTarget(BaseModel):
-    """How to reach a Consul cluster; the ACL token is a Vault reference, read inside the activity."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    address: BaseUrl = Field(description="an agent's HTTP API base URL, e.g. http://10.0.0.5:8500")
-    servers: Annotated[list[BaseUrl], AfterValidator(_distinct)] = Field(
-        default_factory=list,
-        description="every server's HTTP API URL (health/leader actions read metrics from the leader's agent)",
-    )
-    token: VaultSecretRef | None = Field(default=None, description="where the Consul ACL token lives in Vault")
-    datacenter: str | None = None
-    ca_cert: str | None = Field(default=None, description="CA bundle for https; default system trust")
-    timeout_seconds: float = Field(default=15.0, gt=0, le=600)
-
-
-
-class NomadTarget(BaseModel):
-    """How to reach a Nomad cluster; the ACL token is a Vault reference, read inside the activity."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    address: BaseUrl = Field(description="Nomad HTTP API base URL, e.g. http://10.0.0.6:4646")
-    token: VaultSecretRef | None = Field(default=None, description="where the Nomad ACL token lives in Vault")
-    region: str | None = None
-    ca_cert: str | None = None
-    timeout_seconds: float = Field(default=15.0, gt=0, le=600)
-
 
 
 # --------------------------------------------------------------------------- clients

@@ -1,8 +1,9 @@
-"""Field types the actions' input models share: base URLs, absolute DNS names, IPv4 addresses, unique names."""
+"""Field types the actions' input models share: base URLs, absolute DNS names, IPv4 addresses, unique names, KV keys, Go durations."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -13,7 +14,7 @@ from pydantic import AfterValidator, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-__all__ = ["AbsoluteName", "BaseUrl", "IPv4", "unique_names"]
+__all__ = ["AbsoluteName", "BaseUrl", "IPv4", "go_duration_seconds", "kv_key", "unique_names"]
 
 
 def _base_url(value: str) -> str:
@@ -64,3 +65,24 @@ def unique_names(what: str) -> AfterValidator:
         return items
 
     return AfterValidator(check)
+
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration_seconds(value: Any) -> float:
+    """Go duration text ("1m0s", "250ms") or integer nanoseconds (Go JSON) to seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) / 1e9
+    text = str(value).strip()
+    parts = re.findall(r"([\d.]+)(ns|us|µs|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a Go duration: {value!r}")
+    return sum(float(n) * _GO_UNITS[u] for n, u in parts)
+
+
+def kv_key(key: str) -> str:
+    """A Consul KV key as actions accept it: non-empty, relative, one line."""
+    if not key or key.startswith("/") or any(c in key for c in "\n\r\0"):
+        raise ValueError(f"bad KV key {key!r}: non-empty, no leading slash, no control characters")
+    return key

@@ -6,26 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from activities._clients import bad, call
+from activities.contracts.consul_users import CheckPlace
 
-__all__ = ["STRETCHED_FIELDS", "CheckPlace", "check_at", "differing", "find_check", "group_of", "read_job",
-           "worst_status"]
+__all__ = ["STRETCHED_FIELDS", "check_at", "differing", "find_check", "group_of", "read_job", "worst_status"]
 
 # What consul.user.disable changes in a check while a service is disabled; every other field stays as recorded.
 STRETCHED_FIELDS = ("Interval", "InitialStatus", "OnUpdate")
 # Consul's check states from best to worst (https://developer.hashicorp.com/consul/api-docs/health).
 _STATUS_ORDER = ("passing", "warning", "critical")
-
-
-class CheckPlace(BaseModel):
-    """Where a check sits in a job spec."""
-
-    group: str
-    task: str | None = Field(default=None, description="None: a group-level service block")
-    service: str = Field(description="the service block's name (the Consul service name)")
-    check: str = Field(description="the check's name (Nomad names an unnamed check 'service: \"<svc>\" check')")
 
 
 def read_job(api: Any, job: str, namespace: str) -> dict[str, Any]:

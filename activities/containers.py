@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import unavailable
-from activities._fields import unique_names
-from activities.executors import ExecutorError, HostTarget, executor_for
-from activities.registry import action
-from activities.retry import Retry
+from activities.binding import implements
+from activities.contracts.containers import (
+    KILL_INITS,
+    LIST_CONTAINERS,
+    PREEMPTION_NOTICE,
+    ContainerState,
+    HostCgroup,
+    HostContainers,
+    KillInitsInput,
+    KillInitsOutput,
+    ListInput,
+    NoticeInput,
+    NoticeOutput,
+)
+from activities.executors import ExecutorError, executor_for
 
-__all__ = [
-    "ContainerState",
-    "HostContainers",
-    "KillInitsInput",
-    "KillInitsOutput",
-    "ListInput",
-    "NoticeInput",
-    "NoticeOutput",
-    "kill_inits",
-    "list_containers",
-    "live_containers",
-    "preemption_notice",
-]
+__all__ = ["kill_inits", "list_containers", "live_containers", "preemption_notice"]
 
 # Runs on the host with its own python3 (stdin, no file left behind). A container is a child cgroup of
 # the parent group; its init is the process whose last NSpid is 1 (PID 1 of a namespace below the
@@ -94,63 +92,6 @@ print(json.dumps(report))
 """
 
 
-class _Named(BaseModel):
-    """One host of a group (`${{ target.groups.container_hosts }}`) chosen by name."""
-
-    host: str = Field(min_length=1, max_length=64)
-    hosts: Annotated[list[HostTarget], unique_names("host")] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _known_host(self) -> _Named:
-        if self.host not in {h.name for h in self.hosts}:
-            raise ValueError(f"host {self.host!r} is not one of {sorted(h.name for h in self.hosts)}")
-        return self
-
-    def target(self) -> HostTarget:
-        return next(h for h in self.hosts if h.name == self.host)
-
-
-class _OnHost(_Named):
-    """A host and its containers' cgroup."""
-
-    cgroup_parent: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*$", max_length=200,
-                               description="the cgroup holding one child group per container, below the hierarchy root")
-
-
-class ListInput(_OnHost):
-    pass
-
-
-class ContainerState(BaseModel):
-    name: str
-    processes: int
-    inits: list[int] = Field(description="host PIDs of the container's PID-namespace init")
-
-
-class HostContainers(BaseModel):
-    host: str
-    cgroup: str
-    containers: list[ContainerState]
-
-    @property
-    def alive(self) -> list[str]:
-        return [c.name for c in self.containers if c.processes]
-
-
-class KillInitsInput(_OnHost):
-    verify_within_seconds: float = Field(default=5.0, gt=0, le=60,
-                                         description="how long the killed containers may take to be empty")
-
-
-class KillInitsOutput(BaseModel):
-    host: str
-    cgroup: str = Field(description="where the containers were looked for (none there: nothing to kill)")
-    killed: list[str] = Field(description="containers whose init got SIGKILL in this attempt")
-    killed_count: int = 0
-    already_gone: list[str] = Field(description="containers with no process left before this attempt")
-    seconds: float = Field(description="from the first signal until every container was empty")
-
-
 # Asks the provider's metadata service from the host itself (it answers only there): the notice, or none.
 _NOTICE_SCRIPT = r"""
 import json, sys, urllib.error, urllib.request
@@ -160,21 +101,6 @@ try:
 except urllib.error.HTTPError as e:
     print(json.dumps({"status": e.code, "body": ""}))
 """
-
-
-class NoticeInput(_Named):
-    metadata_urls: dict[str, Annotated[str, Field(pattern=r"^https?://[^\s]+$", max_length=300)]] = Field(
-        description="per host, the provider's spot/instance-action metadata URL as the host itself reaches it")
-    deadline: str = Field(max_length=40, description="the deadline the run was started with: unix seconds or RFC 3339")
-    tolerance_seconds: float = Field(default=5.0, ge=0, le=600,
-                                     description="how far the host's own notice may be from that deadline")
-
-
-class NoticeOutput(BaseModel):
-    host: str
-    action: str
-    terminates_at: datetime
-    off_by_seconds: float = Field(description="the host's notice less the deadline the run was given")
 
 
 def _instant(text: str) -> datetime:
@@ -187,11 +113,8 @@ def _instant(text: str) -> datetime:
         return moment
 
 
-@action("containers.preemption_notice", timeout=30,
-        retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.5)))
+@implements(PREEMPTION_NOTICE)
 async def preemption_notice(inp: NoticeInput) -> NoticeOutput:
-    """Confirm from the host itself that the provider will terminate it, at about the deadline the run was
-    given: a run started by an alert drains nothing on the alert's word alone."""
     target = inp.target()
     url = inp.metadata_urls.get(target.name)
     if url is None:
@@ -235,7 +158,7 @@ async def preemption_notice(inp: NoticeInput) -> NoticeOutput:
     return NoticeOutput(host=target.name, action=notice["action"], terminates_at=when, off_by_seconds=round(off, 3))
 
 
-async def _run_script(inp: _OnHost, mode: str, timeout: float) -> dict[str, Any]:
+async def _run_script(inp: HostCgroup, mode: str, timeout: float) -> dict[str, Any]:
     target = inp.target()
     try:
         async with executor_for(target) as ex:
@@ -255,26 +178,19 @@ def _states(report: dict[str, Any]) -> list[ContainerState]:
     return [ContainerState(name=n, processes=c["pids"], inits=c["inits"]) for n, c in report["containers"].items()]
 
 
-async def live_containers(inp: _OnHost) -> HostContainers:
+async def live_containers(inp: HostCgroup) -> HostContainers:
     """The host's containers now (a container with no process left is gone)."""
     report = await _run_script(inp, "list", 1.0)
     return HostContainers(host=inp.host, cgroup=report["cgroup"], containers=_states(report))
 
 
-@action("containers.list", timeout=30, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)))
+@implements(LIST_CONTAINERS)
 async def list_containers(inp: ListInput) -> HostContainers:
-    """Every container on a host (a child cgroup of the parent), its process count and its namespace init."""
     return await live_containers(inp)
 
 
-@action("containers.kill_inits", timeout=30, mutating=True,
-        retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)))
+@implements(KILL_INITS)
 async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
-    """SIGKILL every container's PID-namespace init on a host at once, then verify every container is empty.
-
-    Idempotent: containers already empty are reported as already gone. Fails (retryable) naming
-    the containers that still have processes, after saying which inits it killed.
-    """
     report = await _run_script(inp, "kill", inp.verify_within_seconds)
     states = _states(report)
     killed = sorted(report.get("signalled", {}))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import shlex
 from pathlib import Path
-from typing import Literal, NamedTuple, Protocol, Self, runtime_checkable
+from typing import NamedTuple, Protocol, Self, runtime_checkable
 
 import asyncssh
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from activities.contracts.targets import NETNS_NAME, HostTarget, ShellAccess
 from activities.errors import Unavailable
 
 __all__ = [
@@ -31,9 +30,6 @@ class CommandResult(NamedTuple):
     rc: int
     stdout: str
     stderr: str
-
-
-_NETNS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class ExecutorError(Unavailable, RuntimeError):
@@ -165,7 +161,7 @@ class NetnsExecutor:
     """Runs argv inside a local network namespace (nsenter --net); for the lab's own hosts."""
 
     def __init__(self, netns: str, *, name: str | None = None) -> None:
-        if not _NETNS_NAME.fullmatch(netns):
+        if not NETNS_NAME.fullmatch(netns):
             raise ExecutorError(name or "?", f"network namespace {netns[:80]!r} is not a name under /run/netns",
                                 retryable=False)
         self.netns = netns
@@ -212,46 +208,6 @@ def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
-
-
-class ShellAccess(BaseModel):
-    """How to reach a shell on a host: ssh with its host key pinned, or a network namespace on this machine."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["ssh", "netns"] = "ssh"
-    address: str | None = None
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str = "root"
-    key_path: str | None = None
-    known_hosts: str | None = None
-    host_key: str | None = None
-    # A name under /run/netns, never a path: `ip netns exec` would follow one anywhere.
-    netns: str | None = Field(default=None, max_length=64, pattern=_NETNS_NAME.pattern)
-    sudo: bool = False
-
-    def _who(self) -> str:
-        return "executor"
-
-    @model_validator(mode="after")
-    def _complete(self) -> ShellAccess:
-        if self.kind == "ssh":
-            if not self.address:
-                raise ValueError(f"{self._who()}: ssh target needs an address")
-            if not self.key_path:
-                raise ValueError(f"{self._who()}: ssh target needs key_path")
-        elif not self.netns:
-            raise ValueError(f"{self._who()}: netns target needs netns")
-        return self
-
-
-class HostTarget(ShellAccess):
-    """How an activity reaches one named host; travels in workflow inputs, so plain data only."""
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-    def _who(self) -> str:
-        return f"host {self.name}"
 
 
 def executor_for(target: HostTarget) -> SshExecutor | NetnsExecutor:

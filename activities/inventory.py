@@ -6,13 +6,11 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from activities._clients import ConsulTarget, NomadTarget
 from activities._fields import unique_names
 from activities.consul.agent_hosts import ConsulAgentHost
 from activities.consul.services import UserService
-from activities.executors import HostTarget, ShellAccess
+from activities.contracts.targets import ConsulTarget, HostTarget, NomadTarget, ShellAccess, VaultSecretRef
 from activities.policy import TargetPolicy
-from activities.secrets import VaultSecretRef
 from activities.strict import StrictModel
 
 __all__ = ["DnsSteering", "Endpoints", "Host", "Inventory", "Telemetry", "VaultLogin"]

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Literal
+from typing import Any
 
 import requests
-from pydantic import BaseModel, Field, field_validator
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import (
     CLIENT_ERRORS,
-    NomadTarget,
     bad,
     call,
     describe,
@@ -24,19 +22,26 @@ from activities._clients import (
 )
 from activities._nomad_checks import group_of as _group
 from activities._nomad_checks import read_job as _job
-from activities.registry import action
-from activities.retry import Retry
+from activities.binding import implements
+from activities.contracts.nomad import (
+    JOB_REDEPLOY_FROM_SCRATCH,
+    JOBS_SCALE,
+    NODES_QUARANTINE_UNHEALTHY,
+    NODES_RESTORE_ELIGIBILITY,
+    AllocView,
+    NodeProbe,
+    NodesEligibleInput,
+    NodesEligibleOutput,
+    NodeVerdict,
+    QuarantineInput,
+    QuarantineOutput,
+    RedeployInput,
+    RedeployOutput,
+    ScaleInput,
+    ScaleOutput,
+)
 
 __all__ = [
-    "NodeProbe",
-    "NodesEligibleInput",
-    "NodesEligibleOutput",
-    "QuarantineInput",
-    "QuarantineOutput",
-    "RedeployInput",
-    "RedeployOutput",
-    "ScaleInput",
-    "ScaleOutput",
     "job_redeploy_from_scratch",
     "jobs_scale",
     "nodes_quarantine_unhealthy",
@@ -176,28 +181,8 @@ def scale_group(api: Any, job: str, group: str | None, namespace: str, count: in
                       "new deployments)")
 
 
-class ScaleInput(BaseModel):
-    nomad: NomadTarget
-    job: str = Field(min_length=1)
-    group: str | None = Field(default=None, description="task group; default the job's only group")
-    count: int = Field(ge=0, le=100_000)
-    namespace: str = "default"
-    message: str = "coldstart: scaled by runbook"
-
-
-class ScaleOutput(BaseModel):
-    job: str
-    group: str
-    previous_count: int
-    count: int
-    changed: bool
-    undo: ScaleInput
-
-
-@action("nomad.jobs.scale", timeout=900, heartbeat=60, mutating=True, undo="nomad.jobs.scale",
-        undo_from_output="undo")
+@implements(JOBS_SCALE)
 def jobs_scale(inp: ScaleInput) -> ScaleOutput:
-    """Set a task group's count (modify index enforced, an active deployment waited out); the undo puts it back."""
     api = nomad_client(inp.nomad)
     group, _ = read_group_count(api, inp.job, inp.group, inp.namespace)
     previous, changed = scale_group(api, inp.job, group, inp.namespace, inp.count, inp.message)
@@ -206,48 +191,6 @@ def jobs_scale(inp: ScaleInput) -> ScaleOutput:
 
 
 # --------------------------------------------------------------------------- node quarantine
-
-
-class NodeProbe(BaseModel):
-    """An HTTP probe for one node (by name or ID): anything but an expected status is a failure."""
-
-    node: str
-    url: str = Field(pattern=r"^https?://")
-    expect_status: list[int] = Field(default_factory=lambda: [200])
-    timeout_seconds: float = Field(default=5.0, gt=0, le=60)
-
-
-class QuarantineInput(BaseModel):
-    nomad: NomadTarget
-    probes: list[NodeProbe] = Field(default_factory=list)
-    failed_allocs_within_minutes: float | None = Field(
-        default=None, gt=0, description="also fail a node with allocations failed within this window")
-    min_failed_allocs: int = Field(default=1, ge=1)
-    max_fraction: float = Field(default=0.5, gt=0, le=1, description="refuse (change nothing) when more than this "
-                                "share of eligible ready nodes would be quarantined: a broken probe looks like this")
-
-
-class NodeVerdict(BaseModel):
-    node_id: str
-    name: str
-    reasons: list[str]
-
-
-class NodesEligibleInput(BaseModel):
-    nomad: NomadTarget
-    node_ids: list[str] = Field(default_factory=list)
-
-
-class QuarantineOutput(BaseModel):
-    quarantined: list[NodeVerdict] = Field(description="nodes this call made ineligible")
-    healthy: list[str]
-    skipped: list[str] = Field(description="nodes not ready or already ineligible: not probed")
-    undo: NodesEligibleInput
-
-
-class NodesEligibleOutput(BaseModel):
-    made_eligible: list[str]
-    unchanged: list[str]
 
 
 def _probe(probe: NodeProbe) -> str | None:
@@ -260,10 +203,8 @@ def _probe(probe: NodeProbe) -> str | None:
     return None
 
 
-@action("nomad.nodes.quarantine_unhealthy", timeout=300, mutating=True, undo="nomad.nodes.restore_eligibility",
-        undo_from_output="undo", retry=Retry(max_attempts=3))
+@implements(NODES_QUARANTINE_UNHEALTHY)
 def nodes_quarantine_unhealthy(inp: QuarantineInput) -> QuarantineOutput:
-    """Make ineligible every ready, eligible node that fails its probe (HTTP or recent failed allocations)."""
     if not inp.probes and inp.failed_allocs_within_minutes is None:
         raise bad("give probes and/or failed_allocs_within_minutes: nothing to judge nodes by")
     api = nomad_client(inp.nomad)
@@ -317,9 +258,8 @@ def nodes_quarantine_unhealthy(inp: QuarantineInput) -> QuarantineOutput:
                             undo=NodesEligibleInput(nomad=inp.nomad, node_ids=ids))
 
 
-@action("nomad.nodes.restore_eligibility", timeout=120, mutating=True)
+@implements(NODES_RESTORE_ELIGIBILITY)
 def nodes_restore_eligibility(inp: NodesEligibleInput) -> NodesEligibleOutput:
-    """Mark the given nodes eligible again (the undo of nomad.nodes.quarantine_unhealthy)."""
     api = nomad_client(inp.nomad)
     made, unchanged = [], []
     for node_id in inp.node_ids:
@@ -333,51 +273,6 @@ def nodes_restore_eligibility(inp: NodesEligibleInput) -> NodesEligibleOutput:
 
 
 # --------------------------------------------------------------------------- redeploy from scratch
-
-
-class RedeployInput(BaseModel):
-    nomad: NomadTarget
-    job: str = Field(min_length=1)
-    namespace: str = "default"
-    job_spec: dict[str, Any] | None = Field(
-        default=None, description="the job as JSON (the API's Job object); default: the running job's spec, "
-                                  "read and recorded before the purge")
-    deadline_seconds: float = Field(default=900, gt=0, le=6 * 3600)
-    poll_seconds: float = Field(default=2.0, gt=0, le=60)
-    stop_timeout_seconds: float = Field(default=120, gt=0, le=3600)
-    port_label: str | None = Field(default=None, description="also return each healthy allocation's address for "
-                                                             "this port label as ip:port (output endpoints)")
-
-    @field_validator("job_spec")
-    @classmethod
-    def _spec(cls, spec: dict[str, Any] | None) -> dict[str, Any] | None:
-        if spec is None:
-            return None
-        job: dict[str, Any] = spec.get("Job", spec)
-        if not job.get("TaskGroups"):
-            raise ValueError("job_spec has no TaskGroups")
-        return job
-
-
-class AllocView(BaseModel):
-    id: str
-    node: str
-    group: str
-    status: str
-    ports: dict[str, str] = Field(default_factory=dict, description="port label -> host ip:port")
-
-
-class RedeployOutput(BaseModel):
-    job: str
-    spec_source: Literal["inline", "recorded"]
-    purged: bool
-    job_modify_index: int
-    allocations: list[AllocView]
-    expected: int
-    stop_seconds: float
-    deploy_seconds: float
-    failed_allocations: list[AllocView] = Field(default_factory=list)
-    endpoints: list[str] = Field(default_factory=list, description="ip:port of port_label on each healthy allocation")
 
 
 def _clean(spec: dict[str, Any]) -> dict[str, Any]:
@@ -487,18 +382,8 @@ def _deployment_of(api: Any, job: dict[str, Any], namespace: str) -> dict[str, A
     return None
 
 
-@action("nomad.job.redeploy_from_scratch", timeout=6 * 3600, heartbeat=60, mutating=True,
-        retry=Retry(max_attempts=3))
+@implements(JOB_REDEPLOY_FROM_SCRATCH)
 def job_redeploy_from_scratch(inp: RedeployInput) -> RedeployOutput:
-    """Stop a job, wait for its tasks to end, purge it, register it again and wait until its deployment is healthy.
-
-    For caches that must come up from a standing start: the old allocations, reschedule trackers and
-    deployments go with the purge, and no old task (one ignoring its kill signal runs until its
-    kill_timeout) is left beside a new one. Progress is heartbeated (phase, recorded spec, register
-    index) and a retried attempt resumes there, so a crash after the purge still registers the
-    recorded spec. A fresh registration places every allocation directly: Nomad only uses canaries
-    when updating an existing job, so there are none to promote here.
-    """
     api = nomad_client(inp.nomad)
     state = resume_details() or {}
     if state.get("job") != inp.job:

@@ -1,4 +1,4 @@
-"""The one retry shape: what an action declares, what a runbook step overrides, what Temporal is given."""
+"""The one retry shape: what an action declares and a runbook step overrides (workflows.calls hands it to Temporal)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
-from temporalio.common import RetryPolicy
 
 __all__ = ["Duration", "Retry", "format_duration", "parse_duration"]
 
@@ -78,11 +77,3 @@ class Retry(BaseModel):
     def delay(self, attempt: int) -> timedelta:
         """How long to wait before rerunning after `attempt` failed attempts (1-based)."""
         return min(self.initial_interval * (self.backoff ** (attempt - 1)), self.max_interval)
-
-    def policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            initial_interval=self.initial_interval,
-            backoff_coefficient=self.backoff,
-            maximum_interval=self.max_interval,
-            maximum_attempts=self.max_attempts,
-        )

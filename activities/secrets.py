@@ -12,39 +12,14 @@ from typing import Any
 
 import hvac
 import hvac.exceptions
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio.exceptions import ApplicationError
+
+from activities.contracts.targets import VaultSecretRef
 
 __all__ = ["ClientFactory", "VaultSecretRef", "forget_cached_secrets", "read_kv_secret", "use_client_factory"]
 
 # (url, token, verify) -> an hvac.Client or anything with the same `secrets.kv.v2` surface.
 ClientFactory = Callable[[str, str, "bool | str"], Any]
-
-
-class VaultSecretRef(BaseModel):
-    """Where a secret lives and how to log in; holds no secret itself, so it may sit in an input."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    address: str = Field(description="Vault URL, e.g. http://10.0.0.5:8200")
-    mount: str = Field(default="secret", description="KV v2 mount point")
-    path: str = Field(description="secret path under the mount, e.g. coldstart/dns-tsig")
-    field: str = Field(description="key inside the secret's data")
-    token_env: str = Field(default="VAULT_TOKEN", description="env var holding the token")
-    token_file: str | None = Field(default=None, description="file holding the token; wins over token_env")
-    ca_cert: str | None = Field(default=None, description="CA bundle for https; default system trust")
-    cache_seconds: float = Field(
-        default=0, ge=0, le=300,
-        description="how long one worker may reuse the value it read (0: read Vault on every use). For ACL tokens "
-                    "a fan-out uses thousands of times; a secret whose absence must fail a step at once keeps 0")
-
-    @model_validator(mode="after")
-    def _shape(self) -> VaultSecretRef:
-        if not self.address.startswith(("http://", "https://")):
-            raise ValueError("address must be an http(s) URL")
-        if not self.path.strip("/") or not self.field or not self.mount.strip("/"):
-            raise ValueError("mount, path and field must be non-empty")
-        return self
 
 
 def _hvac_client(url: str, token: str, verify: bool | str) -> Any:

@@ -13,85 +13,40 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Annotated, Any
+from typing import Any
 
 import consul
 import consul.exceptions as cex
 from consul.callback import CB
-from pydantic import BaseModel, Field, field_validator
 from temporalio.exceptions import ApplicationError
 
-from activities._clients import CLIENT_ERRORS, ConsulTarget, consul_client, consul_http, translate, unavailable
-from activities._fields import unique_names
+from activities._clients import CLIENT_ERRORS, consul_client, consul_http, translate, unavailable
+from activities.binding import implements, invalid_argument
 from activities.consul._kv import CAS_ATTEMPTS, _read_prefix, kv_ensure
-from activities.consul.kv import KvSetInput, kv_undo
-from activities.containers import ListInput, live_containers
-from activities.executors import HostTarget
-from activities.registry import action, invalid_argument
-from activities.retry import Retry
+from activities.consul.kv import kv_undo
+from activities.containers import live_containers
+from activities.contracts.containers import ListInput
+from activities.contracts.sessions import (
+    CORDON,
+    RELEASE,
+    CordonInput,
+    CordonOutput,
+    ReleaseInput,
+    ReleaseOutput,
+)
 
-__all__ = ["CordonInput", "CordonOutput", "ReleaseInput", "ReleaseOutput", "cordon", "release"]
+__all__ = ["cordon", "release"]
 
 # Consul refuses a transaction of more than 64 operations.
 _TXN_MAX_OPS = 64
 
 
-def _prefix(value: str) -> str:
-    if not value.endswith("/") or value.startswith("/") or any(c in value for c in "\n\r\0"):
-        raise ValueError(f"store prefix {value!r} must end with '/' and not start with one")
-    return value
-
-
-class _Store(BaseModel):
-    consul: ConsulTarget
-    store_prefix: str = Field(default="sessions/", description="the session store's KV prefix")
-
-    @field_validator("store_prefix")
-    @classmethod
-    def _check_prefix(cls, value: str) -> str:
-        return _prefix(value)
-
-
-class CordonInput(_Store):
-    host: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    reason: str = Field(default="", max_length=200)
-
-
-class CordonOutput(BaseModel):
-    key: str
-    changed: bool
-    undo: KvSetInput
-
-
-@action("sessions.cordon", timeout=30, mutating=True, undo="consul.kv.set", undo_from_output="undo",
-        retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)))
+@implements(CORDON)
 def cordon(inp: CordonInput) -> CordonOutput:
-    """Mark a host unschedulable in the session store, so no new container is placed on it (idempotent)."""
     key = f"{inp.store_prefix}hosts/{inp.host}"
     value = json.dumps({"schedulable": False, "reason": inp.reason}, sort_keys=True).encode()
     previous, changed, index = kv_ensure(consul_client(inp.consul), key, value)
     return CordonOutput(key=key, changed=changed, undo=kv_undo(inp.consul, key, previous, index if changed else None))
-
-
-class ReleaseInput(_Store):
-    host: str = Field(min_length=1, max_length=64)
-    hosts: Annotated[list[HostTarget], unique_names("host")] = Field(
-        default_factory=list, description="the container hosts (to verify which containers are gone)")
-    cgroup_parent: str = Field(default="", max_length=200)
-    assume_host_dead: bool = Field(
-        default=False, description="the host is gone (past its preemption deadline): all its containers are dead")
-    require_all: bool = Field(default=True, description="fail when entries remain for live containers")
-
-
-class ReleaseOutput(BaseModel):
-    host: str
-    released: list[str] = Field(description="repls whose entry pointed at a dead container and was deleted")
-    released_count: int = 0
-    kept_live: list[str] = Field(description="repls whose container on this host still runs")
-    moved: list[str] = Field(description="repls re-pointed elsewhere meanwhile: left alone")
-    seconds: float
-    finished_at: float = Field(description="unix time when the store was left as reported: gates read fresher samples")
 
 
 def _entries(client: consul.Consul, prefix: str, host: str) -> dict[str, tuple[int, dict[str, Any]]]:
@@ -131,14 +86,8 @@ def _delete_cas(client: consul.Consul, batch: list[tuple[str, int]]) -> bool:
     return True
 
 
-@action("sessions.release", timeout=60, mutating=True,
-        retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)))
+@implements(RELEASE)
 async def release(inp: ReleaseInput) -> ReleaseOutput:
-    """Delete, in transactions of delete-cas, every entry of `host` whose container is verified gone.
-
-    Idempotent: a second run finds nothing of the host's left. An entry re-pointed elsewhere in the
-    meantime fails its check-and-set and is left alone (reported as moved).
-    """
     return await _release(inp)
 
 

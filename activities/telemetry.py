@@ -5,56 +5,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-from typing import Literal
+from datetime import UTC, datetime
 
 import httpx
-from pydantic import BaseModel, Field
 from temporalio import activity
 
 from activities._http import reading_client
+from activities.binding import implements
+from activities.contracts.telemetry import (
+    READ,
+    READ_MANY,
+    WAITED_IN_READING,
+    GateRead,
+    Reading,
+    Readings,
+    ReadInput,
+    ReadManyInput,
+)
 from activities.pacing import FairPace
 from activities.prometheus import PrometheusError, instant_query, single_value
-from activities.registry import action
-from activities.retry import Retry
 
-__all__ = [
-    "MAX_READS_PER_BATCH",
-    "READ_ACTION",
-    "READ_ACTIONS",
-    "READ_MANY_ACTION",
-    "READ_MANY_TIMEOUT",
-    "WAITED_IN_READING",
-    "GateRead",
-    "ReadInput",
-    "ReadManyInput",
-    "Reading",
-    "Readings",
-    "pace_readings",
-    "read",
-    "read_many",
-    "wait_before",
-]
+__all__ = ["pace_readings", "read", "read_many", "wait_before"]
 
-# A batch waits for its slots inside its activity: runtime/worker.py keeps no more in flight than the
-# slowest pace reads in half of read_many's timeout (and at least 3).
-MAX_READS_PER_BATCH = 20
-# read_many's start-to-close timeout: three full batches in flight read at a twentieth of 10 a second
-# (while steps run) take 120 s. Its heartbeat, sent while the batch waits, still finds a lost worker
-# in READ_MANY_HEARTBEAT.
-READ_MANY_TIMEOUT = timedelta(seconds=180)
-READ_MANY_HEARTBEAT = timedelta(seconds=30)
-# The actions gates read through: read_many takes the reads a run asked for together (batched
-# readings); read, one a call, is what runs from before batched readings still schedule.
-READ_ACTION = "telemetry.read"
-READ_MANY_ACTION = "telemetry.read_many"
-READ_ACTIONS = (READ_ACTION, READ_MANY_ACTION)
 _DEFAULT_PER_SECOND = 10.0
-# A gate's wait for its next reading shorter than this is waited here, in the reading, not on a server
-# timer: Temporal fires a sub-second timer about a second late, and a timer costs the
-# server two workflow tasks a reading that the worker's pace does not govern, so after a burst of
-# readings the server still works through their timers while the worker's steps run (bench/shedding.py).
-WAITED_IN_READING = timedelta(seconds=1)
 # One pace per worker, found by the task queue a reading came from: two workers in one process keep
 # their own rates.
 _PACES: dict[str, FairPace] = {}
@@ -75,52 +48,14 @@ def _pace() -> FairPace:
     return _PACES.get(queue) or _PACES.setdefault("", FairPace(_DEFAULT_PER_SECOND))
 
 
-class ReadInput(BaseModel):
-    """Where one gate sample comes from: a PromQL query, or an HTTP endpoint whose status code is the value."""
-
-    source: Literal["prometheus", "http"]
-    endpoint: str
-    query: str = ""
-    timeout_seconds: float = 10.0
-
-
-class Reading(BaseModel):
-    value: float | None = None
-    error: str | None = None
-    latency_ms: float = 0.0
-
-
-class GateRead(ReadInput):
-    """One sample of a batch, named for the step and gate it is for, so the history says whose it is."""
-
-    step: str
-    gate: str
-    percent: int | None = None
-    # Read no earlier than this (the gate's previous reading plus its interval, under WAITED_IN_READING).
-    not_before: datetime | None = None
-
-
-class ReadManyInput(BaseModel):
-    """The samples a run's gates asked for at one moment (workflows/readings.py gathers them)."""
-
-    reads: list[GateRead] = Field(min_length=1, max_length=MAX_READS_PER_BATCH)
-
-
-class Readings(BaseModel):
-    readings: list[Reading]
-
-
-@action(READ_ACTION, timeout=30, retry=Retry(max_attempts=1))
+@implements(READ)
 async def read(inp: ReadInput) -> Reading:
-    """Read one gate sample; an unreachable source or an empty result is an error, so the gate fails closed."""
     await _pace().slot(_run_key())
     return await _sample(inp)
 
 
-@action(READ_MANY_ACTION, timeout=READ_MANY_TIMEOUT, heartbeat=READ_MANY_HEARTBEAT, retry=Retry(max_attempts=1))
+@implements(READ_MANY)
 async def read_many(inp: ReadManyInput) -> Readings:
-    """Read several gates' samples, in the order given, each as telemetry.read would, at the worker's pace
-    and none before its `not_before`."""
     key, pace = _run_key(), _pace()
 
     async def paced(one: GateRead) -> Reading:

@@ -8,38 +8,29 @@ from typing import Any
 import hvac
 import hvac.exceptions
 import requests
-from pydantic import BaseModel, Field, field_validator
 from temporalio.exceptions import ApplicationError
 
 from activities import secrets as vault_secrets
 from activities._clients import bad, unavailable
-from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
-from activities.registry import action
-from activities.retry import Retry
+from activities.binding import implements
+from activities.contracts.vault import (
+    HEALTH,
+    IDENTITY_KEYS,
+    READ,
+    HealthInput,
+    HealthOutput,
+    IdentityKeysInput,
+    ReadInput,
+    ReadOutput,
+)
+from activities.oidc import IdentityKeys
 from activities.secrets import VaultSecretRef
 
-__all__ = ["HealthInput", "HealthOutput", "IdentityKeysInput", "ReadInput", "ReadOutput", "fetch_identity_keys",
-           "health", "identity_keys", "read"]
+__all__ = ["fetch_identity_keys", "health", "identity_keys", "read"]
 
 
-class HealthInput(BaseModel):
-    address: str = Field(pattern=r"^https?://", description="Vault URL, e.g. http://10.0.0.5:8200")
-    ca_cert: str | None = None
-    standby_ok: bool = Field(default=True, description="a standby (not the active node) still counts as healthy")
-    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
-
-
-class HealthOutput(BaseModel):
-    initialized: bool
-    sealed: bool
-    standby: bool
-    version: str | None
-    cluster_name: str | None
-
-
-@action("vault.health", timeout=60, retry=Retry(max_attempts=3))
+@implements(HEALTH)
 def health(inp: HealthInput) -> HealthOutput:
-    """Read sys/health; sealed or uninitialized (or standby when standby_ok is false) is an error."""
     # hvac hands timeout to requests, which takes seconds as a float; its hint says int.
     client = hvac.Client(url=inp.address, verify=inp.ca_cert or True,
                          timeout=inp.timeout_seconds)  # pyright: ignore[reportArgumentType]
@@ -64,39 +55,8 @@ def health(inp: HealthInput) -> HealthOutput:
     return out
 
 
-class ReadInput(BaseModel):
-    address: str = Field(pattern=r"^https?://")
-    mount: str = "secret"
-    path: str
-    version: int | None = Field(default=None, ge=1, description="default: the current version")
-    require_keys: list[str] = Field(default_factory=list, description="fail unless the secret has these keys")
-    token_env: str = "VAULT_TOKEN"
-    token_file: str | None = None
-    ca_cert: str | None = None
-
-    @field_validator("path", "mount")
-    @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip("/"):
-            raise ValueError("must be non-empty")
-        return value.strip("/")
-
-
-class ReadOutput(BaseModel):
-    """Where the secret is and what it holds (key names), to hand to other steps as a reference."""
-
-    address: str
-    mount: str
-    path: str
-    version: int
-    keys: list[str]
-    created_time: str | None
-    refs: dict[str, VaultSecretRef] = Field(description="one VaultSecretRef per key, for steps that take one")
-
-
-@action("vault.read", timeout=60, retry=Retry(max_attempts=3))
+@implements(READ)
 def read(inp: ReadInput) -> ReadOutput:
-    """Check a KV v2 secret exists and return a reference to it (mount, path, version, key names), not its value."""
     login = VaultSecretRef(address=inp.address, mount=inp.mount, path=inp.path, field="-",
                            token_env=inp.token_env, token_file=inp.token_file, ca_cert=inp.ca_cert)
     # Same token lookup and client factory as activities.secrets, so tests and workers configure one thing.
@@ -121,15 +81,6 @@ def read(inp: ReadInput) -> ReadOutput:
     refs = {k: login.model_copy(update={"field": k}) for k in keys}
     return ReadOutput(address=inp.address, mount=inp.mount, path=inp.path, version=int(meta.get("version") or 0),
                       keys=keys, created_time=meta.get("created_time"), refs=refs)
-
-
-class IdentityKeysInput(BaseModel):
-    address: str = Field(pattern=r"^https?://", description="Vault URL, e.g. https://10.0.0.5:8200")
-    provider: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9_.-]+$",
-        description="the OIDC provider whose tokens carry a decision's nonce; omitted: identity/oidc's own keys")
-    ca_cert: str | None = None
-    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
 
 
 _HOW_TO_CONFIGURE = (
@@ -166,7 +117,6 @@ def fetch_identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
     return IdentityKeys(issuer=issuer, keys=keys, captured_at=datetime.now(UTC))
 
 
-@action(IDENTITY_KEYS_ACTION, timeout=60, retry=Retry(max_attempts=5))
+@implements(IDENTITY_KEYS)
 def identity_keys(inp: IdentityKeysInput) -> IdentityKeys:
-    """Capture Vault's OIDC issuer and public keys (public endpoints, no token) to verify approvers' identity tokens."""
     return fetch_identity_keys(inp)

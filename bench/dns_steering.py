@@ -17,9 +17,10 @@ import dns.asyncquery
 import dns.rcode
 import dns.tsig
 
-from activities.dns.actions import SteerSetInput, steer_set
-from activities.dns.ecs import ecs_subnets, query_clients
-from activities.dns.steering import parse_server, steering_update
+from activities.contracts.dns import SteerSetInput, ecs_subnets, parse_server
+from activities.dns.actions import steer_set
+from activities.dns.ecs import query_clients
+from activities.dns.steering import steering_update
 from activities.secrets import VaultSecretRef, use_client_factory
 from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop
 

@@ -8,7 +8,6 @@ resolved), so the reference cannot say other than the validator: `coldstart acti
 from __future__ import annotations
 
 import difflib
-import inspect
 import json
 from collections import Counter
 from datetime import timedelta
@@ -96,7 +95,7 @@ def describe(registry: Registry) -> list[ActionDoc]:
 
 
 def describe_action(spec: ActionSpec) -> ActionDoc:
-    doc = _paragraphs(inspect.getdoc(spec.fn) or "") or spec.description
+    doc = _paragraphs(spec.doc) or spec.description
     inputs = _Schema(spec.input_model, "validation")
     # Outputs are read as the step stored them (JSON), so their serialization schema is what refs see.
     outputs = _Schema(spec.output_model, "serialization") if spec.output_model is not None else None

@@ -7,13 +7,13 @@ arguments; nothing was started); 3 the target is busy with another run; 4 Tempor
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["app", "main"]
 
 EXIT_FAILED, EXIT_INVALID, EXIT_BUSY, EXIT_UNREACHABLE, EXIT_REFUSED = 1, 2, 3, 4, 5
+T = TypeVar("T")
 
 class _Commands(TyperGroup):
     """The root command group: a runbook, inventory or triggers file refused anywhere below prints every
@@ -98,15 +99,23 @@ def _inventory(target: str | None) -> dict[str, Any] | None:
     return None
 
 
+
+def _await(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; asyncio is imported here, so commands that await nothing start without it."""
+    import asyncio
+
+    return asyncio.run(coro)
+
+
 def _plan(file: Path, params: list[str], target: str | None, *, drill: bool = False, placeholders: bool = False):
-    from activities.catalog import load_registry
+    from activities.catalog import load_contracts
     from workflows.loader import plan_run
 
     inventory = _inventory(target)
     notes: list[str] = []
     planned = plan_run(
         file,
-        registry=load_registry(),
+        registry=load_contracts(),
         params=_params(params),
         inventory=inventory,
         targets_dir=_targets_dir(),
@@ -173,10 +182,10 @@ def validate(
     json_output: bool = typer.Option(False, "--json", help="machine-readable result"),
 ) -> None:
     """Check runbooks; every problem is reported as file:line:col: message (exit 2 if any)."""
-    from activities.catalog import load_registry
+    from activities.catalog import load_contracts
     from workflows.loader import RunbookInvalid, plan_run
 
-    registry = load_registry()
+    registry = load_contracts()
     results = []
     inventory = _inventory(target)
     for file in files:
@@ -303,7 +312,7 @@ def _following(go: Any) -> int:
     """Run `go` (a command that may follow a run); Ctrl-C while following says the run goes on, and how to
     come back to it, and exits 130."""
     try:
-        return asyncio.run(go())
+        return _await(go())
     except KeyboardInterrupt:
         if not _FOLLOWED:
             raise
@@ -357,7 +366,7 @@ def _run_fleet(file: Path, param: list[str], targets: str, waves: str | None, ma
             err.print(f"Web UI: {web_ui}", highlight=False, soft_wrap=True)
         return 0
 
-    return asyncio.run(go())
+    return _await(go())
 
 
 async def _describe(client: Any, run_ref: str) -> Any:
@@ -531,7 +540,7 @@ def list_runs(
         else:
             render.runs(out, rows, all_runs=all_runs)
 
-    asyncio.run(go())
+    _await(go())
 
 
 def _update(run_ref: str, name: str, body: Any) -> Any:
@@ -550,7 +559,7 @@ def _update(run_ref: str, name: str, body: Any) -> Any:
             await _no_such_run(client, run_ref, exc)
             _fail(f"{name}: {exc.message}", EXIT_FAILED)
 
-    return asyncio.run(go())
+    return _await(go())
 
 
 def _say(result: Any, json_output: bool = False) -> None:
@@ -641,7 +650,7 @@ def _decision(run_ref: str, verb: str, step: str | None, vault_login: bool,
             _fail(f"{verb}: {exc.message}", EXIT_FAILED)
         return None, step  # unreachable: _fail raises
 
-    return asyncio.run(go())
+    return _await(go())
 
 
 def _token_file(name: str) -> str:
@@ -806,7 +815,7 @@ def timeline(
         else:
             sys.stdout.write(render_markdown(result))
 
-    asyncio.run(go())
+    _await(go())
 
 
 @app.command()
@@ -837,7 +846,7 @@ def scorecard(
         else:
             print_scorecard(out, card)
 
-    asyncio.run(go())
+    _await(go())
 
 
 @app.command()
@@ -876,7 +885,7 @@ def report(
             except PlotUnavailable as exc:
                 _fail(str(exc), EXIT_INVALID)
 
-    asyncio.run(go())
+    _await(go())
 
 
 @app.command()
@@ -955,12 +964,12 @@ def actions(
                                                             "docs/actions.md)"),
 ) -> None:
     """What a runbook step may call: each action's inputs (types, defaults, limits), output, undo, timeout, retry."""
-    from activities.catalog import load_registry
+    from activities.catalog import load_contracts
     from cli import actions as reference
 
     if json_output and markdown:
         _fail("--json or --markdown: give one of them", EXIT_INVALID)
-    docs = reference.describe(load_registry())
+    docs = reference.describe(load_contracts())
     chosen = docs
     if name:
         try:
@@ -976,6 +985,46 @@ def actions(
         reference.render_one(out, one)
     else:
         reference.render_table(out, chosen)
+
+
+@app.command()
+def readiness(
+    file: Path = typer.Argument(..., metavar="RUNBOOK", help="the runbook file"),
+    target: str | None = typer.Option(None, help="inventory name (default: the runbook's target)"),
+    param: list[str] = typer.Option([], "--param", "-p", help="NAME=VALUE (JSON values accepted); unset ones stay "
+                                                               "unresolved and what needs them is not checked"),
+    json_output: bool = typer.Option(False, "--json", help="machine-readable result"),
+    metrics_file: Path | None = typer.Option(
+        None, "--metrics-file", help="write coldstart_readiness{runbook,target,check} here (1 ready, 0 not ready, "
+                                     "-1 unknown) for node_exporter's textfile collector"),
+    push: str | None = typer.Option(None, "--push", metavar="URL", help="push the metrics to this Pushgateway"),
+    timeout: float = typer.Option(10.0, min=0.1, help="seconds each check may take before it says unknown "
+                                                      "(reading a snapshot: at least 120)"),
+    temporal_config: Path | None = typer.Option(
+        None, "--temporal-config", help="the Temporal server's config YAML, checked for Consul, Nomad or Vault too"),
+) -> None:
+    """Check, on an ordinary day, the recovery path a runbook will need: ready, not ready or unknown, with evidence.
+
+    The checks come from the planned run: workers polling its queue with this catalog's actions, the Temporal
+    frontend and the gates' telemetry independent of Consul, Nomad and Vault (the live Prometheus config),
+    every endpoint reachable from here, every secret resolving (never printed), the newest Consul snapshot
+    younger than the target's facts.rpo, verified and decoded. Exit 0 all ready, 1 any not ready, 3 any unknown
+    (none not ready), 2 invalid input.
+    """
+    from cli.readiness import readiness_report, render_report, settings_for
+    from runtime.connection import task_queue
+
+    planned = _plan(file, param, target, placeholders=True)
+    try:
+        settings = settings_for(task_queue(), timeout=timeout, temporal_config=temporal_config)
+        report = _await(readiness_report(planned, settings, metrics_file=metrics_file, push=push))
+    except (OSError, ValueError) as exc:  # an unreadable config, a bad facts.rpo, an unwritable metrics file
+        _fail(str(exc).splitlines()[0], EXIT_INVALID)
+    if json_output:
+        _print_json(report.as_json())
+    else:
+        render_report(out, report)
+    raise typer.Exit(report.exit_code)
 
 
 @app.command()
@@ -1026,7 +1075,7 @@ def _schedule(name: str, cron: str, file: Path | None, target: str | None, pause
         out.print(f"schedule {handle.id}: {run.runbook.metadata.name} on {run.target_name} at '{cron}'"
                   f"{' (paused)' if paused else ''}; see it under Schedules in the Web UI", highlight=False)
 
-    asyncio.run(go())
+    _await(go())
 
 
 def _mount_worker() -> None:

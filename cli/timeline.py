@@ -10,8 +10,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from activities.contracts.telemetry import READ_ACTION, READ_ACTIONS
 from activities.retry import format_duration
-from activities.telemetry import READ_ACTION, READ_ACTIONS
 from workflows.contract import MEMO_RUN, MEMO_STEP, RESOLVE_RUN_ACTIVITY
 from workflows.history_tags import ActivityTag, activity_tag, is_approval_note, timer_step
 

@@ -10,8 +10,9 @@ import time
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from activities.contracts.dns import ecs_subnets
 from activities.dns.axfr import read_state
-from activities.dns.ecs import ecs_subnets, query_clients
+from activities.dns.ecs import query_clients
 from lab.serving import metrics_app, serve_app, stop_on_signals
 
 __all__ = ["PlayerLoad", "main"]

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -23,16 +24,16 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.contracts.telemetry import READ_MANY_ACTION
 from activities.errors import ColdstartError, LocatedErrors
 from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.policy import TargetPolicy
 from activities.registry import Registry
 from activities.retry import format_duration
-from activities.telemetry import READ_MANY_ACTION
 from runtime.casebook import Case, CaseBook, Decision, Failed, GateScript, Reading
 from runtime.connection import DATA_CONVERTER
 from runtime.runs import start_run
@@ -53,6 +54,8 @@ TEST_SERVER = Path(sys.prefix) / "bin" / "temporal-test-server"
 # The run time the server's clock moves between two looks at a case's run: how late, at most, a decision
 # is given. Halved below the shortest approval timeout, so that a decision is never given too late.
 _CHUNK = timedelta(minutes=1)
+_ATTEMPTS = 3
+_T = TypeVar("_T")
 _STEP_STATES = {"succeeded": "succeeded", "failed": "failed", "held": "held", "skipped": "skipped",
                 "undone": "rolled_back", "not_run": "pending"}
 
@@ -289,7 +292,7 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
         chunk = _chunk(plan)
         deadline = started + book.timeout.total_seconds()
         while True:
-            status = await _look(handle)
+            status = await _transient(lambda: _look(handle))
             if status.over:
                 break
             if await decider.step(status):
@@ -304,7 +307,7 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
                                    f"(at {status.current_step or 'no step'})")
                 break
             # The server's clock moves only here, a chunk at a time: it never jumps past a decision due.
-            await env.sleep(chunk)
+            await _transient(lambda: env.sleep(chunk))
         if status.over:
             with contextlib.suppress(WorkflowFailureError):  # a failed, aborted or rolled-back run is a path too
                 await handle.result()
@@ -340,6 +343,19 @@ def _approval_of(step: Any) -> ApprovalSpec | None:
     if isinstance(step, ApprovalStep):
         return step.approval
     return step.ramp.approval if isinstance(step, RampStep) else None
+
+
+async def _transient(call: Callable[[], Awaitable[_T]]) -> _T:
+    """`call()`, tried again when the connection to the local test server broke under it (seen once in
+    a hundred runs on a loaded machine: an HTTP/2 protocol error on a sleep)."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            return await call()
+        except RPCError as exc:
+            if exc.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE) or attempt == _ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 async def _look(handle: WorkflowHandle) -> RunStatus:

@@ -12,10 +12,11 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.contracts.vault import IdentityKeysInput
 from activities.errors import Refused
 from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
-from activities.vault import IdentityKeysInput, fetch_identity_keys
+from activities.vault import fetch_identity_keys
 from workflows.contract import RESOLVE_RUN_ACTIVITY, CatalogRecord, RunInput, RunRequest
 from workflows.identity import IdentityError, effective_identity, start_nonce, verify_identity_token
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest

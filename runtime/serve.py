@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 
@@ -24,7 +23,9 @@ def serve(
     log_level: str = typer.Option("INFO", envvar="COLDSTART_LOG_LEVEL"),
 ) -> None:
     """Run a worker: the runbook workflows and every registered action."""
-    # The worker's imports (Temporal, the actions, logging) stay off the CLI's start-up path.
+    # The worker's imports (asyncio, Temporal, the actions, logging) stay off the CLI's start-up path.
+    import asyncio
+
     from runtime.logs import configure_logging
     from runtime.worker import reading_settings, run_worker
 

@@ -9,7 +9,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from activities.telemetry import READ_ACTIONS
+from activities.contracts.telemetry import READ_ACTIONS
 from runtime.shedding import READINGS_SLOWED
 
 __all__ = ["StepLoad", "StepLoadInterceptor"]

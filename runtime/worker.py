@@ -18,9 +18,10 @@ from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.catalog import load_registry
+from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, READ_MANY_TIMEOUT
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
-from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, READ_MANY_TIMEOUT, pace_readings
+from activities.telemetry import pace_readings
 from runtime.catalog import Catalog, RunResolver
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
@@ -134,7 +135,7 @@ def build_worker(
     # a twentieth of it while the worker runs steps; the activities themselves are also limited to `rate`
     # a second, so single reads wait in the server.
     pace_readings(rate, queue, readings_queue(queue), share=load.share)
-    reading_activities = [registry.specs[name].fn for name in READ_ACTIONS if name in registry.specs]
+    reading_activities = [registry.implementation(name) for name in READ_ACTIONS if name in registry.specs]
     readings = None if not reading_activities else Worker(
         client,
         task_queue=readings_queue(queue),

@@ -20,8 +20,9 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
+from activities.binding import action
 from activities.catalog import load_registry
-from activities.registry import Registry, action
+from activities.registry import Registry
 from activities.retry import Retry
 from cli.identity import DecisionSource, start_source
 from runtime.catalog import Catalog

@@ -15,8 +15,9 @@ from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
 from activities._fields import AbsoluteName, BaseUrl, IPv4
+from activities.binding import action
 from activities.catalog import load_registry
-from activities.registry import Registry, action
+from activities.registry import Registry
 from activities.retry import Duration, Retry, format_duration, parse_duration
 from cli.actions import ActionDoc, FieldDoc, ModelDoc, UnknownAction, describe, lookup, to_markdown
 

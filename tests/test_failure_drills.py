@@ -103,7 +103,8 @@ async def test_history_holds_no_secret_of_a_step_that_reads_one(env, task_queue,
 
 
 async def _percent(pdns_lab):  # noqa: F811
-    from activities.dns.actions import SteerGetInput, steer_get
+    from activities.contracts.dns import SteerGetInput
+    from activities.dns.actions import steer_get
 
     state = await steer_get(SteerGetInput(zone=pdns_lab.settings.zone, name="play",
                                           servers=[f"127.0.0.1:{pdns_lab.settings.port}"]))

@@ -31,8 +31,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from temporalio.exceptions import ApplicationError
 from typer.testing import CliRunner
 
+from activities.contracts.vault import IdentityKeysInput
 from activities.oidc import IdentityKeys
-from activities.vault import IdentityKeysInput, identity_keys
+from activities.vault import identity_keys
 from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token
 from lab.hashistack.binaries import _openbao_wheel
 from lab.hashistack.local import VaultDev

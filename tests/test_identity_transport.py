@@ -12,7 +12,8 @@ import hvac
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.vault import IdentityKeysInput, fetch_identity_keys
+from activities.contracts.vault import IdentityKeysInput
+from activities.vault import fetch_identity_keys
 from lab.hashistack.binaries import backends
 from lab.identity import configure_identity
 from runtime.catalog import Catalog, CatalogRefused

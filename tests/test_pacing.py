@@ -9,17 +9,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.pacing import FairPace
-from activities.telemetry import (
+from activities.contracts.telemetry import (
     MAX_READS_PER_BATCH,
     READ_MANY_TIMEOUT,
     WAITED_IN_READING,
     GateRead,
     ReadManyInput,
-    pace_readings,
-    read_many,
-    wait_before,
 )
+from activities.pacing import FairPace
+from activities.telemetry import pace_readings, read_many, wait_before
 from runtime.shedding import READINGS_SLOWED
 from runtime.step_load import StepLoad
 from runtime.worker import READINGS_PER_SECOND_ENV, READINGS_SHARE_ENV, reading_settings, readings_in_flight

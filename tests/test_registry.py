@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.registry import Registry, action
+from activities.binding import action
+from activities.registry import Registry
 
 
 class Greeting(BaseModel):

@@ -27,7 +27,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.telemetry import READ_ACTIONS, READ_MANY_ACTION, READ_MANY_TIMEOUT
+from activities.contracts.telemetry import READ_ACTIONS, READ_MANY_ACTION, READ_MANY_TIMEOUT
 from cli import render
 from cli.timeline import build_timeline
 from runtime.connection import TASK_QUEUE_ENV, connect

@@ -546,7 +546,9 @@ def test_one_retry_shape_from_runbook_to_temporal() -> None:
     assert step.retry == Retry(max_attempts=2, initial_interval=timedelta(seconds=3))
     # Runbooks written with the old key still load, as the same shape.
     assert ActionStep.model_validate({"id": "s", "action": "x", "retry": {"interval": "3s", "max_attempts": 2}}).retry == step.retry
-    policy = step.retry.policy()
+    from workflows.calls import retry_policy
+
+    policy = retry_policy(step.retry)
     assert (policy.maximum_attempts, policy.initial_interval, policy.backoff_coefficient, policy.maximum_interval) == (
         2, timedelta(seconds=3), 2.0, timedelta(seconds=30))
     assert [Retry(initial_interval=timedelta(seconds=1), max_interval=timedelta(seconds=5)).delay(n).seconds

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from activities.errors import ColdstartError
@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.refs import iter_refs, split_path
     from workflows.spec import ActionDefaults
 
-__all__ = ["READING_PRIORITY", "DeadlineMissed", "RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced"]
+__all__ = ["READING_PRIORITY", "DeadlineMissed", "RunAborted", "StepFailed", "call_action", "compare", "execute_action", "failure_message", "referenced", "retry_policy"]
 
 
 # Task queue priority (1 first, 3 by default): a gate reading is a poll that comes again, so in a
@@ -62,6 +62,16 @@ def failure_message(exc: BaseException) -> str:
     return message
 
 
+def retry_policy(retry: Retry) -> RetryPolicy:
+    """A runbook's retry shape as Temporal's policy (the contract side stays free of the SDK)."""
+    return RetryPolicy(
+        initial_interval=retry.initial_interval,
+        backoff_coefficient=retry.backoff,
+        maximum_interval=retry.max_interval,
+        maximum_attempts=retry.max_attempts,
+    )
+
+
 async def call_action(
     action: ActionDefaults,
     args: dict[str, Any],
@@ -84,7 +94,7 @@ async def call_action(
             activity_id=activity_id,
             start_to_close_timeout=timeout or action.timeout,
             heartbeat_timeout=action.heartbeat,
-            retry_policy=(retry or action.retry).policy(),
+            retry_policy=retry_policy(retry or action.retry),
             summary=summary[:400],
             priority=priority or Priority.default,
             task_queue=task_queue,

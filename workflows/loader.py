@@ -12,12 +12,12 @@ from typing import Annotated, Any, assert_never
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from activities.contracts.telemetry import READ_ACTIONS, WAITED_IN_READING
 from activities.errors import LocatedErrors
 from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.policy import TargetPolicy
 from activities.retry import format_duration, parse_duration
-from activities.telemetry import READ_ACTIONS, WAITED_IN_READING
 from workflows.contract import RunInput, RunRequest
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
 from workflows.spec import (

@@ -14,9 +14,9 @@ from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
     from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
     from activities.retry import Retry, format_duration
-    from activities.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
     from workflows.calls import (
         READING_PRIORITY,
         DeadlineMissed,

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import consul
-from pydantic import BaseModel
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import call, unavailable
 from activities.consul.archive import normalize
+from activities.contracts.consul_kv import ABSENT, Absent, KvEntry
 
-__all__ = ["ABSENT", "CAS_ATTEMPTS", "KvEntry", "kv_ensure"]
+__all__ = ["CAS_ATTEMPTS", "kv_ensure"]
 
 CAS_ATTEMPTS = 8
-
-
-class KvEntry(BaseModel):
-    """One key exactly as stored: value as base64 (None = empty/null) and flags."""
-
-    key: str
-    value_base64: str | None = None
-    flags: int = 0
-
-    def raw(self) -> bytes | None:
-        return base64.b64decode(self.value_base64) if self.value_base64 is not None else None
 
 
 def _entry(raw: dict[str, Any]) -> KvEntry:
@@ -38,20 +26,7 @@ def _text(entry: KvEntry | None) -> str | None:
     return raw.decode("utf-8", errors="replace") if raw is not None else None
 
 
-def _check_key(key: str) -> str:
-    if not key or key.startswith("/") or any(c in key for c in "\n\r\0"):
-        raise ValueError(f"bad KV key {key!r}: non-empty, no leading slash, no control characters")
-    return key
-
-
-class _Absent:
-    """Desired state: the key does not exist."""
-
-
-ABSENT = _Absent()
-
-
-def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, flags: int = 0,
+def kv_ensure(client: consul.Consul, key: str, want: bytes | None | Absent, flags: int = 0,
               expect_index: int | None = None, current: tuple[Any, dict[str, Any] | None] | None = None,
               ) -> tuple[KvEntry | None, bool, int]:
     """Make `key` hold `want` with check-and-set; returns (previous, changed, modify index after).
@@ -67,7 +42,7 @@ def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, fla
         else:
             index, cur = call(f"read KV {key}", lambda: client.kv.get(key))
         previous = _entry(cur) if cur else None
-        if isinstance(want, _Absent):
+        if isinstance(want, Absent):
             if cur is None:
                 return previous, False, int(index or 0)
         elif cur is not None and normalize(cur.get("Value")) == normalize(want) and int(cur.get("Flags") or 0) == flags:
@@ -77,13 +52,13 @@ def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, fla
             raise ApplicationError(
                 f"KV {key} changed since it was recorded (ModifyIndex {current_index}, expected {expect_index}); "
                 "not overwriting it", type="Conflict", non_retryable=True)
-        if isinstance(want, _Absent):
+        if isinstance(want, Absent):
             ok = call(f"delete KV {key}", lambda: client.kv.delete(key, cas=current_index))
         else:
             ok = call(f"write KV {key}", lambda: client.kv.put(key, want or b"", cas=current_index, flags=flags))
         if ok:
             _, after = call(f"read back KV {key}", lambda: client.kv.get(key))
-            if isinstance(want, _Absent):
+            if isinstance(want, Absent):
                 if after is not None:
                     raise unavailable(f"deleted KV {key} but it reads back present")
                 return previous, True, 0
@@ -94,7 +69,7 @@ def kv_ensure(client: consul.Consul, key: str, want: bytes | None | _Absent, fla
     raise unavailable(f"KV {key}: check-and-set kept losing to concurrent writers ({CAS_ATTEMPTS} attempts)")
 
 
-def _want(entry: KvEntry | None) -> bytes | None | _Absent:
+def _want(entry: KvEntry | None) -> bytes | None | Absent:
     return ABSENT if entry is None else (entry.raw() or b"")
 
 

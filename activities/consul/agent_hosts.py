@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from activities._fields import BaseUrl
-from activities.executors import HostTarget
+from activities.contracts.targets import HostTarget
 
 __all__ = ["DROP_IN", "ConsulAgentHost", "Role", "StreamingReport", "drop_in", "wanted"]
 

@@ -6,131 +6,34 @@ import asyncio
 import posixpath
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
-from typing import Annotated, Any
+from typing import Any
 
 import consul
-from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities._clients import (
-    CLIENT_ERRORS,
-    ConsulTarget,
-    consul_client,
-    consul_get,
-    resume_details,
-    secret_of,
-)
-from activities._fields import unique_names
-from activities.consul.agent_hosts import (
-    DROP_IN,
-    ConsulAgentHost,
-    Role,
-    StreamingReport,
-    drop_in,
-    wanted,
+from activities._clients import CLIENT_ERRORS, ConsulTarget, consul_client, consul_get, resume_details, secret_of
+from activities.binding import implements
+from activities.consul.agent_hosts import ConsulAgentHost, Role, StreamingReport, drop_in, wanted
+from activities.contracts.consul_agents import (
+    AGENTS_STREAMING,
+    AGENTS_STREAMING_RESTORE,
+    AGENTS_STREAMING_STATUS,
+    AgentChange,
+    AgentRestore,
+    AgentsStreamingInput,
+    AgentsStreamingOutput,
+    AgentsStreamingRestoreInput,
+    AgentsStreamingRestoreOutput,
+    AgentsStreamingStatusInput,
+    AgentsStreamingStatusOutput,
+    AgentStatus,
 )
 from activities.errors import Unavailable
 from activities.executors import Executor, ExecutorError, executor_for
-from activities.registry import action
-from activities.retry import Retry, format_duration
+from activities.retry import format_duration
 
-__all__ = [
-    "AgentChange",
-    "AgentRestore",
-    "AgentStatus",
-    "AgentsStreamingInput",
-    "AgentsStreamingOutput",
-    "AgentsStreamingRestoreInput",
-    "AgentsStreamingRestoreOutput",
-    "AgentsStreamingStatusInput",
-    "AgentsStreamingStatusOutput",
-    "agents_streaming",
-    "agents_streaming_restore",
-    "agents_streaming_status",
-]
-
-class _Waves(BaseModel):
-    wave_size: int = Field(default=5, ge=1, le=100, description="client agents restarted at once (servers: one)")
-    ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600,
-                                         description="how long a restarted agent has to answer with the setting")
-
-
-class AgentsStreamingInput(_Waves):
-    """Streaming on or off in each agent's own configuration (client agents' use_streaming_backend, servers'
-    rpc.enable_streaming too), applied by restarting the agents in waves and read back from each agent."""
-
-    consul: ConsulTarget = Field(description="the cluster, for its ACL token (agent:read on every agent)")
-    agents: Annotated[list[ConsulAgentHost], unique_names("agent")] = Field(min_length=1, max_length=10_000)
-    enabled: bool
-    roles: list[Role] = Field(default_factory=lambda: ["client"], min_length=1,
-                              description="which agents change: servers are restarted one at a time")
-    file: str = Field(default=DROP_IN, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\.json$",
-                      description="the drop-in's name in each config directory")
-
-
-class AgentChange(BaseModel):
-    agent: str
-    role: Role
-    changed: bool
-    file_written: bool
-    restarted: bool
-    before: StreamingReport
-    after: StreamingReport
-
-
-class AgentRestore(BaseModel):
-    """One agent as the change found it: its drop-in (None: absent) and what it reported."""
-
-    agent: ConsulAgentHost
-    file: str
-    previous: str | None
-    written: str = Field(description="the drop-in the change left; the undo refuses if it is no longer there")
-    report: StreamingReport
-
-
-class AgentsStreamingRestoreInput(_Waves):
-    """Put each agent's drop-in back as it was and restart the agents whose setting differs from before."""
-
-    consul: ConsulTarget
-    agents: list[AgentRestore] = Field(max_length=10_000)
-
-
-class AgentsStreamingOutput(BaseModel):
-    enabled: bool
-    agents: list[AgentChange]
-    changed_agents: list[str]
-    skipped_agents: list[str] = Field(description="agents of a role not selected; left alone")
-    undo: AgentsStreamingRestoreInput
-
-
-class AgentsStreamingRestoreOutput(BaseModel):
-    agents: list[AgentChange]
-    changed_agents: list[str]
-
-
-class AgentsStreamingStatusInput(BaseModel):
-    """Read each agent's effective streaming setting from its own API; with `expect`, fail unless all report it."""
-
-    consul: ConsulTarget
-    agents: Annotated[list[ConsulAgentHost], unique_names("agent")] = Field(min_length=1, max_length=10_000)
-    roles: list[Role] = Field(default_factory=lambda: ["client"], min_length=1)
-    expect: bool | None = Field(default=None, description="the setting every selected agent must report")
-    max_parallel: int = Field(default=16, ge=1, le=256)
-
-
-class AgentStatus(BaseModel):
-    agent: str
-    role: Role
-    report: StreamingReport | None = None
-    error: str | None = None
-
-
-class AgentsStreamingStatusOutput(BaseModel):
-    agents: list[AgentStatus]
-    streaming_on: list[str]
-    streaming_off: list[str]
+__all__ = ["agents_streaming", "agents_streaming_restore", "agents_streaming_status"]
 
 
 class AgentFailure(Unavailable):
@@ -307,17 +210,8 @@ async def _in_waves(name: str, consul_target: ConsulTarget, waves: list[list[Any
 # --------------------------------------------------------------------------- actions
 
 
-@action("consul.agents.streaming", timeout=3600, heartbeat=60, mutating=True,
-        undo="consul.agents.streaming_restore", undo_from_output="undo")
+@implements(AGENTS_STREAMING)
 async def agents_streaming(inp: AgentsStreamingInput) -> AgentsStreamingOutput:
-    """Turn Consul streaming on or off where it lives: each agent's own configuration.
-
-    For each selected agent, through its host's shell: a drop-in in its config directory
-    (`use_streaming_backend`, and on servers `rpc.enable_streaming`), a restart, and a read-back
-    of the agent's effective setting from its own /v1/agent/self. An agent already reporting the
-    setting is left alone. Turning off goes clients first, then servers; turning on the reverse.
-    Clients restart `wave_size` at a time, servers one at a time; a failed wave stops the rest.
-    """
     selected = [a for a in inp.agents if a.role in inp.roles]
     skipped = [a.name for a in inp.agents if a.role not in inp.roles]
     first: Role = "client" if not inp.enabled else "server"
@@ -363,14 +257,8 @@ async def agents_streaming(inp: AgentsStreamingInput) -> AgentsStreamingOutput:
                                          ready_timeout_seconds=inp.ready_timeout_seconds))
 
 
-@action("consul.agents.streaming_restore", timeout=3600, heartbeat=60, mutating=True)
+@implements(AGENTS_STREAMING_RESTORE)
 async def agents_streaming_restore(inp: AgentsStreamingRestoreInput) -> AgentsStreamingRestoreOutput:
-    """The undo of consul.agents.streaming: each agent's drop-in back as it was (or gone), restarted where its
-    reported setting differs from what it reported before, and read back from the agent.
-
-    Refuses before changing anything when a drop-in is neither what the change wrote nor what was
-    there before (someone changed it since).
-    """
     if not inp.agents:
         return AgentsStreamingRestoreOutput(agents=[], changed_agents=[])
     token = await asyncio.to_thread(secret_of, inp.consul.token)
@@ -405,13 +293,8 @@ async def agents_streaming_restore(inp: AgentsStreamingRestoreInput) -> AgentsSt
     return AgentsStreamingRestoreOutput(agents=results, changed_agents=[r.agent for r in results if r.changed])
 
 
-@action("consul.agents.streaming_status", timeout=300, retry=Retry(max_attempts=10, initial_interval=timedelta(seconds=2)))
+@implements(AGENTS_STREAMING_STATUS)
 async def agents_streaming_status(inp: AgentsStreamingStatusInput) -> AgentsStreamingStatusOutput:
-    """Each selected agent's effective streaming setting, as its own /v1/agent/self reports it.
-
-    With `expect`, an agent that reports otherwise or does not answer fails the step (retried a few
-    times, as a restarted agent may still be coming up): a check that the setting holds everywhere.
-    """
     token = await asyncio.to_thread(secret_of, inp.consul.token)
     gate = asyncio.Semaphore(inp.max_parallel)
 

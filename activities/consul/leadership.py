@@ -5,65 +5,25 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
 import consul
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import ConsulTarget, bad, call, consul_client, consul_get, consul_token, heartbeat, unavailable
-from activities.registry import action
-from activities.retry import Retry
+from activities.binding import implements
+from activities.contracts.consul_leadership import (
+    HEALTH,
+    LEADER_TRANSFER,
+    HealthInput,
+    HealthOutput,
+    LeaderTransferInput,
+    LeaderTransferOutput,
+    ServerReport,
+)
 
-__all__ = [
-    "HealthInput",
-    "HealthOutput",
-    "LeaderTransferInput",
-    "LeaderTransferOutput",
-    "ServerReport",
-    "health",
-    "leader_transfer",
-]
-
-
-class HealthInput(BaseModel):
-    consul: ConsulTarget
-    metrics_format: Literal["prometheus", "json"] = Field(
-        default="prometheus",
-        description="prometheus gives true p50s (needs telemetry.prometheus_retention_time); "
-                    "json reports go-metrics' interval mean instead")
-    max_kv_apply_p50_ms: float = Field(default=300.0, gt=0, description="the postmortem's 'normal' bound")
-    max_leader_contact_ms: float = Field(default=200.0, gt=0, description="autopilot's LastContactThreshold")
-
-
-class ServerReport(BaseModel):
-    """One server asked by consul.health: did it answer, and as whom."""
-
-    url: str
-    reachable: bool
-    node: str | None = Field(default=None, description="its node name, when it answered")
-    leader: bool = Field(default=False, description="it says it is the raft leader")
-    error: str | None = Field(default=None, description="why it did not answer")
-
-
-class HealthOutput(BaseModel):
-    leader: str | None = Field(description="leader node name")
-    leader_address: str | None
-    leader_id: str | None
-    voters: list[str]
-    autopilot_healthy: bool
-    failure_tolerance: int
-    kv_apply_p50_ms: float | None = Field(description="None: no KV applies in the agent's 10 s window")
-    leader_last_contact_ms: float | None
-    metrics_node: str | None = Field(description="node whose /v1/agent/metrics was read")
-    metrics_from_leader: bool
-    metrics_format: str
-    servers: list[ServerReport] = Field(description="every server asked, in the order given, answering or not")
-    unreachable: list[str] = Field(description="URLs of the servers that did not answer")
-    healthy: bool = Field(description="every server answered, leader known, autopilot healthy, p50 and contact "
-                                      "within bounds")
-    problems: list[str]
+__all__ = ["health", "leader_transfer"]
 
 
 def _probe(target: ConsulTarget, url: str, token: str | None) -> tuple[ServerReport, ApplicationError | None]:
@@ -135,13 +95,8 @@ def _metric_p50s(client: consul.Consul, fmt: str) -> dict[str, float | None]:
     return found
 
 
-@action("consul.health", timeout=60, retry=Retry(max_attempts=3))
+@implements(HEALTH)
 def health(inp: HealthInput) -> HealthOutput:
-    """Per server reachable or not; leader, voters, autopilot health, KV apply p50 and leader last contact.
-
-    A server that does not answer is reported (with its error), not raised: during a recovery that is
-    the case that matters. Cluster reads come from the servers that answer; only none answering fails.
-    """
     token = consul_token(inp.consul)
     servers = _probe_servers(inp.consul, token)
     up = [r for r in servers if r.reachable]
@@ -185,28 +140,13 @@ def health(inp: HealthInput) -> HealthOutput:
         healthy=not problems, problems=problems)
 
 
-class LeaderTransferInput(BaseModel):
-    consul: ConsulTarget
-    slow_servers: list[str] = Field(min_length=1, description="node names or raft IDs of servers that must not lead")
-    verify_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
-
-
-class LeaderTransferOutput(BaseModel):
-    changed: bool
-    previous_leader: str
-    leader: str
-    target: str | None
-    reason: str
-
-
 def _raft_servers(client: consul.Consul) -> list[dict[str, Any]]:
     return call("read raft configuration",
                 lambda: consul_get(client, "/v1/operator/raft/configuration")).get("Servers") or []
 
 
-@action("consul.leader.transfer", timeout=120, mutating=True, retry=Retry(max_attempts=4))
+@implements(LEADER_TRANSFER)
 def leader_transfer(inp: LeaderTransferInput) -> LeaderTransferOutput:
-    """Move raft leadership off servers marked slow to a healthy voter; nothing to do if the leader is not slow."""
     client = consul_client(inp.consul)
     servers = _raft_servers(client)
     by_ref = {s["Node"]: s for s in servers} | {s["ID"]: s for s in servers}

@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from activities._clients import go_duration_seconds
-from activities.consul._kv import _check_key
+from activities._fields import go_duration_seconds, kv_key
 
 __all__ = ["UserService"]
 
@@ -51,7 +50,7 @@ class UserService(BaseModel):
     @field_validator("usage_flag_key")
     @classmethod
     def _flag(cls, key: str | None) -> str | None:
-        return None if key is None else _check_key(key)
+        return None if key is None else kv_key(key)
 
     @model_validator(mode="after")
     def _owner(self) -> UserService:

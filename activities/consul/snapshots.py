@@ -13,49 +13,30 @@ from typing import Any
 
 import consul
 from consul.callback import CB
-from pydantic import BaseModel, Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import ConsulTarget, bad, call, consul_client, consul_http, describe, heartbeat, unavailable
 from activities._files import open_private, private_directory
+from activities.binding import implements
 from activities.consul._kv import _read_prefix
 from activities.consul.archive import ArchiveError, append_kv, kv_diff, normalize, read_meta, read_snapshot, taken_at
-from activities.registry import action
-from activities.retry import Retry
+from activities.contracts.consul_snapshots import (
+    SNAPSHOT_PREVIEW,
+    SNAPSHOT_RESTORE,
+    SNAPSHOT_SAVE,
+    SNAPSHOT_SELECT,
+    SnapshotPreview,
+    SnapshotPreviewInput,
+    SnapshotRestoreInput,
+    SnapshotRestoreOutput,
+    SnapshotSaveInput,
+    SnapshotSaveOutput,
+    SnapshotSelectInput,
+    SnapshotSelectOutput,
+)
 
-__all__ = [
-    "RESTORE_JOURNAL",
-    "SnapshotPreview",
-    "SnapshotPreviewInput",
-    "SnapshotRestoreInput",
-    "SnapshotRestoreOutput",
-    "SnapshotSaveInput",
-    "SnapshotSaveOutput",
-    "SnapshotSelectInput",
-    "SnapshotSelectOutput",
-    "snapshot_preview",
-    "snapshot_restore",
-    "snapshot_save",
-    "snapshot_select",
-]
-
-
-class SnapshotSaveInput(BaseModel):
-    consul: ConsulTarget
-    directory: str = Field(description="directory to write the snapshot file into (created if missing)")
-    prefix: str = Field(default="consul", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    stale: bool = Field(default=False, description="let any server answer (use when the leader is unhealthy)")
-
-
-class SnapshotSaveOutput(BaseModel):
-    path: str
-    size: int
-    sha256: str
-    index: int
-    snapshot_id: str
-    taken_at: datetime
-    reused: bool = Field(description="true when a retry of this step found its file already complete")
+__all__ = ["RESTORE_JOURNAL", "snapshot_preview", "snapshot_restore", "snapshot_save", "snapshot_select"]
 
 
 def _sha256(path: Path) -> str:
@@ -74,9 +55,8 @@ def _step_tag() -> str:
     return hashlib.sha256(os.urandom(16)).hexdigest()[:12]
 
 
-@action("consul.snapshot.save", timeout=1800, heartbeat=60, retry=Retry(max_attempts=3))
+@implements(SNAPSHOT_SAVE)
 def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
-    """Save a forensic copy of the cluster state (GET /v1/snapshot), streamed to a file with its sha256."""
     directory = Path(inp.directory)
     try:
         private_directory(directory)  # snapshots hold every ACL token: 0700 directories, 0600 files
@@ -135,38 +115,8 @@ def snapshot_save(inp: SnapshotSaveInput) -> SnapshotSaveOutput:
                               snapshot_id=str(meta.get("ID")), taken_at=when, reused=False)
 
 
-class SnapshotSelectInput(BaseModel):
-    store: str = Field(description="directory holding snapshot archives")
-    before: datetime = Field(description="pick the newest snapshot taken strictly before this (timezone required)")
-    pattern: str = Field(default="*.snap", description="glob for snapshot files in the store")
-    max_age_seconds: float | None = Field(default=None, gt=0, description="refuse a snapshot older than this")
-
-    @field_validator("before")
-    @classmethod
-    def _aware(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            raise ValueError("before needs a timezone (e.g. 2021-10-28T13:37:00Z)")
-        return value
-
-
-class SnapshotSelectOutput(BaseModel):
-    path: str
-    taken_at: datetime
-    age_seconds: float
-    snapshot_id: str
-    index: int
-    considered: int
-    unreadable: list[str]
-
-
-@action("consul.snapshot.select", timeout=300, retry=Retry(max_attempts=2))
+@implements(SNAPSHOT_SELECT)
 def snapshot_select(inp: SnapshotSelectInput) -> SnapshotSelectOutput:
-    """Pick the newest snapshot in a store taken before a time, dated by the archive's own raft metadata.
-
-    The time comes from meta.json's ID ("<term>-<index>-<unix ms>", written by raft when the
-    snapshot was taken), not the file's mtime or name: copies and rsyncs change mtimes, and
-    names are whatever the tool that wrote them chose.
-    """
     store = Path(inp.store)
     if not store.is_dir():
         raise bad(f"snapshot store {store} is not a directory")
@@ -197,31 +147,6 @@ def snapshot_select(inp: SnapshotSelectInput) -> SnapshotSelectOutput:
     return SnapshotSelectOutput(path=str(path), taken_at=when, age_seconds=round(age, 3),
                                 snapshot_id=str(meta.get("ID")), index=int(meta.get("Index", 0)),
                                 considered=considered, unreadable=unreadable)
-
-
-class SnapshotPreviewInput(BaseModel):
-    consul: ConsulTarget
-    path: str = Field(description="snapshot archive to restore")
-    max_keys: int = Field(default=50, ge=0, le=5000, description="cap on each listed key set")
-
-
-class SnapshotPreview(BaseModel):
-    """What a restore would do, for an approval prompt."""
-
-    path: str
-    snapshot_id: str
-    taken_at: datetime
-    age_seconds: float
-    index: int
-    sha256: str
-    in_sync: bool = Field(description="the cluster's KV already equals the snapshot's")
-    added: list[str] = Field(default_factory=list, description="keys the restore brings back")
-    removed: list[str] = Field(default_factory=list, description="keys the restore deletes")
-    changed: list[str] = Field(default_factory=list, description="keys whose value or flags the restore changes")
-    added_count: int = 0
-    removed_count: int = 0
-    changed_count: int = 0
-    truncated: bool = False
 
 
 # Restores write one entry here, inside the restored archive itself (see snapshot_restore). The
@@ -264,33 +189,9 @@ def _preview(client: consul.Consul, path: Path,
     return preview, target, index
 
 
-@action("consul.snapshot.preview", timeout=300, retry=Retry(max_attempts=3))
+@implements(SNAPSHOT_PREVIEW)
 def snapshot_preview(inp: SnapshotPreviewInput) -> SnapshotPreview:
-    """Show what restoring a snapshot would change (age; KV keys added, removed, changed) without restoring."""
     return _preview(consul_client(inp.consul), Path(inp.path), inp.max_keys)[0]
-
-
-class SnapshotRestoreInput(BaseModel):
-    consul: ConsulTarget
-    path: str
-    expect_sha256: str | None = Field(default=None, description="refuse unless the file still has this digest "
-                                      "(pin the file the approval step previewed)")
-    max_keys: int = Field(default=50, ge=0, le=5000)
-    force: bool = Field(default=False, description="restore even when the KV already matches the snapshot")
-
-
-class SnapshotRestoreOutput(BaseModel):
-    restored: bool = Field(description="this step's restore is applied (by this attempt or an earlier one)")
-    resumed: bool = Field(default=False, description="an earlier attempt of this step had already restored: "
-                          "nothing was sent again")
-    preview: SnapshotPreview = Field(description="the cluster against the snapshot when this attempt started")
-    verified: bool = Field(description="the KV read back as the snapshot's, apart from keys written since the restore")
-    written_since: list[str] = Field(default_factory=list,
-                                     description="keys that differ from the snapshot because they were written "
-                                                 "after the restore")
-    journal_key: str | None = Field(default=None, description="KV entry recording this step's restore")
-    seconds: float
-    notes: list[str] = Field(default_factory=list)
 
 
 def _journal(client: consul.Consul, key: str) -> dict[str, Any] | None:
@@ -346,15 +247,8 @@ def _check_restored(client: consul.Consul, target: dict[str, tuple[str | None, i
     return present, later, unexplained
 
 
-@action("consul.snapshot.restore", timeout=1800, heartbeat=120, mutating=True,
-        retry=Retry(max_attempts=3))
+@implements(SNAPSHOT_RESTORE)
 def snapshot_restore(inp: SnapshotRestoreInput) -> SnapshotRestoreOutput:
-    """Reset the cluster to a snapshot (PUT /v1/snapshot); skipped when the KV already equals the snapshot's.
-
-    The archive goes out with one extra KV entry, RESTORE_JOURNAL + this step's tag, so the restore and
-    its record land together: a retry of the step that finds the entry does not PUT again (that would
-    roll back whatever was written since) and verifies instead. No undo: take consul.snapshot.save first.
-    """
     client = consul_client(inp.consul)
     path = Path(inp.path)
     preview, target, index_before = _preview(client, path, inp.max_keys)

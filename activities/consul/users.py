@@ -6,16 +6,13 @@ import copy
 import json
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import consul
 from consul.callback import CB
-from pydantic import BaseModel, Field, field_validator
 from temporalio.exceptions import ApplicationError
 
 from activities._clients import (
-    ConsulTarget,
-    NomadTarget,
     bad,
     call,
     consul_client,
@@ -28,124 +25,33 @@ from activities._clients import (
     secret_of,
     unavailable,
 )
-from activities._fields import unique_names
-from activities._nomad_checks import CheckPlace, check_at, differing, find_check, group_of, read_job, worst_status
-from activities.consul._kv import ABSENT, CAS_ATTEMPTS, KvEntry, _entry, _want, kv_ensure
+from activities._nomad_checks import check_at, differing, find_check, group_of, read_job, worst_status
+from activities.binding import implements
+from activities.consul._kv import CAS_ATTEMPTS, _entry, _want, kv_ensure
 from activities.consul.services import UserService, _ci
-from activities.registry import action
+from activities.contracts.consul_kv import ABSENT
+from activities.contracts.consul_users import (
+    USER_DISABLE,
+    USER_ENABLE,
+    USERS_DISABLE,
+    USERS_ENABLE,
+    AgentCheckRecord,
+    FlagRecord,
+    NomadCheckRecord,
+    ScaleRecord,
+    ServiceRecord,
+    ServicesTarget,
+    UserDisableInput,
+    UserDisableOutput,
+    UserEnableInput,
+    UserEnableOutput,
+    UsersDisableInput,
+    UsersDisableOutput,
+    UsersEnableInput,
+    UsersEnableOutput,
+)
 
-__all__ = [
-    "JOURNAL_PREFIX",
-    "AgentCheckRecord",
-    "FlagRecord",
-    "NomadCheckRecord",
-    "ScaleRecord",
-    "ServiceRecord",
-    "UserDisableInput",
-    "UserDisableOutput",
-    "UserEnableInput",
-    "UserEnableOutput",
-    "UsersDisableInput",
-    "UsersDisableOutput",
-    "UsersEnableInput",
-    "UsersEnableOutput",
-    "user_disable",
-    "user_enable",
-    "users_disable",
-    "users_enable",
-]
-
-JOURNAL_PREFIX = "coldstart/journal/users/"
-
-
-class FlagRecord(BaseModel):
-    key: str
-    previous: KvEntry | None = Field(description="None: the key did not exist")
-
-
-class NomadCheckRecord(BaseModel):
-    """A check as the Nomad job defined it before it was stretched."""
-
-    owner: Literal["nomad"] = "nomad"
-    job: str
-    namespace: str
-    place: CheckPlace
-    interval: str = Field(description="the original interval, for humans (the definition holds it exactly)")
-    definition: dict[str, Any] = Field(description="the check object exactly as the job spec had it")
-
-
-class AgentCheckRecord(BaseModel):
-    """A check registered on an agent, with the definition it is registered from."""
-
-    owner: Literal["agent"] = "agent"
-    agent: str
-    check_id: str
-    interval: str
-    definition: dict[str, Any] = Field(description="the registration body from the inventory (without ID)")
-
-
-class ScaleRecord(BaseModel):
-    job: str
-    group: str
-    namespace: str
-    count: int
-
-
-class ServiceRecord(BaseModel):
-    """What one service looked like before consul.user.disable touched it."""
-
-    name: str
-    tier: str = ""
-    flag: FlagRecord | None = None
-    check: Annotated[NomadCheckRecord | AgentCheckRecord, Field(discriminator="owner")] | None = None
-    scale: ScaleRecord | None = None
-    notes: list[str] = Field(default_factory=list)
-
-
-class _Shared(BaseModel):
-    consul: ConsulTarget
-    nomad: NomadTarget | None = Field(default=None, description="needed when services name a Nomad job")
-    journal_prefix: str | None = Field(
-        default=JOURNAL_PREFIX,
-        description="KV prefix recording each service's original state before it is changed, so a crash or a "
-                    "second disable never records the disabled state as the original; null = no journal")
-
-
-class _DisableKnobs(BaseModel):
-    disabled_value: str = Field(default="disabled", description="what the usage flag is set to")
-    check_interval: str = Field(default="10m", description="the stretched health-check interval")
-    scale_to: int = Field(default=1, ge=0, description="task group count while disabled (never scales up)")
-
-    @field_validator("check_interval")
-    @classmethod
-    def _interval(cls, value: str) -> str:
-        if go_duration_seconds(value) <= 0:
-            raise ValueError("check_interval must be > 0")
-        return value
-
-
-class UserEnableInput(_Shared):
-    record: ServiceRecord
-    tiers: list[str] | None = Field(default=None, description="only re-enable services of these tiers (the rest "
-                                                             "are left for a later step); default every tier")
-
-
-class UserDisableInput(_Shared, _DisableKnobs):
-    service: UserService
-
-
-class UserDisableOutput(BaseModel):
-    service: str
-    skipped: str | None = Field(default=None, description="why nothing was done (essential service)")
-    changed: list[str] = Field(description="what this call changed: flag, check, scale")
-    record: ServiceRecord | None
-    restore: UserEnableInput = Field(description="the input for consul.user.enable (a no-op for essential services)")
-
-
-class UserEnableOutput(BaseModel):
-    service: str
-    changed: list[str]
-    notes: list[str] = Field(default_factory=list)
+__all__ = ["user_disable", "user_enable", "users_disable", "users_enable"]
 
 
 def _nanoseconds(interval: str) -> int:
@@ -167,7 +73,7 @@ def _seconds(value: Any) -> float:
 # --------------------------------------------------------------------------- checks registered on an agent
 
 
-def _agent_client(inp: _Shared, client: consul.Consul, agent: str) -> consul.Consul:
+def _agent_client(inp: ServicesTarget, client: consul.Consul, agent: str) -> consul.Consul:
     return client if agent == inp.consul.address else consul_client(inp.consul, agent, token=client.token or "")
 
 
@@ -243,7 +149,7 @@ def _observe_agent_check(inp: UserDisableInput, client: consul.Consul) -> AgentC
     return AgentCheckRecord(agent=agent, check_id=check_id, interval=want, definition=definition)
 
 
-def _ensure_agent_check(inp: _Shared, client: consul.Consul, rec: AgentCheckRecord, interval: str,
+def _ensure_agent_check(inp: ServicesTarget, client: consul.Consul, rec: AgentCheckRecord, interval: str,
                         changed: list[str]) -> None:
     """Register the recorded definition with `interval` unless the agent already shows it; read back and compare
     every field the agent reports (see _agent_differences). "check" goes into `changed` as soon as the agent
@@ -506,51 +412,20 @@ def _enable_one(inp: UserEnableInput, client: consul.Consul, nomad_api: Any) -> 
     return UserEnableOutput(service=rec.name, changed=changed, notes=rec.notes)
 
 
-def _clients(shared: _Shared) -> tuple[consul.Consul, Any]:
+def _clients(shared: ServicesTarget) -> tuple[consul.Consul, Any]:
     return consul_client(shared.consul), nomad_client(shared.nomad) if shared.nomad else None
 
 
-@action("consul.user.disable", timeout=900, heartbeat=60, mutating=True, undo="consul.user.enable",
-        undo_from_output="restore")
+@implements(USER_DISABLE)
 def user_disable(inp: UserDisableInput) -> UserDisableOutput:
-    """Cut one non-essential service's Consul usage: flag off, health check every 10 min, job scaled down.
-
-    The check is changed where its owner defines it (the Nomad job's service block, or the agent from
-    the inventory's definition); the check and the count change in one job version. On a failure the
-    error's details hold what changed and `restore`, the consul.user.enable input that undoes it.
-    """
     client, nomad_api = _clients(inp)
     return _disable_one(inp, client, nomad_api)
 
 
-@action("consul.user.enable", timeout=900, heartbeat=60, mutating=True)
+@implements(USER_ENABLE)
 def user_enable(inp: UserEnableInput) -> UserEnableOutput:
-    """Restore one service exactly as consul.user.disable recorded it (flag, every check field, job count)."""
     client, nomad_api = _clients(inp)
     return _enable_one(inp, client, nomad_api)
-
-
-class UsersDisableInput(_Shared, _DisableKnobs):
-    services: Annotated[list[UserService], unique_names("service")] = Field(min_length=1, max_length=20_000)
-    max_parallel: int = Field(default=8, ge=1, le=64)
-
-
-class UsersEnableInput(_Shared):
-    records: list[ServiceRecord] = Field(max_length=20_000)
-    max_parallel: int = Field(default=8, ge=1, le=64)
-
-
-class UsersDisableOutput(BaseModel):
-    disabled: list[str] = Field(description="non-essential services now disabled")
-    changed: dict[str, list[str]] = Field(description="per service, what this call changed (flag, check, scale); "
-                                                      "services it changed nothing on are absent")
-    skipped_essential: list[str]
-    restore: UsersEnableInput
-
-
-class UsersEnableOutput(BaseModel):
-    enabled: list[str]
-    changed: dict[str, list[str]] = Field(description="per service, what this call restored")
 
 
 def _fan_out(name: str, items: list[Any], one: Any, max_parallel: int
@@ -587,15 +462,8 @@ def _changes_text(changed: dict[str, list[str]]) -> str:
     return ", ".join(shown) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
 
 
-@action("consul.users.disable", timeout=3 * 3600, heartbeat=120, mutating=True, undo="consul.users.enable",
-        undo_from_output="restore")
+@implements(USERS_DISABLE)
 def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
-    """Disable every non-essential service's Consul usage; for 1,000s prefer for_each over consul.user.disable.
-
-    Safe to retry: every service's original state is journaled in KV before it is changed. When some
-    services fail, the error says per service what changed, and its details' `restore` brings back
-    every service this call recorded, the failed ones' partial changes included.
-    """
     token = consul_token(inp.consul)
     nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
     knobs = inp.model_dump(include={"disabled_value", "check_interval", "scale_to", "journal_prefix"})
@@ -628,9 +496,8 @@ def users_disable(inp: UsersDisableInput) -> UsersDisableOutput:
                               skipped_essential=[r.service for r in results if r.skipped], restore=restore)
 
 
-@action("consul.users.enable", timeout=3 * 3600, heartbeat=120, mutating=True)
+@implements(USERS_ENABLE)
 def users_enable(inp: UsersEnableInput) -> UsersEnableOutput:
-    """Restore every recorded service exactly as consul.users.disable found it."""
     token = consul_token(inp.consul)
     nomad_token = secret_of(inp.nomad.token) if inp.nomad is not None else None
 

@@ -4,142 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import math
-from datetime import timedelta
 
 import dns.asyncquery
 import dns.exception
 import dns.name
 import dns.rcode
 import dns.tsig
-from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities._fields import AbsoluteName, IPv4
-from activities.dns.axfr import ServerState, read_state
-from activities.dns.ecs import ecs_subnets, query_clients
-from activities.dns.steering import parse_server, steering_update
-from activities.registry import action
-from activities.retry import Retry
-from activities.secrets import VaultSecretRef, read_kv_secret
+from activities.binding import implements
+from activities.contracts.dns import (
+    STEER_GET,
+    STEER_SAMPLE,
+    STEER_SET,
+    ServerState,
+    SteerGetInput,
+    SteerGetOutput,
+    SteerSampleInput,
+    SteerSampleOutput,
+    SteerSetInput,
+    SteerSetOutput,
+    ecs_subnets,
+    parse_server,
+)
+from activities.dns.axfr import read_state
+from activities.dns.ecs import query_clients
+from activities.dns.steering import steering_update
+from activities.secrets import read_kv_secret
 
-__all__ = [
-    "SteerGetInput",
-    "SteerGetOutput",
-    "SteerSampleInput",
-    "SteerSampleOutput",
-    "SteerSetInput",
-    "SteerSetOutput",
-    "steer_get",
-    "steer_sample",
-    "steer_set",
-]
-
-
-class _Target(BaseModel):
-    """Zone, steering name and the authoritative servers that serve it."""
-
-    zone: AbsoluteName = Field(description="zone holding the steering record, e.g. play.coldstart.lab.")
-    name: str = Field(description="steering name, relative to the zone (play) or absolute")
-    servers: list[str] = Field(min_length=1, description="authoritative servers as ip:port; each is verified")
-    timeout_s: float = Field(default=3.0, gt=0, le=30, description="per DNS exchange")
-
-    @field_validator("servers")
-    @classmethod
-    def _servers(cls, v: list[str]) -> list[str]:
-        for s in v:
-            parse_server(s)
-        if len(set(v)) != len(v):
-            raise ValueError("servers listed twice")
-        return v
-
-    @model_validator(mode="after")
-    def _name_in_zone(self) -> _Target:
-        try:
-            fqdn = self.fqdn
-        except dns.exception.DNSException as exc:
-            raise ValueError(f"bad DNS name {self.name!r}: {exc}") from None
-        if not dns.name.from_text(fqdn).is_subdomain(dns.name.from_text(self.zone)):
-            raise ValueError(f"{fqdn} is not in zone {self.zone}")
-        return self
-
-    @property
-    def fqdn(self) -> str:
-        origin = dns.name.from_text(self.zone)
-        return dns.name.from_text(self.name, origin=origin).to_text()
-
-
-class SteerSetInput(_Target):
-    """Set the steering record to `percent` on every server and verify it took."""
-
-    game_ip: IPv4 = Field(description="IPv4 answered to admitted clients")
-    maint_ip: IPv4 = Field(description="IPv4 answered to everyone else")
-    percent: int = Field(ge=0, le=100, description="share of clients admitted to game_ip")
-    ttl: int = Field(default=30, ge=1, le=86400, description="TTL of the answers")
-    tsig_key_name: AbsoluteName = Field(description="TSIG key name (hmac-sha256)")
-    tsig_secret: VaultSecretRef = Field(description="where the TSIG secret lives; read inside the activity")
-
-    @model_validator(mode="after")
-    def _distinct(self) -> SteerSetInput:
-        if self.game_ip == self.maint_ip:
-            raise ValueError("game_ip and maint_ip must differ")
-        return self
-
-
-class SteerSetOutput(BaseModel):
-    previous_percent: float | None = Field(description="first server's percent before; None if absent")
-    percent: int
-    changed: bool
-    verified_servers: list[str]
-    updated_servers: list[str]
-    previous: list[ServerState]
-    undo: SteerSetInput = Field(
-        description="this input at the lowest previous percent (0 if absent): rolling back admits no one new"
-    )
-
-
-class SteerGetInput(_Target):
-    """Read the steering record on every server."""
-
-
-class SteerGetOutput(BaseModel):
-    servers: list[ServerState]
-    # The common percent when every server agrees on the whole record, else None.
-    percent: float | None
-    consistent: bool
-
-
-class SteerSampleInput(BaseModel):
-    """Ask one server as N distinct ECS client subnets and measure the admitted share."""
-
-    server: str
-    name: AbsoluteName = Field(description="absolute steering name, e.g. play.play.coldstart.lab.")
-    game_ip: IPv4
-    clients: int = Field(default=1000, ge=1, le=65536)
-    ecs_base: str = Field(default="10.0.0.0/8", description="IPv4 network the client subnets are cut from")
-    ecs_prefix: int = Field(default=24, ge=8, le=32, description="source prefix length of each client subnet")
-    concurrency: int = Field(default=64, ge=1, le=1024)
-    timeout_s: float = Field(default=1.0, gt=0, le=10)
-    attempts: int = Field(default=3, ge=1, le=10)
-
-    @field_validator("server")
-    @classmethod
-    def _server(cls, v: str) -> str:
-        parse_server(v)
-        return v
-
-    @model_validator(mode="after")
-    def _room(self) -> SteerSampleInput:
-        ecs_subnets(self.ecs_base, self.ecs_prefix, self.clients)
-        return self
-
-
-class SteerSampleOutput(BaseModel):
-    clients: int
-    admitted: int
-    other: int = Field(description="answered, but not game_ip")
-    unanswered: int
-    admitted_fraction: float = Field(description="admitted / clients")
+__all__ = ["steer_get", "steer_sample", "steer_set"]
 
 
 def _fmt(percent: float | None) -> str:
@@ -203,18 +97,8 @@ async def _tsig_key(inp: SteerSetInput) -> dns.tsig.Key:
         ) from None
 
 
-@action(
-    "dns.steer.set",
-    timeout=60,
-    mutating=True,
-    undo="dns.steer.set",
-    undo_from_output="undo",
-    retry=Retry(
-        max_attempts=5, initial_interval=timedelta(seconds=1), max_interval=timedelta(seconds=10)
-    ),
-)
+@implements(STEER_SET)
 async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
-    """Steer `percent` of players to the game IP on every authoritative server, and verify it took."""
     log = activity.logger
     before = list(await asyncio.gather(*(read_state(s, inp.zone, inp.fqdn, inp.timeout_s) for s in inp.servers)))
     for state in before:
@@ -273,18 +157,16 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
     )
 
 
-@action("dns.steer.get", timeout=30, retry=Retry(max_attempts=5))
+@implements(STEER_GET)
 async def steer_get(inp: SteerGetInput) -> SteerGetOutput:
-    """Read the steering record (percent, IPs, serial) from every authoritative server by AXFR."""
     states = list(await asyncio.gather(*(read_state(s, inp.zone, inp.fqdn, inp.timeout_s) for s in inp.servers)))
     signatures = {(s.present, s.percent, s.game_ip, s.maint_ip, s.ttl, s.foreign_code) for s in states}
     consistent = len(signatures) == 1
     return SteerGetOutput(servers=states, percent=states[0].percent if consistent else None, consistent=consistent)
 
 
-@action("dns.steer.sample", timeout=120, retry=Retry(max_attempts=3))
+@implements(STEER_SAMPLE)
 async def steer_sample(inp: SteerSampleInput) -> SteerSampleOutput:
-    """Measure the admitted share on one server by querying as N distinct ECS client subnets."""
     subnets = ecs_subnets(inp.ecs_base, inp.ecs_prefix, inp.clients)
     answers = await query_clients(
         inp.server, inp.name, subnets, concurrency=inp.concurrency, timeout=inp.timeout_s, attempts=inp.attempts

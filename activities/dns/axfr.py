@@ -10,26 +10,12 @@ import dns.name
 import dns.query
 import dns.rdatatype
 import dns.xfr
-from pydantic import BaseModel
 from temporalio.exceptions import ApplicationError
 
-from activities.dns.steering import LUA_RDTYPE, decode_lua_rdata, parse_server, parse_steering_code
+from activities.contracts.dns import ServerState, parse_server
+from activities.dns.steering import LUA_RDTYPE, decode_lua_rdata, parse_steering_code
 
-__all__ = ["ServerState", "read_state"]
-
-
-class ServerState(BaseModel):
-    """What one server's zone holds for the steering name, read by AXFR."""
-
-    server: str
-    serial: int | None = None
-    present: bool = False
-    percent: float | None = None
-    game_ip: str | None = None
-    maint_ip: str | None = None
-    ttl: int | None = None
-    # Set when the name holds Lua we did not write; we report it and refuse to overwrite it.
-    foreign_code: str | None = None
+__all__ = ["read_state"]
 
 
 def _state_from_rrsets(server: str, serial: int | None, rdatas: list[Any], ttl: int | None) -> ServerState:

@@ -13,22 +13,9 @@ import dns.message
 import dns.rdatatype
 import dns.rdtypes.IN.A
 
-from activities.dns.steering import parse_server
+from activities.contracts.dns import parse_server
 
-__all__ = ["ecs_subnets", "query_clients"]
-
-
-def ecs_subnets(base: str, prefix: int, count: int) -> list[ipaddress.IPv4Network]:
-    """`count` consecutive /prefix subnets cut from `base`: one per simulated client."""
-    net = ipaddress.IPv4Network(base, strict=False)
-    if prefix < net.prefixlen:
-        raise ValueError(f"ecs_prefix /{prefix} is wider than {net}")
-    room = 1 << (prefix - net.prefixlen)
-    if count > room:
-        raise ValueError(f"{net} holds only {room} /{prefix} subnets, {count} asked")
-    step = 1 << (32 - prefix)
-    first = int(net.network_address)
-    return [ipaddress.IPv4Network((first + i * step, prefix)) for i in range(count)]
+__all__ = ["query_clients"]
 
 
 class _Replies(asyncio.DatagramProtocol):

@@ -19,7 +19,6 @@ __all__ = [
     "Steering",
     "decode_lua_rdata",
     "encode_lua_rdata",
-    "parse_server",
     "parse_steering_code",
     "steering_code",
     "steering_update",
@@ -105,25 +104,6 @@ def decode_lua_rdata(rdata: Any) -> tuple[str, str]:
         parts.append(wire[i + 1 : i + 1 + n])
         i += 1 + n
     return inner, b"".join(parts).decode("ascii", errors="replace")
-
-
-def parse_server(server: str) -> tuple[str, int]:
-    """'192.0.2.1:53' or '[2001:db8::1]:53' -> (ip, port); a bare IP means port 53."""
-    text = server.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ("" if not rest else None)
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    else:
-        host, port_text = text, ""
-    if port_text is None:
-        raise ValueError(f"bad server {server!r}: expected ip:port")
-    ipaddress.ip_address(host)
-    port = int(port_text) if port_text else 53
-    if not 0 < port < 65536:
-        raise ValueError(f"bad port in {server!r}")
-    return host, port
 
 
 def steering_update(

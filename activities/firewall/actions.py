@@ -4,17 +4,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import TypeVar
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities._fields import unique_names
+from activities.binding import implements
+from activities.contracts.firewall import (
+    ALLOW,
+    BLOCK,
+    REVOKE,
+    STATUS,
+    UNBLOCK,
+    AllowInput,
+    AllowOutput,
+    BlockInput,
+    BlockOutput,
+    HostChange,
+    HostStatus,
+    RevokeInput,
+    RevokeOutput,
+    StatusInput,
+    StatusOutput,
+    Targeted,
+    UnblockInput,
+    UnblockOutput,
+)
 from activities.errors import ColdstartError
 from activities.executors import Executor, ExecutorError, HostTarget, executor_for
 from activities.firewall.rules import (
-    AllowTier,
     HostFirewall,
     Rule,
     _allow_rule,
@@ -23,153 +42,11 @@ from activities.firewall.rules import (
     _loopback_rule,
     _reject_rule,
 )
-from activities.registry import action
 
-__all__ = [
-    "DEFAULT_CHAIN",
-    "AllowInput",
-    "AllowOutput",
-    "BlockInput",
-    "BlockOutput",
-    "HostChange",
-    "HostStatus",
-    "RevokeInput",
-    "RevokeOutput",
-    "StatusInput",
-    "StatusOutput",
-    "UnblockInput",
-    "UnblockOutput",
-    "allow",
-    "block",
-    "revoke",
-    "status",
-    "unblock",
-]
+__all__ = ["allow", "block", "revoke", "status", "unblock"]
 
-DEFAULT_CHAIN = "COLDSTART-BLOCK"
-# iptables' multiport match takes at most 15 ports; one jump rule keeps the check atomic.
-MAX_PORTS = 15
 IPTABLES_SAVE = ["iptables-save", "-t", "filter"]
 IPTABLES_RESTORE = ["iptables-restore", "--wait=5", "--noflush"]
-
-
-class _Targeted(BaseModel):
-    hosts: Annotated[list[HostTarget], unique_names("host")] = Field(min_length=1)
-    chain: str = Field(default=DEFAULT_CHAIN, pattern=r"^[A-Z][A-Z0-9_-]{0,27}$")
-    max_parallel: int = Field(default=8, ge=1, le=64)
-
-    @field_validator("chain")
-    @classmethod
-    def _not_builtin(cls, chain: str) -> str:
-        if chain in {"INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"}:
-            raise ValueError(f"chain {chain!r} is built in; the block needs its own chain")
-        return chain
-
-
-def _tiers(values: Any) -> Any:
-    # Runbooks may write `allow: [10.0.0.1/32, ...]`; bare CIDRs form one tier named "allow".
-    if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
-        return [{"name": "allow", "cidrs": values}]
-    return values
-
-
-class BlockInput(_Targeted):
-    """Which hosts, which TCP ports, and who may still connect (in priority order)."""
-
-    ports: list[int] = Field(min_length=1, max_length=MAX_PORTS)
-    allow: list[AllowTier] = Field(min_length=1)
-
-    @field_validator("allow", mode="before")
-    @classmethod
-    def _allow_bare(cls, values: Any) -> Any:
-        return _tiers(values)
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, ports: list[int]) -> list[int]:
-        bad = [p for p in ports if not 1 <= p <= 65535]
-        if bad:
-            raise ValueError(f"ports out of range: {bad}")
-        return sorted(set(ports))
-
-    @model_validator(mode="after")
-    def _keeps_access(self) -> BlockInput:
-        # Blocking the port the controller reaches a host by would lock the recovery out of it.
-        for host in self.hosts:
-            if host.kind == "ssh" and host.port in self.ports:
-                raise ValueError(f"host {host.name}: ports include its ssh port {host.port}")
-        names = [t.name for t in self.allow]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate tier names: {names}")
-        return self
-
-
-class UnblockInput(_Targeted):
-    """Remove the block chain and its INPUT jump."""
-
-
-class AllowInput(_Targeted):
-    """Add one tier's sources to an existing block (staged unblocking)."""
-
-    tier: AllowTier
-
-
-class RevokeInput(_Targeted):
-    """Remove one tier's sources from an existing block (take a tier back out)."""
-
-    tier: AllowTier
-
-
-class StatusInput(_Targeted):
-    """Read the block on each host."""
-
-
-class HostChange(BaseModel):
-    """What one call did on one host; `rules` is the chain afterwards as iptables-save lists it."""
-
-    host: str
-    changed: bool
-    actions: list[str] = Field(default_factory=list)
-    rules: list[str] = Field(default_factory=list)
-
-
-class BlockOutput(BaseModel):
-    hosts: list[HostChange]
-    changed_hosts: list[str]
-    undo: UnblockInput
-
-
-class UnblockOutput(BaseModel):
-    hosts: list[HostChange]
-    changed_hosts: list[str]
-
-
-class AllowOutput(BaseModel):
-    hosts: list[HostChange]
-    changed_hosts: list[str]
-    undo: RevokeInput
-
-
-class RevokeOutput(BaseModel):
-    hosts: list[HostChange]
-    changed_hosts: list[str]
-    undo: AllowInput
-
-
-class HostStatus(BaseModel):
-    host: str
-    blocked: bool = False
-    ports: list[int] = Field(default_factory=list)
-    tiers: dict[str, list[str]] = Field(default_factory=dict)
-    loopback: bool = False
-    rejects: bool = False
-    jump_first: bool = False
-    problems: list[str] = Field(default_factory=list)
-    error: str | None = None
-
-
-class StatusOutput(BaseModel):
-    hosts: list[HostStatus]
 
 
 # --------------------------------------------------------------------------- host plumbing
@@ -219,7 +96,7 @@ def _describe_chain_change(old: HostFirewall, new: list[Rule], chain: str) -> li
     return actions
 
 
-async def _converge_chain(ex: Executor, inp: _Targeted, want: Callable[[HostFirewall], list[Rule]],
+async def _converge_chain(ex: Executor, inp: Targeted, want: Callable[[HostFirewall], list[Rule]],
                           ports: list[int] | None) -> HostChange:
     """Read, compare, apply the difference in one transaction, read back and verify."""
     chain = inp.chain
@@ -257,7 +134,7 @@ async def _converge_chain(ex: Executor, inp: _Targeted, want: Callable[[HostFire
 R = TypeVar("R")
 
 
-async def _fan_out(name: str, inp: _Targeted, per_host: Callable[[Executor], Awaitable[R]]) -> list[R]:
+async def _fan_out(name: str, inp: Targeted, per_host: Callable[[Executor], Awaitable[R]]) -> list[R]:
     """Run per_host on every host (bounded concurrency); on any failure say exactly who changed."""
     gate = asyncio.Semaphore(inp.max_parallel)
     results: dict[str, R] = {}
@@ -306,13 +183,8 @@ def _changed(results: list[HostChange]) -> list[str]:
 # --------------------------------------------------------------------------- actions
 
 
-@action("firewall.block", mutating=True, undo="firewall.unblock", undo_from_output="undo", timeout=120)
+@implements(BLOCK)
 async def block(inp: BlockInput) -> BlockOutput:
-    """Reject TCP to the given ports on each host except from the allow-list (loopback always allowed).
-
-    Declarative: the chain ends up holding exactly `allow`, so re-running it after
-    firewall.allow calls takes those tiers back out (each removal is reported).
-    """
     rules = _desired_chain(inp.allow)
     results = await _fan_out(
         "firewall.block", inp, lambda ex: _converge_chain(ex, inp, lambda fw: rules, inp.ports)
@@ -324,9 +196,8 @@ async def block(inp: BlockInput) -> BlockOutput:
     )
 
 
-@action("firewall.unblock", mutating=True, timeout=120)
+@implements(UNBLOCK)
 async def unblock(inp: UnblockInput) -> UnblockOutput:
-    """Remove the block chain and its INPUT jump from each host; a no-op where there is none."""
 
     async def one(ex: Executor) -> HostChange:
         fw = await _read(ex, inp.chain)
@@ -357,9 +228,8 @@ def _require_block(fw: HostFirewall, chain: str) -> None:
         raise HostFailure(f"chain {chain} has rules the block did not write: {fw.lines}", retryable=False)
 
 
-@action("firewall.allow", mutating=True, undo="firewall.revoke", undo_from_output="undo", timeout=120)
+@implements(ALLOW)
 async def allow(inp: AllowInput) -> AllowOutput:
-    """Let one tier of sources through an existing block (added before the final reject)."""
 
     def want(fw: HostFirewall) -> list[Rule]:
         _require_block(fw, inp.chain)
@@ -376,9 +246,8 @@ async def allow(inp: AllowInput) -> AllowOutput:
     )
 
 
-@action("firewall.revoke", mutating=True, undo="firewall.allow", undo_from_output="undo", timeout=120)
+@implements(REVOKE)
 async def revoke(inp: RevokeInput) -> RevokeOutput:
-    """Take one tier's sources back out of an existing block (only rules tagged with that tier)."""
     drop = set(inp.tier.cidrs)
 
     def want(fw: HostFirewall) -> list[Rule]:
@@ -393,9 +262,8 @@ async def revoke(inp: RevokeInput) -> RevokeOutput:
     )
 
 
-@action("firewall.status", timeout=60)
+@implements(STATUS)
 async def status(inp: StatusInput) -> StatusOutput:
-    """Report the block on each host: ports, allowed tiers, and anything that looks wrong."""
 
     async def one(target: HostTarget) -> HostStatus:
         try:

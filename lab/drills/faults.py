@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
+from activities.contracts.telemetry import READ_ACTIONS
 from activities.journal import JournalCheck, check_journal, read_journal
-from activities.telemetry import READ_ACTIONS
 from lab.drills.demo import DRILL_APPROVER
 from lab.drills.harness import LabHarness
 

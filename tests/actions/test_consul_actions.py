@@ -20,8 +20,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities._clients import ConsulTarget, go_duration_seconds
 from activities.consul import kv, leadership, snapshots, users
-from activities.consul._kv import KvEntry
 from activities.consul.services import UserService
+from activities.contracts.consul_kv import KvEntry
 from activities.secrets import forget_cached_secrets
 
 from .conftest import CONSUL_TOKEN

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.containers import KillInitsInput, ListInput, kill_inits, list_containers
+from activities.containers import kill_inits, list_containers
+from activities.contracts.containers import KillInitsInput, ListInput
+from activities.contracts.sessions import CordonInput, ReleaseInput
 from activities.executors import HostTarget
-from activities.sessions import CordonInput, ReleaseInput, cordon, release
+from activities.sessions import cordon, release
 from lab.containers import cgroup_root, remove_sessions_cgroup, sessions_cgroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces, cgroups and netns need root")

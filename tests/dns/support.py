@@ -9,8 +9,7 @@ import dns.asyncquery
 import dns.tsig
 import dns.update
 
-from activities.dns.actions import SteerSetInput
-from activities.dns.steering import parse_server
+from activities.contracts.dns import SteerSetInput, parse_server
 from activities.secrets import VaultSecretRef
 from lab.dns import PdnsLab
 

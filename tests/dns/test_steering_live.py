@@ -13,10 +13,11 @@ import dns.update
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.dns.actions import SteerGetInput, SteerSampleInput, steer_get, steer_sample, steer_set
+from activities.contracts.dns import SteerGetInput, SteerSampleInput, ecs_subnets, parse_server
+from activities.dns.actions import steer_get, steer_sample, steer_set
 from activities.dns.axfr import read_state
-from activities.dns.ecs import ecs_subnets, query_clients
-from activities.dns.steering import encode_lua_rdata, parse_server, steering_code
+from activities.dns.ecs import query_clients
+from activities.dns.steering import encode_lua_rdata, steering_code
 from lab.dns import PdnsLab
 from tests.dns.support import FQDN, GAME_IP, MAINT_IP, FakeVault, raw_update, set_input
 

@@ -8,7 +8,8 @@ import dns.tsig
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.dns.actions import SteerGetInput, steer_get, steer_set
+from activities.contracts.dns import SteerGetInput
+from activities.dns.actions import steer_get, steer_set
 from activities.dns.steering import encode_lua_rdata, steering_code
 from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop
 from tests.dns.support import FQDN, GAME_IP, MAINT_IP, FakeVault, raw_update, set_input

@@ -8,16 +8,9 @@ import pytest
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from activities.dns.actions import SteerSampleInput, SteerSetInput, steer_set
-from activities.dns.ecs import ecs_subnets
-from activities.dns.steering import (
-    SCALE,
-    decode_lua_rdata,
-    encode_lua_rdata,
-    parse_server,
-    parse_steering_code,
-    steering_code,
-)
+from activities.contracts.dns import SteerSampleInput, SteerSetInput, ecs_subnets, parse_server
+from activities.dns.actions import steer_set
+from activities.dns.steering import SCALE, decode_lua_rdata, encode_lua_rdata, parse_steering_code, steering_code
 from activities.registry import default_registry
 from activities.secrets import VaultSecretRef, read_kv_secret, use_client_factory
 from lab.dns import PdnsPaths, PdnsSettings, launch_spec, render_policy

@@ -9,18 +9,9 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.contracts.firewall import AllowInput, BlockInput, StatusInput, UnblockInput
 from activities.executors import ExecutorError, SshExecutor, executor_for
-from activities.firewall.actions import (
-    AllowInput,
-    BlockInput,
-    StatusInput,
-    UnblockInput,
-    allow,
-    block,
-    revoke,
-    status,
-    unblock,
-)
+from activities.firewall.actions import allow, block, revoke, status, unblock
 from activities.firewall.rules import AllowTier
 from lab.hosts import LabSpec, run_in_host, ssh_target, start_daemon
 from lab.hosts.sshd import SshPaths

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.contracts.firewall import AllowInput, BlockInput
 from activities.executors import HostTarget
-from activities.firewall.actions import AllowInput, BlockInput, allow, block
+from activities.firewall.actions import allow, block
 from activities.firewall.rules import AllowTier, HostFirewall, _desired_chain, render_block
 from activities.registry import default_registry
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.containers import NoticeInput, preemption_notice
+from activities.containers import preemption_notice
+from activities.contracts.containers import NoticeInput
 from lab.hosts import LabSpec, ssh_target
 from tests.hosts.labkit import HTTP_PORT
 

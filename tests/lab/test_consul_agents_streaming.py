@@ -10,13 +10,11 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.consul.agent_hosts import ConsulAgentHost
-from activities.consul.agents import (
+from activities.consul.agents import agents_streaming, agents_streaming_restore, agents_streaming_status
+from activities.contracts.consul_agents import (
     AgentsStreamingInput,
     AgentsStreamingRestoreInput,
     AgentsStreamingStatusInput,
-    agents_streaming,
-    agents_streaming_restore,
-    agents_streaming_status,
 )
 from activities.executors import executor_for
 from lab.services import Secrets

@@ -269,8 +269,9 @@ def test_container_host_metadata_and_sessions(lab):
 
 
 def test_firewall_block_stops_internal_consul_traffic(lab):
+    from activities.contracts.firewall import BlockInput, UnblockInput
     from activities.executors import HostTarget
-    from activities.firewall.actions import BlockInput, UnblockInput, block, unblock
+    from activities.firewall.actions import block, unblock
 
     cfg, _ = lab
     url = f"http://{cfg.ip('internal')}:{cfg.ports.internal_metrics}/metrics"
@@ -292,7 +293,8 @@ def test_firewall_block_stops_internal_consul_traffic(lab):
 
 def test_steering_admits_players(lab):
     """dns.steer.set to 50 % through the lab's Vault-held TSIG key: about half the clients play."""
-    from activities.dns.actions import SteerSetInput, steer_set
+    from activities.contracts.dns import SteerSetInput
+    from activities.dns.actions import steer_set
 
     cfg, _ = lab
     inv = read_inventory(cfg.inventory_path)

@@ -1,0 +1,94 @@
+"""Contracts of the built-in actions: wait, note, HTTP check and Prometheus query."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from activities.contracts.model import ContractModel
+from activities.registry import declare
+from activities.retry import Retry
+
+__all__ = [
+    "HTTP_CHECK",
+    "NOTE",
+    "PROMETHEUS_QUERY",
+    "WAIT",
+    "HttpCheckInput",
+    "HttpCheckOutput",
+    "NoteInput",
+    "NoteOutput",
+    "PrometheusQueryInput",
+    "PrometheusQueryOutput",
+    "WaitInput",
+    "WaitOutput",
+]
+
+
+class WaitInput(ContractModel):
+    seconds: float = Field(ge=0, le=7 * 24 * 3600)
+    heartbeat_every: float = Field(default=2.0, gt=0)
+
+
+class WaitOutput(ContractModel):
+    waited_seconds: float
+
+
+class NoteInput(ContractModel):
+    message: str = Field(min_length=1, max_length=4000)
+    level: Literal["info", "warning"] = "info"
+    journal: str | None = Field(default=None, description="JSONL journal file; default $COLDSTART_JOURNAL")
+
+
+class NoteOutput(ContractModel):
+    key: str
+    written: bool
+    journal: str
+
+
+class HttpCheckInput(ContractModel):
+    url: str = Field(pattern=r"^https?://")
+    expect_status: list[int] = Field(default_factory=lambda: [200])
+    contains: str | None = None
+    timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+
+
+class HttpCheckOutput(ContractModel):
+    status: int
+    latency_ms: float
+
+
+class PrometheusQueryInput(ContractModel):
+    endpoint: str = Field(pattern=r"^https?://", description="Prometheus base URL")
+    query: str = Field(min_length=1)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+
+class PrometheusQueryOutput(ContractModel):
+    value: float
+    series: list[dict[str, Any]]
+
+
+WAIT = declare(
+    "core.wait", WaitInput, WaitOutput, timeout=7 * 24 * 3600, heartbeat=30,
+    doc="""Wait inside an activity, heartbeating; a retried attempt resumes from its last heartbeat.""",
+)
+
+
+NOTE = declare(
+    "core.note", NoteInput, NoteOutput, timeout=30, mutating=True,
+    doc="""Record a note in the run journal, once per run and step (a retried attempt does not write twice).""",
+)
+
+
+HTTP_CHECK = declare(
+    "core.http_check", HttpCheckInput, HttpCheckOutput, timeout=60, retry=Retry(max_attempts=3),
+    doc="""GET a URL and require an expected status (and optionally a substring in the body).""",
+)
+
+
+PROMETHEUS_QUERY = declare(
+    "core.prometheus_query", PrometheusQueryInput, PrometheusQueryOutput, timeout=60, retry=Retry(max_attempts=3),
+    doc="""Run an instant PromQL query; the output is its single value (an empty result is an error).""",
+)

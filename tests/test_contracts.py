@@ -1,0 +1,105 @@
+"""Action contracts stand apart from their implementations: `validate`, `plan` and `actions` read the contracts
+without Temporal's SDK or the clients the actions drive, and a worker binds an implementation to every contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from activities.binding import implements
+from activities.registry import Registry, Unimplemented, declare
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What the implementations import and a runbook's check never needs.
+IMPLEMENTATION_ONLY = ("temporalio", "asyncssh", "consul", "nomad", "hvac", "httpx", "requests", "asyncio")
+
+_PROBE = """
+import json, sys
+forbidden, sys.argv = set(json.loads(sys.argv[1])), ["coldstart", *json.loads(sys.argv[2])]
+from cli import main
+code = main._run()
+print(json.dumps({"code": code, "loaded": sorted({name.split(".")[0] for name in sys.modules} & forbidden)}))
+"""
+
+
+def _imports_of(*argv: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(IMPLEMENTATION_ONLY), json.dumps(argv)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [("validate", "runbooks/demo.yaml"), ("--help",),
+                                  ("actions", "consul.snapshot.restore")])
+def test_checking_a_runbook_loads_no_sdk_nor_client(argv: tuple[str, ...]) -> None:
+    assert _imports_of(*argv) == {"code": 0, "loaded": []}
+
+
+_CATALOG = """
+import json
+from activities.catalog import load_contracts, load_registry
+contracts = load_contracts()
+print(json.dumps({"declared": contracts.names(), "bound": [n for n, s in contracts.specs.items() if s.fn]}))
+print(json.dumps({"implemented": load_registry().names()}))
+"""
+
+
+def test_every_contract_has_an_implementation_and_every_implementation_a_contract() -> None:
+    done = subprocess.run([sys.executable, "-c", _CATALOG], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    contracts, registry = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert contracts["bound"] == [] and len(contracts["declared"]) >= 30
+    # An action implemented outside the contract modules would be refused by `validate` yet run by a worker.
+    assert registry["implemented"] == contracts["declared"]
+
+
+class _In(BaseModel):
+    name: str
+
+
+class _Out(BaseModel):
+    text: str
+
+
+class _Other(BaseModel):
+    text: str
+
+
+def test_an_implementation_must_take_and_return_its_contract_s_models() -> None:
+    registry = Registry()
+    contract = declare("test.echo", _In, _Out, doc="Echo the name.", registry=registry)
+    with pytest.raises(TypeError, match=r"test.echo: the implementation takes _In -> _Other, the contract says "
+                                        r"_In -> _Out"):
+        @implements(contract, registry=registry)
+        def echo(inp: _In) -> _Other:
+            return _Other(text=inp.name)
+    assert registry.get("test.echo") == contract
+
+
+def test_a_worker_refuses_a_contract_nobody_implemented() -> None:
+    registry = Registry()
+    declare("test.echo", _In, _Out, doc="Echo the name.", registry=registry)
+    declare("test.shout", _In, _Out, doc="Shout the name.", registry=registry)
+
+    @implements(registry.specs["test.echo"], registry=registry)
+    def echo(inp: _In) -> _Out:
+        return _Out(text=inp.name)
+
+    with pytest.raises(Unimplemented, match=r"^actions declared without an implementation: test.shout$"):
+        registry.activities()
+    assert registry.get("test.shout").fn is None and registry.get("test.echo").fn is not None
+
+
+def test_a_name_declared_twice_differently_is_refused() -> None:
+    registry = Registry()
+    declare("test.echo", _In, _Out, doc="Echo the name.", registry=registry)
+    declare("test.echo", _In, _Out, doc="Echo the name.", registry=registry)
+    with pytest.raises(ValueError, match="declared twice, differently"):
+        declare("test.echo", _In, _Other, doc="Echo the name.", registry=registry)
