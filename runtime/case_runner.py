@@ -28,12 +28,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.contracts.telemetry import READ_MANY_ACTION
 from activities.errors import ColdstartError, LocatedErrors
 from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.policy import TargetPolicy
 from activities.registry import Registry
 from activities.retry import format_duration
+from activities.telemetry import READ_MANY_ACTION
 from runtime.casebook import Case, CaseBook, Decision, Failed, GateScript, Reading
 from runtime.connection import DATA_CONVERTER
 from runtime.runs import start_run
