@@ -1,7 +1,7 @@
 # coldstart: `make drill` runs a recovery drill end to end; `make test` runs the test suite.
 # Both install what is missing first (Debian packages, a .venv): run them as root.
 
-.PHONY: bootstrap temporal-server check test drill cluster bench schema clean lock
+.PHONY: bootstrap temporal-server check test drill cluster bench schema clean lock infra-up
 
 # Real Consul/Nomad/Vault unpacked by .ci/run (or by hand, see README) take part when present.
 ifneq ($(wildcard .cache/hashistack/consul),)
@@ -31,6 +31,11 @@ test: bootstrap temporal-server check
 
 drill: bootstrap
 	.venv/bin/coldstart drill consul-cold-start
+
+# The running lab's telemetry host (`coldstart lab up` first) deployed by a real `pulumi up` of infra/ over SSH;
+# the engine is `pulumi` on PATH, else ../shared/pulumi (scripts/pulumi-install.sh). Nothing is downloaded.
+infra-up: bootstrap
+	.venv/bin/coldstart lab telemetry --pulumi
 
 # The production topology: the real Temporal server on a private PostgreSQL, until Ctrl-C.
 cluster: bootstrap temporal-server

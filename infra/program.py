@@ -6,8 +6,10 @@ import pulumi
 import pulumiverse_grafana as grafana
 
 from infra.components.grafana import RecoveryDashboards, RecoveryDashboardsArgs
+from infra.components.prometheus_files import PrometheusFiles, PrometheusFilesArgs
 from infra.components.telemetry_host import TelemetryHost, TelemetryHostArgs
 from infra.stack_config import StackSettings, load_settings
+from infra.telemetry.prometheus_config import prometheus_file_texts
 
 __all__ = ["build", "main"]
 
@@ -27,7 +29,7 @@ def build(settings: StackSettings) -> dict[str, object]:
                 host_key=spec.host_key,
                 ssh_private_key=settings.ssh_private_key,
                 targets=settings.targets,
-                paging_webhook_url=settings.paging_webhook_url,
+                paging_webhook_url=_paging(settings),
                 heartbeat_webhook_url=settings.heartbeat_webhook_url,
                 peer_addresses=peers,
                 scrape_interval=settings.scrape_interval,
@@ -39,7 +41,7 @@ def build(settings: StackSettings) -> dict[str, object]:
                 runbook_base_url=settings.runbook_base_url,
             ),
         )
-    result: dict[str, object] = {"hosts": hosts}
+    result: dict[str, object] = {"hosts": hosts, "prometheus": _prometheus_hosts(settings)}
     pulumi.export("prometheusUrls", {name: h.prometheus_url for name, h in hosts.items()})
 
     if settings.grafana_url:
@@ -49,13 +51,38 @@ def build(settings: StackSettings) -> dict[str, object]:
             "recovery",
             RecoveryDashboardsArgs(
                 prometheus_urls={name: h.prometheus_url for name, h in hosts.items()},
-                paging_webhook_url=settings.paging_webhook_url,
+                paging_webhook_url=_paging(settings),
             ),
             opts=pulumi.ResourceOptions(providers=[provider]),
         )
         result["dashboards"] = dashboards
         pulumi.export("recoveryDashboardUid", dashboards.dashboard.uid)
     return result
+
+
+def _paging(settings: StackSettings) -> pulumi.Output[str]:
+    if settings.paging_webhook_url is None:
+        raise ValueError("pagingWebhookUrl (a secret) is required with telemetryHosts or grafanaUrl")
+    return settings.paging_webhook_url
+
+
+def _prometheus_hosts(settings: StackSettings) -> dict[str, PrometheusFiles]:
+    """The lab's path: the same renderers the lab's own `write_prometheus_files` uses, byte for byte."""
+    if not settings.prometheus_hosts:
+        return {}
+    files = prometheus_file_texts(
+        settings.targets, alertmanagers=settings.alertmanagers, external_labels=settings.external_labels,
+        scrape_interval=settings.scrape_interval, runbook_base_url=settings.runbook_base_url,
+        job_overrides=settings.scrape_overrides, recording_interval=settings.recording_interval,
+        group_intervals=settings.group_intervals,
+    )
+    return {
+        spec.name: PrometheusFiles(spec.name, PrometheusFilesArgs(
+            address=spec.address, config_dir=spec.config_dir, files=files, reload_url=spec.reload_url,
+            user=spec.user, port=spec.port, host_key=spec.host_key, ssh_private_key=settings.ssh_private_key,
+        ))
+        for spec in settings.prometheus_hosts
+    }
 
 
 def main() -> dict[str, object]:

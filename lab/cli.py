@@ -1,4 +1,4 @@
-"""`coldstart lab up|down|status|inject|load`: the drill lab's typer sub-app (mounted by cli/main.py)."""
+"""`coldstart lab up|down|status|inject|telemetry|load`: the drill lab's typer sub-app (mounted by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -109,6 +109,26 @@ def inject(
         raise typer.Exit(2)
     result = do_inject(_running(state_dir, subnet, inventory), name, target=target, notice_s=notice_s)
     _out.print_json(json.dumps(result, default=str))
+
+
+@lab_app.command()
+def telemetry(
+    pulumi: bool = typer.Option(False, "--pulumi", help="deploy with a real `pulumi up` of infra/ over SSH "
+                                "(engine: `pulumi` on PATH, else ../shared/pulumi)"),
+    state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVENTORY,
+) -> None:
+    """Re-deploy the telemetry host's Prometheus config and rules, then reload Prometheus."""
+    from lab.hosts.shell import LabError
+    from lab.telemetry_stack import deploy_in_place, deploy_with_pulumi, lab_backends
+
+    cfg = _running(state_dir, subnet, inventory)
+    try:
+        found = lab_backends(cfg)
+        info = deploy_with_pulumi(cfg, found) if pulumi else deploy_in_place(cfg, found)
+    except LabError as exc:
+        _out.print(f"[red]lab telemetry failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    _out.print_json(json.dumps(info))
 
 
 @lab_app.command()

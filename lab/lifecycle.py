@@ -19,7 +19,6 @@ from activities.inventory import DnsSteering, Endpoints, Host, Inventory, Teleme
 from activities.secrets import VaultSecretRef
 from lab.agents import (
     CONSUL_CLIENT_HOSTS,
-    NOMAD_CLIENTS,
     consul_agent_dir,
     consul_restart_argv,
     poll_until,
@@ -48,6 +47,7 @@ from lab.services import (
     session_router_argv,
 )
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+from lab.telemetry_stack import render_in_place
 from lab.users import register_users, user_services, write_users_file
 from workflows.loader import read_inventory
 from workflows.yaml_safety import load_file
@@ -62,7 +62,7 @@ CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down
 _DAEMON_START_S = 60.0
 # What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
 STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots", "users",
-                 "sessions", "alertmanager")
+                 "sessions", "alertmanager", "pulumi")
 KV_SECRETS = {
     "dns_tsig": ("coldstart/dns-tsig", "secret"),
     "consul_token": ("coldstart/consul", "token"),
@@ -107,43 +107,6 @@ def _dns(cfg: LabConfig):
         return lab, None
     lab = prepare(dns_dir, settings)
     return lab, lab.key
-
-
-def _prometheus(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
-    from infra.telemetry import ScrapeTargets, write_prometheus_files
-    from infra.telemetry.rules import HOSTS_GROUP
-
-    p = cfg.ports
-    targets = ScrapeTargets(
-        consul=[f"{cfg.ip(h)}:{p.consul_http}" for h in CONSUL_HOSTS],
-        # Real Nomad clients publish their allocation metrics themselves (the stand-in's server does).
-        nomad=[f"{cfg.ip('nomad')}:{p.nomad_http}",
-               *([f"{cfg.ip(h)}:{p.nomad_http}" for h, _, _ in NOMAD_CLIENTS] if found.nomad else [])],
-        vault=[f"{cfg.ip('vault')}:{p.vault_http}"],
-        dns=[f"{cfg.ip('dns')}:{p.pdns_web}"],
-        cache=[f"{cfg.ip(h)}:{p.node_agent}" for h in CACHE_HOSTS],
-        game_edge=[f"{cfg.ip('edge')}:{p.edge_http}"],
-        players=[f"{cfg.ip('players')}:{p.players_metrics}"],
-        internal_load=[f"{cfg.ip('internal')}:{p.internal_metrics}"],
-        coldstart_worker=[cfg.worker_metrics] if cfg.worker_metrics else [],
-        containers=[f"{cfg.ip('prom')}:{p.cgroup_exporter}"] if found.consul else [],
-        sessions=[f"{cfg.ip('edge')}:{p.session_router}"],
-        telemetry=[f"{cfg.ip('prom')}:{p.prometheus}"],
-    )
-    prom_dir = cfg.path("prometheus")
-    # infra renders a fixed 10 s global scrape_timeout, so the global interval can't go below it;
-    # the lab scrapes faster per job and records the gates' series every 5 s (drills are short).
-    fast = {"scrape_interval": cfg.scrape_interval, "scrape_timeout": cfg.scrape_interval}
-    overrides: dict[str, dict] = {job: dict(fast) for job in targets.jobs()}
-    overrides["consul"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("consul-token"))}
-    overrides["vault"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("vault-root-token"))}
-    files = write_prometheus_files(
-        prom_dir, targets, scrape_interval="10s", external_labels={"lab": cfg.prefix}, job_overrides=overrides,
-        recording_interval="5s", alertmanagers=[f"{cfg.ip('prom')}:{p.alertmanager}"],
-        # A preemption leaves 30 s: its alert is evaluated every second, not every 10.
-        group_intervals={HOSTS_GROUP: "1s"},
-    )
-    return files["config"]
 
 
 def _seed_vault(cfg: LabConfig, sec: Secrets, tsig: Any) -> None:
@@ -272,7 +235,7 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     pg_dir = cfg.path("postgres", "data")
     initdb(pg_dir, str(cfg.subnet))
     pg = start_daemon(spec, cfg.db_host, "postgres", postgres_argv(pg_dir, cfg.ip(cfg.db_host), cfg.ports.postgres))
-    prom_conf = _prometheus(cfg, sec, found)
+    prom_conf = render_in_place(cfg, sec, found)
     prom_args = ["/usr/bin/prometheus", f"--config.file={prom_conf}",
                  f"--storage.tsdb.path={cfg.path('prometheus', 'data')}",
                  f"--web.listen-address={cfg.ip('prom')}:{cfg.ports.prometheus}",

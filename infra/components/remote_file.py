@@ -29,9 +29,15 @@ def deploy_file(
     content: pulumi.Input[str],
     owner: str = "root:root",
     mode: str = "0644",
+    check: str | None = None,
     opts: pulumi.ResourceOptions,
 ) -> tuple[remote.Command, pulumi.Output[str]]:
-    """Write `content` to `path` atomically (temp file + rename) so a daemon never reads half a file."""
+    """Write `content` to `path` atomically (temp file + rename) so a daemon never reads half a file.
+
+    `check` is a command run on the temp file (its path in `$tmp`) before the rename: when it fails the
+    deploy fails and the file in place, the one the daemon serves, is left as it was. `pulumi destroy`
+    removes the file, and its directory when nothing else is left in it.
+    """
     s = sudo_prefix(user)
     q = shlex.quote
     directory = path.rsplit("/", 1)[0] or "/"
@@ -39,8 +45,10 @@ def deploy_file(
         "set -eu; umask 077; "
         f"{s}mkdir -p {q(directory)}; "
         f'tmp=$({s}mktemp {q(directory + "/.coldstart.XXXXXX")}); '
+        f"trap '{s}rm -f \"$tmp\"' EXIT; "
         f'{s}tee "$tmp" >/dev/null; '
-        f'{s}chown {q(owner)} "$tmp"; {s}chmod {q(mode)} "$tmp"; '
+        + (f"{s}{check}; " if check else "")
+        + f'{s}chown {q(owner)} "$tmp"; {s}chmod {q(mode)} "$tmp"; '
         f'{s}mv -f "$tmp" {q(path)}'
     )
     digest = sha256_of(content)
@@ -48,6 +56,7 @@ def deploy_file(
         name,
         connection=connection,
         create=script,
+        delete=f"{s}rm -f {q(path)}; {s}rmdir {q(directory)} 2>/dev/null || true",
         # Content goes over stdin, not the command line: no quoting bugs, no secret in `ps`.
         stdin=content,
         triggers=[digest, path, owner, mode],

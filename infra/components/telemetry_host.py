@@ -84,10 +84,11 @@ class TelemetryHost(pulumi.ComponentResource):
         self._by_key: dict[str, remote.Command] = {}
         self.digests: dict[str, pulumi.Output[str]] = {}
 
-        def put(key: str, path: str, content: pulumi.Input[str], *, owner: str = "root:root", mode: str = "0644"):
+        def put(key: str, path: str, content: pulumi.Input[str], *, owner: str = "root:root", mode: str = "0644",
+                check: str | None = None):
             cmd, digest = deploy_file(
                 f"{name}-file-{key}", connection=conn, user=args.user, path=path, content=content,
-                owner=owner, mode=mode, opts=after_packages,
+                owner=owner, mode=mode, check=check, opts=after_packages,
             )
             self.files[path] = cmd
             self._by_key[key] = cmd
@@ -109,9 +110,12 @@ class TelemetryHost(pulumi.ComponentResource):
             scrape_interval=args.scrape_interval,
             job_overrides=overrides,
         )
-        put("prometheus-yml", f"{ETC}/{CONFIG_FILENAME}", dump_yaml(self.prometheus_config))
+        # Each file is checked on its own before it replaces the one in use (the rule and token files it names
+        # may not be there yet); the apply step below checks them together.
+        put("prometheus-yml", f"{ETC}/{CONFIG_FILENAME}", dump_yaml(self.prometheus_config),
+            check='promtool check config --syntax-only "$tmp" >&2')
         put("rules", f"{ETC}/rules/{RULES_FILENAME}",
-            dump_yaml(render_rules(args.thresholds, args.runbook_base_url)))
+            dump_yaml(render_rules(args.thresholds, args.runbook_base_url)), check='promtool check rules "$tmp" >&2')
         if secret_jobs:
             assert args.scrape_tokens is not None  # refused above
             tokens = pulumi.Output.secret(args.scrape_tokens)

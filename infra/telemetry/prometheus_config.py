@@ -19,6 +19,7 @@ __all__ = [
     "METRICS_PATHS",
     "RULES_FILENAME",
     "dump_yaml",
+    "prometheus_file_texts",
     "render_rules",
     "render_scrape_config",
     "write_prometheus_files",
@@ -123,8 +124,7 @@ def dump_yaml(data: Mapping[str, Any]) -> str:
     return header + yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False, width=1000)
 
 
-def write_prometheus_files(
-    dest_dir: str | Path,
+def prometheus_file_texts(
     targets: ScrapeTargets,
     *,
     alertmanagers: Sequence[str] = (),
@@ -135,23 +135,23 @@ def write_prometheus_files(
     job_overrides: Mapping[str, Mapping[str, Any]] | None = None,
     recording_interval: str = "15s",
     group_intervals: Mapping[str, str] | None = None,
-) -> dict[str, Path]:
-    """Write prometheus.yml and rules/coldstart.rules.yml under dest_dir; returns {role: path}."""
+) -> dict[str, str]:
+    """{relative path: text} of prometheus.yml and the rules file, as the lab writes and Pulumi deploys them."""
+    config = render_scrape_config(targets, alertmanagers=alertmanagers, external_labels=external_labels,
+                                  scrape_interval=scrape_interval, job_overrides=job_overrides)
+    rules = render_rules(thresholds, runbook_base_url, recording_interval, dict(group_intervals or {}))
+    return {CONFIG_FILENAME: dump_yaml(config), f"rules/{RULES_FILENAME}": dump_yaml(rules)}
+
+
+def write_prometheus_files(dest_dir: str | Path, targets: ScrapeTargets, **options: Any) -> dict[str, Path]:
+    """Write prometheus.yml and rules/coldstart.rules.yml under dest_dir; returns {role: path}.
+
+    `options` are prometheus_file_texts' keyword arguments.
+    """
     dest = Path(dest_dir)
     (dest / "rules").mkdir(parents=True, exist_ok=True)
-    config_path = dest / CONFIG_FILENAME
-    rules_path = dest / "rules" / RULES_FILENAME
-    config_path.write_text(
-        dump_yaml(
-            render_scrape_config(
-                targets,
-                alertmanagers=alertmanagers,
-                external_labels=external_labels,
-                scrape_interval=scrape_interval,
-                job_overrides=job_overrides,
-            )
-        )
-    )
-    rules_path.write_text(dump_yaml(render_rules(thresholds, runbook_base_url, recording_interval,
-                                                 dict(group_intervals or {}))))
-    return {"config": config_path, "rules": rules_path}
+    texts = prometheus_file_texts(targets, **options)
+    paths = {"config": dest / CONFIG_FILENAME, "rules": dest / "rules" / RULES_FILENAME}
+    paths["config"].write_text(texts[CONFIG_FILENAME])
+    paths["rules"].write_text(texts[f"rules/{RULES_FILENAME}"])
+    return paths
