@@ -639,14 +639,24 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                     f"gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g} "
                     f"not held ({need}) within {format_duration(gate.timeout)} ({last or 'no value'})"
                 )
-            # Patched: before it, a sub-second wait was a timer too; runs in flight then keep those.
-            if (gate.interval < WAITED_IN_READING and workflow.patched("batched-readings")
-                    and workflow.patched("short-waits-in-reading")):
+            if self._waited_in_reading(gate.interval):
                 not_before = workflow.now() + gate.interval  # waited by the reading's activity
             elif workflow.patched("batched-readings"):
                 await self._readings.tick(gate.interval, timer_summary(step_id, f"gate {name} and any due with it: next reading"))
             else:
                 await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))
+
+    @staticmethod
+    def _waited_in_reading(interval: timedelta) -> bool:
+        """Whether the next reading's activity waits the interval, rather than a timer: a timer and the
+        workflow task it wakes are five history events a reading."""
+        # Patched: before it, a sub-second wait was a timer too; runs in flight then keep those.
+        if not (interval <= WAITED_IN_READING and workflow.patched("batched-readings")
+                and workflow.patched("short-waits-in-reading")):
+            return False
+        # Patched: before it, an interval of exactly WAITED_IN_READING (a second, the demo's) was a timer;
+        # runs in flight then keep those.
+        return interval < WAITED_IN_READING or workflow.patched("second-waits-in-reading")
 
     async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None) -> ApprovalRecord:
         state = self._steps[step_id]
