@@ -22,6 +22,7 @@ from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, RE
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from activities.telemetry import pace_readings
+from runtime.action_versions import catalog_build_id
 from runtime.catalog import Catalog, RunResolver
 from runtime.connection import connect
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
@@ -119,6 +120,8 @@ def build_worker(
             journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
     rate, share = reading_settings()
     load = StepLoad(share=readings_share or share)
+    # Reported with every poll (no versioning): `coldstart readiness` compares it with its own catalog's.
+    build_id = catalog_build_id(registry)
     runs = Worker(
         client,
         task_queue=queue,
@@ -129,6 +132,7 @@ def build_worker(
         max_concurrent_activities=max_concurrent_activities,
         interceptors=[*interceptors, StepLoadInterceptor(load)],
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
+        build_id=build_id,
     )
     rate = readings_per_second or rate
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
@@ -143,6 +147,7 @@ def build_worker(
         max_concurrent_activities=readings_in_flight(rate, load.slowest_share),
         max_activities_per_second=rate,
         interceptors=interceptors,
+        build_id=build_id,
     )
     return ControllerWorker(runs, readings)
 

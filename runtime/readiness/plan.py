@@ -1,0 +1,170 @@
+"""The checks a planned run needs, derived from it: its actions' queue, endpoints, secrets, snapshot store and telemetry."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+from temporalio.client import Client
+
+from activities.contracts.targets import VaultSecretRef
+from activities.inventory import Inventory
+from activities.retry import parse_duration
+from runtime.independence import violations
+from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secret_verdict
+from runtime.readiness.model import Check, Verdict, not_ready, ready
+from runtime.readiness.snapshots import snapshot_verdict
+from runtime.readiness.telemetry import telemetry_verdict
+from runtime.readiness.workers import workers_verdict
+from workflows.contract import RunInput, readings_queue
+from workflows.spec import ActionStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep
+
+__all__ = ["ReadinessSettings", "plan_checks"]
+
+SNAPSHOT_SELECT = "consul.snapshot.select"
+
+
+@dataclass
+class ReadinessSettings:
+    """Where the controller is: its Temporal (a connect function, called once), queue and catalog build id."""
+
+    connect: Callable[[], Awaitable[Client]]
+    frontend: str
+    task_queue: str
+    build_id: str
+    timeout: float = 10.0
+    temporal_config: str = ""
+    _client: asyncio.Task[Client] | None = field(default=None, repr=False)
+
+    async def client(self) -> Client:
+        if self._client is None:
+            self._client = asyncio.ensure_future(self.connect())
+        return await self._client
+
+
+def _calls(steps: list[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(action, inputs) of every action a run may call: steps, ramps, fan-outs, undos, parallel branches."""
+    for step in steps:
+        if isinstance(step, ActionStep):
+            yield step.action, step.with_
+            if step.undo:
+                yield step.undo.action, step.undo.with_
+        elif isinstance(step, RampStep):
+            yield step.ramp.action, step.ramp.with_
+        elif isinstance(step, ForEachStep):
+            yield step.for_each.action, step.for_each.with_
+        elif isinstance(step, ParallelStep):
+            yield from _calls(step.parallel)
+
+
+def _gates(steps: list[Any]) -> Iterator[GateSpec]:
+    for step in steps:
+        if isinstance(step, GateStep):
+            yield step.gate
+        elif isinstance(step, RampStep):
+            yield from step.ramp.gates
+        elif isinstance(step, ParallelStep):
+            yield from _gates(step.parallel)
+
+
+def _resolved(value: Any) -> bool:
+    return not (isinstance(value, str) and "${{" in value)
+
+
+def _walk(value: Any) -> Iterator[Any]:
+    yield value
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item)
+
+
+def _base(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _secret_refs(inputs: dict[str, Any]) -> Iterator[VaultSecretRef]:
+    for node in _walk(inputs):
+        if isinstance(node, dict) and {"address", "path", "field"} <= node.keys() and all(map(_resolved, node.values())):
+            try:
+                yield VaultSecretRef.model_validate(node)
+            except ValidationError:
+                continue
+
+
+def _objective(run: RunInput, inputs: list[dict[str, Any]]) -> timedelta | None:
+    """The snapshot's age limit: the target's `facts.rpo`, or a select step's max_age_seconds if tighter."""
+    limits: list[timedelta] = []
+    if (rpo := (run.target.get("facts") or {}).get("rpo")) is not None:
+        parsed = parse_duration(rpo)
+        if not isinstance(parsed, timedelta):
+            raise ValueError(f"target {run.target_name}: facts.rpo {rpo!r} is not a duration such as 24h")
+        limits.append(parsed)
+    limits.extend(timedelta(seconds=float(i["max_age_seconds"])) for i in inputs
+                  if isinstance(i.get("max_age_seconds"), int | float))
+    return min(limits) if limits else None
+
+
+def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
+    """Every check this run's recovery path needs, in a stable order (workers, the controller, telemetry,
+    endpoints, secrets, snapshots); ValueError for a target fact that is not valid."""
+    steps = [*run.runbook.steps, *(run.runbook.deadline.on_miss if run.runbook.deadline else [])]
+    calls = list(_calls(steps))
+    gates = [g for g in _gates(steps) if _resolved(g.endpoint)]
+    t = settings.timeout
+    checks = [Check("workers", "workers", lambda: _workers(settings, settings.task_queue, workflows=True), t)]
+    if gates:
+        queue = readings_queue(settings.task_queue)
+        checks.append(Check("workers.readings", "workers", lambda: _workers(settings, queue, workflows=False), t))
+    inventory = Inventory.model_validate(run.target) if "telemetry" in run.target else None
+    checks.append(Check("temporal.independent", "independence", lambda: _independent(settings, inventory), t))
+    prometheus = sorted({_base(g.endpoint) for g in gates if g.source == "prometheus"})
+    checks.extend(Check(f"telemetry:{p}", "telemetry", lambda p=p: telemetry_verdict(p, timeout=t), t)
+                  for p in prometheus)
+    urls = {_base(v) for _, inputs in calls for v in _walk(inputs)
+            if isinstance(v, str) and v.startswith(("http://", "https://")) and _resolved(v)}
+    urls.update(_base(g.endpoint) for g in gates)
+    checks.extend(Check(f"endpoint:{u}", "endpoint", lambda u=u: endpoint_verdict(u, timeout=t), t)
+                  for u in sorted(urls))
+    refs = {ref.model_dump_json(): ref for _, inputs in calls for ref in _secret_refs(inputs)}
+    if inventory and inventory.dns:
+        refs.setdefault(inventory.dns.tsig_secret.model_dump_json(), inventory.dns.tsig_secret)
+    for ref in sorted(refs.values(), key=lambda r: (r.address, r.mount, r.path, r.field)):
+        name = f"secret:{ref.mount.strip('/')}/{ref.path.strip('/')}#{ref.field}"
+        checks.append(Check(name, "secret", lambda ref=ref: secret_verdict(ref), t))
+    if inventory and inventory.vault:
+        login = inventory.vault
+        checks.append(Check("vault.approle", "secret", lambda: approle_verdict(
+            login.address, login.approle_role_id_file, login.approle_secret_id_file, timeout=t), t))
+    selects = [inputs for action, inputs in calls if action == SNAPSHOT_SELECT]
+    objective = _objective(run, selects)
+    stores = {(i["store"], i.get("pattern", "*.snap")) for i in selects if isinstance(i.get("store"), str)
+              and _resolved(i["store"])}
+    # Reading a large snapshot takes a while: its check gets a longer allowance than a network probe.
+    checks.extend(Check(f"snapshot:{store}", "snapshot", lambda s=store, p=pattern: snapshot_verdict(
+        s, pattern=p, objective=objective), max(t, 120.0)) for store, pattern in sorted(stores))
+    return checks
+
+
+async def _workers(settings: ReadinessSettings, queue: str, *, workflows: bool) -> Verdict:
+    try:
+        client = await settings.client()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means no run can start
+        return not_ready(f"Temporal at {settings.frontend} is unreachable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    return await workers_verdict(client, queue, settings.build_id, workflows=workflows)
+
+
+async def _independent(settings: ReadinessSettings, inventory: Inventory | None) -> Verdict:
+    problems = violations(settings.frontend, settings.temporal_config, inventory)
+    if problems:
+        return not_ready("; ".join(problems))
+    what = "its frontend address" + (" and server config" if settings.temporal_config else "")
+    return ready(f"Temporal ({what}) and the gates' Prometheus need no Consul, Nomad or Vault")
