@@ -20,9 +20,10 @@ class ShedCounter:
     seconds: a flood drops thousands a second, and a call into Core's meter per drop cost a third of
     what dropping a log record does."""
 
-    def __init__(self, name: str, description: str) -> None:
+    def __init__(self, name: str, description: str, *, labels: tuple[str, ...] = ("reason",)) -> None:
         self.name = name
         self.description = description
+        self.labels = labels  # a count's key holds one value per label, joined by ":"
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._exported: dict[str, int] = {}
@@ -50,7 +51,8 @@ class ShedCounter:
                 return
             for reason, count in self._counts.items():
                 if count > self._exported.get(reason, 0):
-                    self._metric.add(count - self._exported.get(reason, 0), {"reason": reason})
+                    self._metric.add(count - self._exported.get(reason, 0),
+                                     dict(zip(self.labels, reason.split(":", len(self.labels) - 1), strict=True)))
                     self._exported[reason] = count
 
 
@@ -114,6 +116,9 @@ def worker_runtime(metrics_address: str | None) -> Runtime:
                               forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core"))),
         metrics=PrometheusConfig(bind_address=metrics_address) if metrics_address else None,
     ))
-    for counter in (LOG_RECORDS_DROPPED, JOURNAL_LINES_DROPPED, READINGS_SLOWED):
+    from runtime.notifications import NOTIFICATIONS_DELIVERED, NOTIFICATIONS_DROPPED
+
+    for counter in (LOG_RECORDS_DROPPED, JOURNAL_LINES_DROPPED, READINGS_SLOWED, NOTIFICATIONS_DELIVERED,
+                    NOTIFICATIONS_DROPPED):
         counter.bind(runtime.metric_meter)
     return runtime

@@ -24,13 +24,16 @@ from activities.registry import Registry
 from activities.telemetry import pace_readings
 from runtime.action_versions import catalog_build_id
 from runtime.catalog import Catalog, RunResolver
-from runtime.connection import connect
+from runtime.connection import connect, web_ui_url
+from runtime.notifications import Notifier
+from runtime.notifications import from_environment as notifier_from_environment
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from runtime.step_load import StepLoad, StepLoadInterceptor
 from workflows.contract import readings_queue
 from workflows.fanout import FanOutWorkflow
 from workflows.fleet import FleetWorkflow
 from workflows.history_tags import HistoryTagInterceptor
+from workflows.notices import set_event_sink
 from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
@@ -100,6 +103,7 @@ def build_worker(
     readings_share: float | None = None,
     sandboxed: bool = False,
     catalog: Catalog | None = None,
+    notifier: Notifier | None = None,
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
@@ -110,7 +114,10 @@ def build_worker(
     or ended ($COLDSTART_READINGS_SHARE, else 0.05).
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER).
     catalog: the runbooks and targets this worker runs (runtime/catalog.py; default $COLDSTART_CATALOG and
-    $COLDSTART_TARGETS, else runbooks/ and targets/): every new run is resolved against it first."""
+    $COLDSTART_TARGETS, else runbooks/ and targets/): every new run is resolved against it first.
+    notifier: where the runs' events go (runtime/notifications.py; one per process, never awaited by a step)."""
+    if notifier is not None:
+        set_event_sink(notifier.offer)
     registry = registry or load_registry()
     resolver = RunResolver(catalog or Catalog.from_environment(), registry)
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
@@ -184,15 +191,20 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
     client = await connect(runtime=worker_runtime(metrics_address))
     catalog = Catalog.from_environment()
-    worker = build_worker(client, queue, journal=journal, catalog=catalog)
+    notifier = notifier_from_environment(link=lambda workflow_id: web_ui_url(client, workflow_id))
+    worker = build_worker(client, queue, journal=journal, catalog=catalog, notifier=notifier)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
              task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()), journal=journal,
-             pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir))
+             pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
+             notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None)
     async with worker:
         await stop.wait()
         log.info("worker stopping: finishing in-flight tasks")
+    if notifier is not None:
+        set_event_sink(None)
+        await asyncio.to_thread(notifier.close)
     log.info("worker stopped")

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.controls import OperatorControls
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
     from workflows.history_tags import ActivityTag, tagged, timer_summary
+    from workflows.notices import RunNotices
     from workflows.readings import ReadingBatch
     from workflows.refs import RefError, resolve
     from workflows.spec import (
@@ -178,6 +179,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         first = inp.resume.next_index if inp.resume else 0
         if workflow.patched("status-memo"):
             self._status_memo = asyncio.ensure_future(self._keep_status_memo())
+        # Events for the worker's notifier: they add nothing to the history (no patch needed).
+        objectives = inp.runbook.objectives.model_dump() if inp.runbook.objectives else None
+        self._notices = RunNotices(self.status, objectives)
+        self._notices_watch = asyncio.ensure_future(self._notices.watch(self._status_signature))
         try:
             if refused is not None:
                 raise StepFailed(refused)
@@ -211,6 +216,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             else:
                 self._state = "failed"
         self._ended_at = workflow.now()
+        self._notices.offer()
         self._publish(None)
         workflow.set_current_details(self._details(None))
         await workflow.wait_condition(workflow.all_handlers_finished)
