@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
-    from workflows.contract import GateReading, StatusMemo
+    from workflows.contract import GateReading, StatusMemo, workflow_id_for
     from workflows.history_tags import approval_note
     from workflows.run_state import RunFields
     from workflows.spec import ActionStep, AnyStep, ApprovalSpec, RampStep
@@ -95,6 +95,9 @@ class RunVisibility(RunFields):
         """
         allowed = self._allowed_approvers(spec)
         verified = self._needs_identity("approve")
+        # How the CLI names the run: its target, or its workflow id when that is not the target's (a schedule's).
+        run = workflow.info().workflow_id
+        run = self._inp.target_name if run == workflow_id_for(self._inp.target_name) else run
         fields = {"step": step_id, "approver": allowed[0] if allowed else "YOU", "comment": ""}
         if verified:
             fields["identity_token"] = "PASTE"
@@ -102,7 +105,7 @@ class RunVisibility(RunFields):
             approval_note(step_id, f"may approve: {', '.join(allowed) if allowed else 'anyone named'}"
                           + (f" (not {self._inp.initiator}, who started the run: four eyes)" if self._four_eyes(spec) else ""),
                           first=True),
-            approval_note(step_id, f"coldstart approve {self._inp.target_name} {step_id}" + (" --vault-login" if verified else "")),
+            approval_note(step_id, f"coldstart approve {run} {step_id}" + (" --vault-login" if verified else "")),
             approval_note(step_id, f"Web UI: More Actions, Send an Update, approve, input {json.dumps(fields, separators=(',', ':'))}"),
         ]
         if verified:
