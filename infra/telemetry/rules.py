@@ -8,6 +8,7 @@ from infra.telemetry.thresholds import AlertThresholds
 
 __all__ = [
     "HOSTS_GROUP",
+    "READINESS_MAX_AGE_SECONDS",
     "RULES_FILENAME",
     "Alert",
     "RecordingRule",
@@ -20,6 +21,8 @@ __all__ = [
 RULES_FILENAME = "coldstart.rules.yml"
 DEFAULT_RUNBOOK_BASE = "infra/README.md"
 HOSTS_GROUP = "coldstart-hosts"
+# Readiness runs daily: a day and two hours leaves room for a slow run before it counts as stopped.
+READINESS_MAX_AGE_SECONDS = 26 * 3600
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,29 @@ def alert_rules(t: AlertThresholds | None = None) -> list[Alert]:
             "warning",
             "coldstart step {{ $labels.step }} in {{ $labels.runbook }} failed",
             "A runbook step failed after its retries; the workflow is compensating or waiting.",
+        ),
+        # --- Readiness (coldstart readiness, a textfile or a Pushgateway): an unready recovery pages on an
+        # ordinary day, not on the day it is needed.
+        Alert(
+            "ColdstartRecoveryNotReady", "coldstart-readiness",
+            "min by (runbook, target, check) (coldstart_readiness) == 0", "5m", "critical",
+            "{{ $labels.runbook }} on {{ $labels.target }} is not ready: {{ $labels.check }}",
+            "The recovery would fail at this check today. `coldstart readiness RUNBOOK --target TARGET` prints "
+            "the evidence; fix it before the outage that needs it.",
+        ),
+        Alert(
+            "ColdstartReadinessUnknown", "coldstart-readiness",
+            "min by (runbook, target, check) (coldstart_readiness) == -1", "30m", "warning",
+            "Readiness of {{ $labels.runbook }} on {{ $labels.target }} cannot tell: {{ $labels.check }}",
+            "The check timed out or failed itself; the recovery path is unproven until it answers.",
+        ),
+        Alert(
+            "ColdstartReadinessStale", "coldstart-readiness",
+            "time() - max by (runbook, target) (coldstart_readiness_checked_timestamp_seconds)"
+            f" > {_num(READINESS_MAX_AGE_SECONDS)}", "10m", "warning",
+            "Readiness of {{ $labels.runbook }} on {{ $labels.target }} last ran {{ $value | humanizeDuration }} ago",
+            "The daily readiness check stopped running (its timer, schedule or metrics file): a green "
+            "readiness is as old as this.",
         ),
         # --- Container hosts: a preemption notice starts the drain runbook (coldstart triggers serve).
         Alert(

@@ -37,6 +37,7 @@ _C2 = 'instance="10.0.1.2:8500",job="consul"'
 _C3 = 'instance="10.0.1.3:8500",job="consul"'
 _N = 'node_status="ready",node_scheduling_eligibility="eligible"'
 _E = 'instance="10.0.5.1:9102",job="game_edge"'
+_R = 'runbook="consul-cold-start",target="prod",instance="10.0.9.1:9100",job="node"'
 
 CASES: tuple[Case, ...] = (
     # --- Consul
@@ -158,6 +159,28 @@ CASES: tuple[Case, ...] = (
     Case("ColdstartStepFailed", "steps succeeding",
          {'coldstart_step_runs_total{runbook="consul-recovery",step="restore_snapshot",outcome="ok"}':
               "0 1 2 3 4 5"}, "4m"),
+    # --- Readiness
+    Case("ColdstartRecoveryNotReady", "the newest snapshot is too old",
+         {f'coldstart_readiness{{{_R},check="snapshot:/var/lib/coldstart/snapshots"}}': "1 1 0x10",
+          f'coldstart_readiness{{{_R},check="workers"}}': "1x12"}, "10m",
+         fires=(({"runbook": "consul-cold-start", "target": "prod", "check": "snapshot:/var/lib/coldstart/snapshots"},
+                 "consul-cold-start on prod is not ready: snapshot:/var/lib/coldstart/snapshots"),)),
+    Case("ColdstartRecoveryNotReady", "every check ready, one unknown",
+         {f'coldstart_readiness{{{_R},check="workers"}}': "1x12",
+          f'coldstart_readiness{{{_R},check="endpoint:http://10.0.0.5:8200"}}': "-1x12"}, "10m"),
+    Case("ColdstartReadinessUnknown", "a check has not answered for an hour",
+         {f'coldstart_readiness{{{_R},check="endpoint:http://10.0.0.5:8200"}}': "-1x70"}, "60m",
+         fires=(({"runbook": "consul-cold-start", "target": "prod", "check": "endpoint:http://10.0.0.5:8200"},
+                 "Readiness of consul-cold-start on prod cannot tell: endpoint:http://10.0.0.5:8200"),)),
+    Case("ColdstartReadinessUnknown", "unknown for ten minutes only",
+         {f'coldstart_readiness{{{_R},check="endpoint:http://10.0.0.5:8200"}}': "1x50 -1x10 1x10"}, "60m"),
+    # promtool's clock starts at 0: a check timestamp before it stands for one taken 27.8 h before the test.
+    Case("ColdstartReadinessStale", "the daily check last ran over a day ago",
+         {f"coldstart_readiness_checked_timestamp_seconds{{{_R}}}": "-100000x20"}, "15m",
+         fires=(({"runbook": "consul-cold-start", "target": "prod"},
+                 "Readiness of consul-cold-start on prod last ran 1d 4h 1m 40s ago"),)),
+    Case("ColdstartReadinessStale", "checked a minute ago, every minute",
+         {f"coldstart_readiness_checked_timestamp_seconds{{{_R}}}": "-60+60x20"}, "15m"),
     # --- Container hosts
     Case("HostPreemptionNotice", "cache3 gets its 30 s notice",
          {'coldstart_host_preemption_deadline_timestamp_seconds{host="cache3",instance="10.0.2.3:9103",job="cache"}':
