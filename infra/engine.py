@@ -78,6 +78,8 @@ class PulumiEngine:
             "PULUMI_BACKEND_URL": (self.root / "state").as_uri(),
             # Only the plugins installed into PULUMI_HOME from files: nothing ambient, nothing fetched.
             "PULUMI_IGNORE_AMBIENT_PLUGINS": "1",
+            # The venv's pulumiverse-grafana makes the engine fetch its provider, needed only with grafanaUrl.
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             "PULUMI_SKIP_UPDATE_CHECK": "1",
             "PULUMI_CONFIG_PASSPHRASE_FILE": str(self.root / "passphrase"),
             "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK": "1",

@@ -1,0 +1,58 @@
+"""One namespace host with sshd and a real Prometheus, as `lab up` starts it, deployed by a real `pulumi up`."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.engine import PulumiEngine
+from lab.hashistack import Backends
+from lab.hosts import create, destroy, start_daemon, wait_for_port
+from lab.services import Secrets
+from lab.settings import LabConfig
+from lab.telemetry_stack import STACK, TELEMETRY_HOST, deploy_with_pulumi, render_in_place, telemetry_ssh_spec
+
+__all__ = ["NO_BACKENDS", "PulumiLab", "pulumi_lab"]
+
+NO_BACKENDS = Backends(consul=None, nomad=None, vault=None)
+
+
+@dataclass
+class PulumiLab:
+    cfg: LabConfig
+    engine: PulumiEngine
+    # The stack configuration the first `up` deployed (keys without the project prefix).
+    config: dict
+    first_up_s: float
+
+    @property
+    def prometheus_url(self) -> str:
+        return self.cfg.prometheus_url
+
+
+@contextmanager
+def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csp",
+               subnet: str = "10.221.0.0/24") -> Iterator[PulumiLab]:
+    """Build the host, start Prometheus on `lab up`'s files, run `coldstart lab telemetry --pulumi`'s deploy."""
+    cfg = LabConfig(state_dir=state_dir, inventory_path=state_dir.parent / "lab.yaml", prefix=prefix,
+                    bridge=f"{prefix}br0", veth_prefix=f"{prefix}v", subnet=ipaddress.IPv4Network(subnet))
+    # Only the telemetry host's namespace: the deploy needs its sshd and its Prometheus, nothing else.
+    spec = telemetry_ssh_spec(cfg).model_copy(update={"hosts": {TELEMETRY_HOST: cfg.spec.hosts[TELEMETRY_HOST]}})
+    destroy(spec)  # a crashed earlier run is swept by name prefix first
+    try:
+        create(spec)
+        sec = Secrets(cfg)
+        sec.ensure()
+        conf = render_in_place(cfg, sec, NO_BACKENDS)
+        prom = start_daemon(spec, TELEMETRY_HOST, "prometheus", [
+            "/usr/bin/prometheus", f"--config.file={conf}", f"--storage.tsdb.path={cfg.path('prometheus', 'data')}",
+            f"--web.listen-address={cfg.ip(TELEMETRY_HOST)}:{cfg.ports.prometheus}", "--web.enable-lifecycle"])
+        wait_for_port(cfg.ip(TELEMETRY_HOST), cfg.ports.prometheus, timeout=30, pid=prom.pid)
+        info = deploy_with_pulumi(cfg, NO_BACKENDS, engine_dir=bin_dir)
+        engine = PulumiEngine(bin_dir=bin_dir, root=cfg.path("pulumi"), stack=STACK)
+        yield PulumiLab(cfg, engine, engine.read_config(), info["seconds"])
+    finally:
+        destroy(spec)

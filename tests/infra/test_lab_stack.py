@@ -1,0 +1,58 @@
+"""The lab's stack under mocks: the files Pulumi would deploy are byte for byte the ones `lab up` writes."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from lab.hashistack import Backends
+from lab.services import Secrets
+from lab.settings import LabConfig
+from lab.telemetry_stack import lab_stack_config, render_in_place
+from tests.infra.pulumi_harness import build_graph
+
+CMD = "command:remote:Command"
+NO_BACKENDS = Backends(consul=None, nomad=None, vault=None)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> tuple[LabConfig, dict]:
+    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml",
+                    subnet=ipaddress.IPv4Network("10.222.0.0/24"))
+    key = tmp_path / "client_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nmock\n-----END OPENSSH PRIVATE KEY-----\n")
+    config = lab_stack_config(cfg, Secrets(cfg), NO_BACKENDS, host_key="ssh-ed25519 AAAAmock", client_key=key)
+    return cfg, config
+
+
+def test_deployed_files_equal_what_lab_up_writes(lab):
+    cfg, config = lab
+    mocks, result = build_graph(config, secrets={})
+    assert result["hosts"] == {} and list(result["prometheus"]) == ["prom"]
+    cmds = {r.name: r.inputs for r in mocks.of_type(CMD)}
+    render_in_place(cfg, Secrets(cfg), NO_BACKENDS)
+    for rel, name in (("prometheus.yml", "prom-file-prometheus.yml"),
+                      ("rules/coldstart.rules.yml", "prom-file-rules-coldstart.rules.yml")):
+        assert cmds[name]["stdin"] == cfg.path("prometheus", rel).read_text()
+        create = cmds[name]["create"]
+        # Checked on the temp file, before the rename over the file Prometheus serves.
+        assert create.index("promtool check") < create.index("mv -f")
+        assert f"rm -f {cfg.path('prometheus', rel)}" in cmds[name]["delete"]
+    assert cmds["prom-reload"]["create"].endswith(f"-X POST {cfg.prometheus_url}/-/reload >&2")
+    assert len(cmds["prom-reload"]["triggers"]) == 2
+    assert set(cmds) == {"prom-file-prometheus.yml", "prom-file-rules-coldstart.rules.yml", "prom-reload"}
+
+
+def test_a_stack_needs_a_host(lab):
+    _, config = lab
+    with pytest.raises(ValueError, match="must list at least one host"):
+        build_graph({**config, "prometheusHosts": []}, secrets={})
+
+
+def test_telemetry_hosts_need_the_paging_webhook(lab):
+    _, config = lab
+    hosts = [{"name": "telemetry-a", "address": "10.20.0.11"}]
+    with pytest.raises(ValueError, match="pagingWebhookUrl"):
+        build_graph({**config, "telemetryHosts": hosts}, secrets={})
