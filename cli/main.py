@@ -1002,6 +1002,10 @@ def readiness(
                                                       "(reading a snapshot: at least 120)"),
     temporal_config: Path | None = typer.Option(
         None, "--temporal-config", help="the Temporal server's config YAML, checked for Consul, Nomad or Vault too"),
+    schedule: str | None = typer.Option(
+        None, "--schedule", metavar="CRON", help="instead of checking now, check on this cron (e.g. '0 6 * * *') on a "
+                                                "worker: its catalog's runbook, from its host; --metrics-file is a "
+                                                "path on the worker"),
 ) -> None:
     """Check, on an ordinary day, the recovery path a runbook will need: ready, not ready or unknown, with evidence.
 
@@ -1015,6 +1019,9 @@ def readiness(
     from runtime.connection import task_queue
 
     planned = _plan(file, param, target, placeholders=True)
+    if schedule:
+        _schedule_readiness(planned, param, schedule, timeout, metrics_file, push)
+        return
     try:
         settings = settings_for(task_queue(), timeout=timeout, temporal_config=temporal_config)
         report = _await(readiness_report(planned, settings, metrics_file=metrics_file, push=push))
@@ -1025,6 +1032,28 @@ def readiness(
     else:
         render_report(out, report)
     raise typer.Exit(report.exit_code)
+
+
+def _schedule_readiness(planned: Any, param: list[str], cron: str, timeout: float, metrics_file: Path | None,
+                        push: str | None) -> None:
+    from cli.schedules import schedule_readiness
+    from runtime.connection import task_queue
+    from workflows.readiness import ReadinessRequest
+
+    request = ReadinessRequest(runbook=planned.runbook.metadata.name, target=planned.target_name,
+                               params=_params(param), timeout_seconds=timeout, push=push,
+                               metrics_file=str(metrics_file) if metrics_file else None)
+
+    async def go() -> None:
+        client = await _client()
+        try:
+            handle = await schedule_readiness(client, request, task_queue(), cron)
+        except Exception as exc:  # noqa: BLE001 - e.g. a cron expression the server rejects
+            _fail(f"cannot create the schedule: {str(exc).splitlines()[0]}", EXIT_INVALID)
+        out.print(f"schedule {handle.id}: readiness of {request.runbook} on {request.target} at '{cron}'; each "
+                  f"check's report is its workflow's result", highlight=False, soft_wrap=True)
+
+    _await(go())
 
 
 @app.command()

@@ -62,3 +62,4 @@ def render_report(console: Console, report: Report) -> None:
     counts = {state: sum(r.state == state for r in report.results) for state in _WORD}
     console.print(Text(f"{_WORD[report.state]}: {counts['ready']} ready, {counts['not_ready']} not ready, "
                        f"{counts['unknown']} unknown", style=_STYLE[report.state]))
+

@@ -1,4 +1,4 @@
-"""Game-day drills on Temporal Schedules: a runbook started on a cron, always as a drill."""
+"""Temporal Schedules: game-day drills (a runbook started on a cron, always as a drill) and readiness checks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
     ScheduleState,
+    ScheduleUpdate,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
@@ -19,9 +20,10 @@ from activities.errors import Refused
 from runtime.runs import workflow_id_for
 from workflows import search
 from workflows.contract import RunInput
+from workflows.readiness import ReadinessRequest, ReadinessWorkflow, readiness_schedule_id
 from workflows.runbook_workflow import RunbookWorkflow
 
-__all__ = ["DrillTargetRefused", "schedule_drill", "schedule_id_for"]
+__all__ = ["DrillTargetRefused", "schedule_drill", "schedule_id_for", "schedule_readiness"]
 
 
 class DrillTargetRefused(Refused):
@@ -60,15 +62,26 @@ async def schedule_drill(client: Client, run: RunInput, task_queue: str, cron: s
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
         state=ScheduleState(paused=paused, note=f"game-day drill of {run.runbook.metadata.name} on {run.target_name}"),
     )
+    return await _create_or_replace(client, schedule_id, schedule)
+
+
+async def schedule_readiness(client: Client, request: ReadinessRequest, task_queue: str, cron: str, *,
+                             paused: bool = False) -> ScheduleHandle:
+    """Create (or replace) the schedule that checks `request` on a worker of `task_queue`; one check at a time."""
+    schedule_id = readiness_schedule_id(request.runbook, request.target)
+    schedule = Schedule(
+        action=ScheduleActionStartWorkflow(ReadinessWorkflow.run, request, id=schedule_id, task_queue=task_queue),
+        spec=ScheduleSpec(cron_expressions=[cron]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+        state=ScheduleState(paused=paused, note=f"readiness of {request.runbook} on {request.target}"),
+    )
+    return await _create_or_replace(client, schedule_id, schedule)
+
+
+async def _create_or_replace(client: Client, schedule_id: str, schedule: Schedule) -> ScheduleHandle:
     try:
         return await client.create_schedule(schedule_id, schedule)
     except ScheduleAlreadyRunningError:
         handle = client.get_schedule_handle(schedule_id)
-        await handle.update(lambda _: _replace(schedule))
+        await handle.update(lambda _: ScheduleUpdate(schedule=schedule))
         return handle
-
-
-def _replace(schedule: Schedule):
-    from temporalio.client import ScheduleUpdate
-
-    return ScheduleUpdate(schedule=schedule)

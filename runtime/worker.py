@@ -27,6 +27,7 @@ from runtime.catalog import Catalog, RunResolver
 from runtime.connection import connect, web_ui_url
 from runtime.notifications import Notifier
 from runtime.notifications import from_environment as notifier_from_environment
+from runtime.readiness.scheduled import ScheduledReadiness
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from runtime.step_load import StepLoad, StepLoadInterceptor
 from workflows.contract import readings_queue
@@ -34,6 +35,7 @@ from workflows.fanout import FanOutWorkflow
 from workflows.fleet import FleetWorkflow
 from workflows.history_tags import HistoryTagInterceptor
 from workflows.notices import set_event_sink
+from workflows.readiness import ReadinessWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
@@ -119,7 +121,9 @@ def build_worker(
     if notifier is not None:
         set_event_sink(notifier.offer)
     registry = registry or load_registry()
-    resolver = RunResolver(catalog or Catalog.from_environment(), registry)
+    catalog = catalog or Catalog.from_environment()
+    resolver = RunResolver(catalog, registry)
+    readiness = ScheduledReadiness(catalog, registry)
     interceptors: list[Interceptor] = [HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
@@ -132,9 +136,9 @@ def build_worker(
     runs = Worker(
         client,
         task_queue=queue,
-        workflows=[RunbookWorkflow, FanOutWorkflow, FleetWorkflow],
+        workflows=[RunbookWorkflow, FanOutWorkflow, FleetWorkflow, ReadinessWorkflow],
         # telemetry.read stays here too: runs started before readings had their own queue read here.
-        activities=[*registry.activities(), resolver.resolve],
+        activities=[*registry.activities(), resolver.resolve, readiness.check],
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
         interceptors=[*interceptors, StepLoadInterceptor(load)],

@@ -158,8 +158,18 @@ async def _workers(settings: ReadinessSettings, queue: str, *, workflows: bool) 
     try:
         client = await settings.client()
     except Exception as exc:  # noqa: BLE001 - any connection failure means no run can start
-        return not_ready(f"Temporal at {settings.frontend} is unreachable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        return not_ready(f"Temporal at {settings.frontend} is unreachable: {_why(exc)}")
     return await workers_verdict(client, queue, settings.build_id, workflows=workflows)
+
+
+def _why(exc: BaseException) -> str:
+    """One short reason: the SDK's connect errors nest the OS error deep inside a long line."""
+    text = str(exc)
+    for reason in ("Connection refused", "No route to host", "timed out", "Name or service not known"):
+        if reason.lower() in text.lower():
+            return reason.lower()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line if len(line) <= 160 else line[:157] + "..."
 
 
 async def _independent(settings: ReadinessSettings, inventory: Inventory | None) -> Verdict:
