@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypedDict, Unpack
 
@@ -47,14 +47,27 @@ class ActionSpec:
         return dataclasses.replace(self, fn=None)
 
 
-@dataclass
 class Registry:
-    """A name -> ActionSpec map; tests build their own instead of patching the default."""
+    """A name -> ActionSpec map; tests build their own instead of patching the default.
 
-    specs: dict[str, ActionSpec] = field(default_factory=dict)
+    `declaring`, when set, imports what declares an action the map lacks (every action for None):
+    activities.catalog sets it so that `validate` imports only the contracts a runbook calls, while
+    `specs`, `names()` and the rest always see every action.
+    """
+
+    def __init__(self, specs: dict[str, ActionSpec] | None = None,
+                 declaring: Callable[[str | None], None] | None = None) -> None:
+        self._specs: dict[str, ActionSpec] = dict(specs or {})
+        self.declaring = declaring
+
+    @property
+    def specs(self) -> dict[str, ActionSpec]:
+        if self.declaring is not None:
+            self.declaring(None)
+        return self._specs
 
     def add(self, spec: ActionSpec) -> None:
-        held = self.specs.get(spec.name)
+        held = self._specs.get(spec.name)
         if held is not None:
             if held.contract() != spec.contract():
                 raise ValueError(f"action {spec.name!r} declared twice, differently")
@@ -62,20 +75,22 @@ class Registry:
                 raise ValueError(f"action {spec.name!r} registered twice")
             if spec.fn is None:
                 return
-        self.specs[spec.name] = spec
+        self._specs[spec.name] = spec
 
     def get(self, name: str) -> ActionSpec | None:
-        return self.specs.get(name)
+        if name not in self._specs and self.declaring is not None:
+            self.declaring(name)
+        return self._specs.get(name)
 
     def names(self) -> list[str]:
         return sorted(self.specs)
 
     def implementation(self, name: str) -> Callable[..., Any]:
         """The activity bound to one declared action."""
-        fn = self.specs[name].fn
-        if fn is None:
+        spec = self.get(name)
+        if spec is None or spec.fn is None:
             raise Unimplemented(f"action {name} is declared without an implementation")
-        return fn
+        return spec.fn
 
     def activities(self) -> list[Callable[..., Any]]:
         """Every implementation, for a worker; an action declared but never implemented is refused."""
@@ -85,7 +100,7 @@ class Registry:
         return [spec.fn for spec in self.specs.values() if spec.fn is not None]
 
     def merged(self, *others: Registry) -> Registry:
-        combined = Registry(dict(self.specs))
+        combined = Registry(self.specs)
         for other in others:
             for spec in other.specs.values():
                 combined.add(spec)

@@ -60,6 +60,41 @@ def test_every_contract_has_an_implementation_and_every_implementation_a_contrac
     assert registry["implemented"] == contracts["declared"]
 
 
+_NAMESPACE = """
+import importlib, json, sys
+from activities.catalog import CONTRACTS
+for module in CONTRACTS[sys.argv[1]]:
+    importlib.import_module(module)
+from activities.registry import default_registry
+print(json.dumps(sorted(default_registry.specs)))
+"""
+
+
+def test_a_namespace_s_contract_modules_declare_every_action_of_it() -> None:
+    """`validate` imports only the contracts of the namespaces a runbook calls: each namespace's modules must
+    declare all of its actions (a namespace missing from CONTRACTS falls back to importing every module)."""
+    from activities.catalog import CONTRACTS, load_contracts
+
+    every = load_contracts().names()
+    assert sorted(CONTRACTS) == sorted({name.split(".")[0] for name in every})
+    for namespace in CONTRACTS:
+        done = subprocess.run([sys.executable, "-c", _NAMESPACE, namespace], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        declared = json.loads(done.stdout.strip().splitlines()[-1])
+        assert [n for n in every if n.split(".")[0] == namespace and n not in declared] == [], namespace
+
+
+def test_asking_for_one_action_imports_only_its_namespace() -> None:
+    probe = ("import sys\nfrom activities.catalog import load_contracts\n"
+             "assert load_contracts().get('core.wait') is not None\n"
+             "print(sorted(m for m in sys.modules if m.startswith('activities.contracts.') and m.count('.') == 2))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['activities.contracts.core', 'activities.contracts.model']"
+
+
 class _In(BaseModel):
     name: str
 

@@ -7,14 +7,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, assert_never
+from typing import TYPE_CHECKING, Annotated, Any, assert_never
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from activities.contracts.telemetry import READ_ACTIONS, WAITED_IN_READING
 from activities.errors import LocatedErrors
-from activities.inventory import Inventory
 from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.policy import TargetPolicy
 from activities.retry import format_duration, parse_duration
@@ -37,6 +36,9 @@ from workflows.spec import (
     WaitStep,
 )
 from workflows.yaml_safety import GuardedLoader, YamlRefused, as_refusal, check_text, load_file, read_text
+
+if TYPE_CHECKING:
+    from activities.inventory import Inventory
 
 __all__ = [
     "InventoryInvalid", "LocatedSource", "RunbookInvalid", "load_inventory", "load_runbook", "locate_pydantic_errors",
@@ -209,6 +211,9 @@ def read_inventory(path: str | Path, *, default_name: str | None = None) -> Inve
     A hostile file is refused by the guarded reader (YamlRefused); a well-formed one that breaks the
     contract raises InventoryInvalid with each problem located where the file says it.
     """
+    # The inventory's models (every target kind an action takes) load only when a target is read.
+    from activities.inventory import Inventory
+
     data = load_file(path)
     if data is None:
         data = {}
