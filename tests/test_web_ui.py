@@ -67,7 +67,7 @@ async def test_approve_from_the_web_ui(env, task_queue, tmp_path, ui_port, monke
                     page = await browser.new_page(viewport={"width": 1400, "height": 1000})
                     await page.goto(f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}")
                     # No tab clicked: the UI opens on the timeline, where each pending timer shows its summary.
-                    await _command_on_page(page, r"restore: awaits approval; may approve: bob\b")
+                    await _command_on_page(page, r"restore: awaits approval; may approve: bob; restore the snapshot from 14:05\?")
                     assert page.url.endswith("/timeline"), page.url
                     await page.screenshot(path=str(tmp_path / "first-page.png"))
                     cli = await _command_on_page(page, r"coldstart approve (\S+) restore --vault-login")

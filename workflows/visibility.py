@@ -103,7 +103,8 @@ class RunVisibility(RunFields):
             fields["identity_token"] = "PASTE"
         lines = [
             approval_note(step_id, f"may approve: {', '.join(allowed) if allowed else 'anyone named'}"
-                          + (f" (not {self._inp.initiator}, who started the run: four eyes)" if self._four_eyes(spec) else ""),
+                          + (f" (not {self._inp.initiator}, who started the run: four eyes)" if self._four_eyes(spec) else "")
+                          + (f"; {self._steps[step_id].awaiting}" if self._steps[step_id].awaiting else ""),
                           first=True),
             approval_note(step_id, f"coldstart approve {run} {step_id}" + (" --vault-login" if verified else "")),
             approval_note(step_id, f"Web UI: More Actions, Send an Update, approve, input {json.dumps(fields, separators=(',', ':'))}"),
