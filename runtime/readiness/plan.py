@@ -16,6 +16,7 @@ from activities.contracts.targets import VaultSecretRef
 from activities.inventory import Inventory
 from activities.retry import parse_duration
 from runtime.independence import violations
+from runtime.readiness.dns import tsig_verdict
 from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secret_verdict
 from runtime.readiness.model import Check, Verdict, not_ready, ready
 from runtime.readiness.snapshots import snapshot_verdict
@@ -104,7 +105,10 @@ def _objective(run: RunInput, inputs: list[dict[str, Any]]) -> timedelta | None:
     """The snapshot's age limit: the target's `facts.rpo`, or a select step's max_age_seconds if tighter."""
     limits: list[timedelta] = []
     if (rpo := (run.target.get("facts") or {}).get("rpo")) is not None:
-        parsed = parse_duration(rpo)
+        try:
+            parsed = parse_duration(rpo)
+        except ValueError:
+            parsed = None
         if not isinstance(parsed, timedelta):
             raise ValueError(f"target {run.target_name}: facts.rpo {rpo!r} is not a duration such as 24h")
         limits.append(parsed)
@@ -135,8 +139,11 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
     checks.extend(Check(f"endpoint:{u}", "endpoint", lambda u=u: endpoint_verdict(u, timeout=t), t)
                   for u in sorted(urls))
     refs = {ref.model_dump_json(): ref for _, inputs in calls for ref in _secret_refs(inputs)}
-    if inventory and inventory.dns:
-        refs.setdefault(inventory.dns.tsig_secret.model_dump_json(), inventory.dns.tsig_secret)
+    if inventory and inventory.dns and any(action.startswith("dns.") for action, _ in calls):
+        # The key's own check resolves its secret and signs with it: one check, not two.
+        refs.pop(inventory.dns.tsig_secret.model_dump_json(), None)
+        steering = inventory.dns
+        checks.append(Check(f"tsig:{steering.tsig_key_name}", "secret", lambda: tsig_verdict(steering, timeout=t), t))
     for ref in sorted(refs.values(), key=lambda r: (r.address, r.mount, r.path, r.field)):
         name = f"secret:{ref.mount.strip('/')}/{ref.path.strip('/')}#{ref.field}"
         checks.append(Check(name, "secret", lambda ref=ref: secret_verdict(ref), t))

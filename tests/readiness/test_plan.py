@@ -1,0 +1,53 @@
+"""The checks come from the planned run: the shipped cold-start runbook, planned against its cases' inventory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from activities.catalog import load_contracts
+from runtime.readiness import ReadinessSettings, plan_checks
+from workflows.loader import plan_run
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def _never():  # the checks are only listed here, never run
+    raise AssertionError("no check runs in this test")
+
+
+def _planned(**facts: object):
+    inventory = yaml.safe_load((REPO / "runbooks/cases/consul-cold-start.yaml").read_text())["target"]
+    inventory["facts"].update(facts)
+    return plan_run(REPO / "runbooks/consul-cold-start.yaml", registry=load_contracts(), inventory=inventory,
+                    placeholders=True)
+
+
+def _settings() -> ReadinessSettings:
+    return ReadinessSettings(connect=_never, frontend="temporal.test:7233", task_queue="coldstart", build_id="actions-x")
+
+
+def test_the_cold_start_runbook_gets_a_check_for_each_part_of_its_path() -> None:
+    checks = {c.name: c.kind for c in plan_checks(_planned(rpo="26h"), _settings())}
+    assert checks == {
+        "workers": "workers",
+        "workers.readings": "workers",
+        "temporal.independent": "independence",
+        "telemetry:http://prometheus.test:9090": "telemetry",
+        "endpoint:http://consul-1.test:8500": "endpoint",
+        "endpoint:http://consul-2.test:8500": "endpoint",
+        "endpoint:http://internal.test:8500": "endpoint",
+        "endpoint:http://nomad.test:4646": "endpoint",
+        "endpoint:http://prometheus.test:9090": "endpoint",
+        "endpoint:http://vault.test:8200": "endpoint",
+        # dns.steer.set's key: resolved and signing, one check.
+        "tsig:coldstart-steer.": "secret",
+        "snapshot:/var/lib/coldstart/snapshots": "snapshot",
+    }
+
+
+def test_a_target_objective_that_is_not_a_duration_is_refused() -> None:
+    with pytest.raises(ValueError, match="facts.rpo 'daily' is not a duration"):
+        plan_checks(_planned(rpo="daily"), _settings())
