@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 from collections.abc import Mapping
@@ -52,6 +53,24 @@ def missing_engine_reason() -> str | None:
 
 def _on_path(tool: str) -> bool:
     return any((Path(d) / tool).exists() for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+
+
+_PROGRESS = re.compile(r"(\S+:\S*:\S+) (\S+) .*?\]; (.*)$")
+_FAILED = re.compile(r"(\S+:\S*:\S+) (\S+) \*\*[\w ]*failed\*\*")
+
+
+def _summary(output: str, limit: int = 30) -> str:
+    """What each failed resource printed (promtool's reason, curl's answer), then the engine's errors.
+
+    The Python program's traceback after an aborted update is left out: the engine stopped it.
+    """
+    lines = output.strip().splitlines()
+    failed = {m.group(2) for line in lines if (m := _FAILED.search(line))}
+    picked = [f"{m.group(2)}: {m.group(3).strip()}" for line in lines
+              if (m := _PROGRESS.search(line)) and m.group(2) in failed and m.group(3).strip()]
+    picked += [line.strip() for line in lines if line.strip().startswith("error:")]
+    picked = list(dict.fromkeys(picked))
+    return "\n".join(picked[-limit:] if picked else lines[-limit:])
 
 
 @dataclass(frozen=True)
@@ -141,8 +160,7 @@ class PulumiEngine:
                 argv += ["--stack", self.stack]
         proc = subprocess.run(argv, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
         if check and proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-            raise PulumiError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{tail}")
+            raise PulumiError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{_summary(proc.stdout + proc.stderr)}")
         return proc
 
     def preview(self) -> dict[str, str]:

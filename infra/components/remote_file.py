@@ -36,7 +36,7 @@ def deploy_file(
 
     `check` is a command run on the temp file (its path in `$tmp`) before the rename: when it fails the
     deploy fails and the file in place, the one the daemon serves, is left as it was. `pulumi destroy`
-    removes the file, and its directory when nothing else is left in it.
+    removes the file (unless someone changed it since), and its directory when nothing else is left in it.
     """
     s = sudo_prefix(user)
     q = shlex.quote
@@ -56,10 +56,17 @@ def deploy_file(
         name,
         connection=connection,
         create=script,
-        delete=f"{s}rm -f {q(path)}; {s}rmdir {q(directory)} 2>/dev/null || true",
+        # A content change replaces the resource (triggers), new one first: the old one's delete must not
+        # remove the file its successor just wrote, so it removes only a file that still holds its content.
+        delete=digest.apply(
+            lambda d: f'if [ "$({s}sha256sum {q(path)} 2>/dev/null | cut -c1-64)" = {d} ]; then '
+                      f"{s}rm -f {q(path)}; {s}rmdir {q(directory)} 2>/dev/null || true; fi"
+        ),
         # Content goes over stdin, not the command line: no quoting bugs, no secret in `ps`.
         stdin=content,
-        triggers=[digest, path, owner, mode],
+        # Owner and mode are in the script: a change to them updates in place (a replacement with the same
+        # content would have the old resource's delete remove the file).
+        triggers=[digest, path],
         opts=opts,
     )
     return cmd, digest

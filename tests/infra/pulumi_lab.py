@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 from infra.engine import PulumiEngine
+from lab.cli import lab_app
 from lab.hashistack import Backends
 from lab.hosts import create, destroy, start_daemon, wait_for_port
+from lab.lifecycle import CONFIG
 from lab.services import Secrets
 from lab.settings import LabConfig
-from lab.telemetry_stack import STACK, TELEMETRY_HOST, deploy_with_pulumi, render_in_place, telemetry_ssh_spec
+from lab.telemetry_stack import STACK, TELEMETRY_HOST, render_in_place, telemetry_ssh_spec
 
 __all__ = ["NO_BACKENDS", "PulumiLab", "pulumi_lab"]
 
@@ -36,7 +41,10 @@ class PulumiLab:
 @contextmanager
 def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csp",
                subnet: str = "10.221.0.0/24") -> Iterator[PulumiLab]:
-    """Build the host, start Prometheus on `lab up`'s files, run `coldstart lab telemetry --pulumi`'s deploy."""
+    """Build the host, start Prometheus on `lab up`'s files, run `coldstart lab telemetry --pulumi`.
+
+    bin_dir is the engine that command finds (scripts/pulumi-install.sh); the caller drives it afterwards.
+    """
     cfg = LabConfig(state_dir=state_dir, inventory_path=state_dir.parent / "lab.yaml", prefix=prefix,
                     bridge=f"{prefix}br0", veth_prefix=f"{prefix}v", subnet=ipaddress.IPv4Network(subnet))
     # Only the telemetry host's namespace: the deploy needs its sshd and its Prometheus, nothing else.
@@ -51,8 +59,14 @@ def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csp",
             "/usr/bin/prometheus", f"--config.file={conf}", f"--storage.tsdb.path={cfg.path('prometheus', 'data')}",
             f"--web.listen-address={cfg.ip(TELEMETRY_HOST)}:{cfg.ports.prometheus}", "--web.enable-lifecycle"])
         wait_for_port(cfg.ip(TELEMETRY_HOST), cfg.ports.prometheus, timeout=30, pid=prom.pid)
-        info = deploy_with_pulumi(cfg, NO_BACKENDS, engine_dir=bin_dir)
+        # As `lab up` leaves it for the commands after it; then the command a user runs.
+        cfg.path(CONFIG).write_text(cfg.model_dump_json())
+        t = time.perf_counter()
+        out = CliRunner().invoke(lab_app, ["telemetry", "--pulumi", "--state-dir", str(state_dir)])
+        if out.exit_code != 0:
+            raise RuntimeError(f"coldstart lab telemetry --pulumi failed: {out.output}")
+        first_up_s = time.perf_counter() - t
         engine = PulumiEngine(bin_dir=bin_dir, root=cfg.path("pulumi"), stack=STACK)
-        yield PulumiLab(cfg, engine, engine.read_config(), info["seconds"])
+        yield PulumiLab(cfg, engine, engine.read_config(), first_up_s)
     finally:
         destroy(spec)

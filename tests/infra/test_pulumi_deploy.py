@@ -57,7 +57,9 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     assert len(files) == 1 and files[0].endswith("prometheus.yml"), plan
     assert set(plan) == {*files, *[u for u in plan if u.endswith("::prom-reload")]}, plan
     engine.up()
+    assert "10.221.0.250:9105" in cfg.path("prometheus", "prometheus.yml").read_text()
     assert "10.221.0.250:9105" in _config_text(deployed.prometheus_url), "Prometheus reloaded the deployed config"
+    assert engine.preview() == {}
     serving = _config_text(deployed.prometheus_url)
     rules_before = (cfg.path("prometheus", "rules", "coldstart.rules.yml")).read_text()
 
@@ -67,7 +69,8 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     engine.write_config(broken)
     with pytest.raises(PulumiError, match=r"prom-file-rules-coldstart\.rules\.yml") as failed:
         engine.up()
-    assert "FAILED" in str(failed.value) and "1x" in str(failed.value), str(failed.value)
+    assert 'not a valid duration string: "1x"' in str(failed.value), str(failed.value)
+    assert _files(cfg) == {**before, "prometheus.yml": cfg.path("prometheus", "prometheus.yml").read_text()}
     assert cfg.path("prometheus", "rules", "coldstart.rules.yml").read_text() == rules_before
     assert _config_text(deployed.prometheus_url) == serving
     assert httpx.get(f"{deployed.prometheus_url}/-/ready", timeout=5).status_code == 200
