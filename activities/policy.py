@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["TargetIdentity", "TargetPolicy", "narrowed"]
+from activities.retry import Duration
+
+__all__ = ["Blackout", "DrillCheck", "DrillSafety", "TargetIdentity", "TargetPolicy", "narrowed"]
 
 _VERBS = Literal["start", "approve", "skip", "retry", "abort", "pause", "resume"]
 
@@ -27,6 +30,52 @@ class TargetIdentity(BaseModel):
         description="the decisions that need a verified token (every one, starting included, by default)")
 
 
+class DrillCheck(BaseModel):
+    """A PromQL expression that is red while it returns a sample above 0; no series is not red (so
+    `ALERTS{alertstate="firing", severity="page"}` blocks while a page fires)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)]
+    query: str = Field(min_length=1)
+
+    def red_count(self) -> str:
+        """The query that counts the check's red series: one number, 0 when all is well (no series included)."""
+        return f"count(({self.query}) > 0) or vector(0)"
+
+
+class Blackout(BaseModel):
+    """A change freeze: no drill starts between `start` and `end`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: AwareDatetime
+    end: AwareDatetime
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Blackout:
+        if self.end <= self.start:
+            raise ValueError("a blackout ends after it starts")
+        return self
+
+
+class DrillSafety(BaseModel):
+    """When a drill may not start on a target, and what stops one that runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prometheus: str | None = Field(default=None, pattern=r"^https?://",
+                                   description="where the checks read; default: the target's telemetry.prometheus")
+    blocking: list[DrillCheck] = Field(default_factory=list, description="a drill does not start while one is red")
+    blackouts: list[Blackout] = Field(default_factory=list, description="the change-freeze calendar")
+    guard: DrillCheck | None = Field(default=None, description="read while a drill runs: red, it stops and undoes")
+    guard_interval: Duration = timedelta(seconds=30)
+
+    def blackout_at(self, moment: datetime) -> Blackout | None:
+        return next((b for b in self.blackouts if b.start <= moment < b.end), None)
+
+
 class TargetPolicy(BaseModel):
     """Who may act on runs against a target. A runbook's own `approvers`, `operators` and `four_eyes` may
     narrow this, never widen it: the target's owners write it, not the runbook's authors or its starters."""
@@ -40,6 +89,7 @@ class TargetPolicy(BaseModel):
     identity: TargetIdentity | None = Field(
         default=None, description="verified identity for decisions on this target; four eyes then compares "
                                   "verified subjects, the starter's included")
+    drills: DrillSafety | None = Field(default=None, description="blocking checks, blackouts and a guard for drills")
     drill_approvers: list[str] = Field(
         default_factory=lambda: ["drill-bot"],
         description="the unattended drills' own approvers: refused for every decision on a run that is not a drill")

@@ -17,6 +17,7 @@ from activities.errors import Refused
 from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
 from activities.vault import fetch_identity_keys
+from runtime.drill_safety import drill_refusal
 from workflows.contract import RESOLVE_RUN_ACTIVITY, CatalogRecord, RunInput, RunRequest
 from workflows.identity import IdentityError, effective_identity, start_nonce, verify_identity_token
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest
@@ -125,6 +126,10 @@ class Catalog:
         if request.drill and not inventory.get("drill"):
             raise CatalogRefused(f"target {request.target!r} is not marked as a drill target (drill: true); refusing a drill")
         policy = TargetPolicy.of(inventory)
+        if request.drill and policy.drills is not None:
+            refusal = drill_refusal(policy.drills, inventory)
+            if refusal is not None:
+                raise CatalogRefused(f"drill on {request.target!r} not started: {refusal}")
         plan = self._plan(request, path, text, inventory, registry, request.initiator)
         initiator, subject = self._starter(request, plan, policy, workflow_id, development)
         if policy.starters is not None and initiator not in policy.starters:

@@ -16,6 +16,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
     from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
+    from activities.policy import DrillCheck, TargetPolicy
     from activities.retry import Retry, format_duration
     from workflows.calls import (
         READING_PRIORITY,
@@ -73,6 +74,8 @@ __all__ = ["RunbookWorkflow"]
 _T = TypeVar("_T")
 
 # Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
+# Who stops a drill whose guard turns red, in its abort record and its readings.
+_GUARD_STEP = "drill-guard"
 _READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
 _READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
 _MAX_READINGS_KEPT = 60
@@ -183,6 +186,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         objectives = inp.runbook.objectives.model_dump() if inp.runbook.objectives else None
         self._notices = RunNotices(self.status, objectives)
         self._notices_watch = asyncio.ensure_future(self._notices.watch(self._status_signature))
+        guard = self._drill_guard_check()
+        if guard is not None and workflow.patched("drill-guard"):
+            self._guard = asyncio.ensure_future(self._watch_drill_guard(*guard))
         try:
             if refused is not None:
                 raise StepFailed(refused)
@@ -580,6 +586,38 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                               comparator=gate.comparator, threshold=gate.threshold)
         metrics_gate(self._inp.runbook.metadata.name, name, reading)
         return reading
+
+    def _drill_guard_check(self) -> tuple[DrillCheck, str, timedelta] | None:
+        """A drill's guard from its target's policy (policy.drills.guard), where it reads, and how often."""
+        if not self._inp.drill:
+            return None
+        safety = TargetPolicy.of(self._inp.target).drills
+        if safety is None or safety.guard is None:
+            return None
+        prometheus = safety.prometheus or (self._inp.target.get("telemetry") or {}).get("prometheus")
+        return (safety.guard, prometheus, safety.guard_interval) if prometheus else None
+
+    async def _watch_drill_guard(self, check: DrillCheck, prometheus: str, interval: timedelta) -> None:
+        """Beside the steps of a drill: read the guard every interval; red (or unreadable three times running),
+        stop the drill and undo what it changed, as `abort --undo` would."""
+        unread = 0
+        while self._state == "running" and self._abort is None:
+            raw = await self._readings.read({"source": "prometheus", "endpoint": prometheus, "query": check.red_count(),
+                                             "step": _GUARD_STEP, "gate": check.name, "percent": None})
+            value, error = raw.get("value"), raw.get("error")
+            unread = unread + 1 if error is not None or value is None else 0
+            red = value is not None and error is None and float(value) > 0
+            if (red or unread >= 3) and self._state == "running" and self._abort is None:
+                why = (f"guard {check.name} red ({value:g} series above 0: {check.query})" if red
+                       else f"guard {check.name} unreadable three times running: {error}")
+                workflow.logger.warning("drill stopped by its guard", extra={"reason": why})
+                self._abort = ControlRequest(actor=_GUARD_STEP, reason=why, undo=True)
+                return
+            try:
+                await workflow.wait_condition(lambda: self._state != "running" or self._abort is not None,
+                                              timeout=interval, timeout_summary=f"{_GUARD_STEP}: next reading")
+            except TimeoutError:
+                continue
 
     async def _read_many(self, reads: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """One telemetry.read_many for the reads gathered by self._readings; its readings, in order."""
