@@ -34,7 +34,7 @@ def _round(bin_dir: Path, subnet: str) -> list[float]:
     from tests.infra.pulumi_lab import pulumi_lab
 
     with tempfile.TemporaryDirectory(prefix="coldstart-bench-") as tmp, \
-            pulumi_lab(Path(tmp) / "state", bin_dir, prefix="csq", subnet=subnet) as lab:
+            pulumi_lab(Path(tmp) / "state", bin_dir, prefix="csj", subnet=subnet) as lab:
         engine = lab.engine
         times = [lab.first_up_s, _timed(engine.preview)]
         changed = copy.deepcopy(lab.config)

@@ -39,7 +39,7 @@ class PulumiLab:
 
 
 @contextmanager
-def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csp",
+def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csi",
                subnet: str = "10.221.0.0/24") -> Iterator[PulumiLab]:
     """Build the host, start Prometheus on `lab up`'s files, run `coldstart lab telemetry --pulumi`.
 

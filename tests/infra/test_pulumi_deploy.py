@@ -8,8 +8,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from infra.engine import PulumiError, find_engine, missing_engine_reason
+from lab.cli import lab_app
 from lab.settings import LabConfig
 from tests.hosts.labkit import require_lab
 from tests.infra.pulumi_lab import PulumiLab, pulumi_lab
@@ -84,3 +86,9 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     assert _files(cfg) == {}
     assert not cfg.path("prometheus", "rules").exists()
     assert cfg.path("prometheus", "data").is_dir()
+
+    # `coldstart lab telemetry` without --pulumi puts `lab up`'s files back and reloads.
+    out = CliRunner().invoke(lab_app, ["telemetry", "--state-dir", str(cfg.state_dir)])
+    assert out.exit_code == 0, out.output
+    assert set(_files(cfg)) == {"prometheus.yml", "rules/coldstart.rules.yml"}
+    assert "10.221.0.250:9105" not in _config_text(deployed.prometheus_url)
