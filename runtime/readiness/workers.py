@@ -39,5 +39,6 @@ async def workers_verdict(client: Client, queue: str, build_id: str, *, workflow
     if other:
         return not_ready(f"{len(other)} of {len(activity)} workers on {queue} run other actions than this "
                          f"catalog's {build_id}: {_who(other)}")
-    return ready(f"{len(activity)} worker{'s' if len(activity) != 1 else ''} on {queue} run this catalog's "
+    many = len(activity) != 1
+    return ready(f"{len(activity)} worker{'s' if many else ''} on {queue} run{'' if many else 's'} this catalog's "
                  f"actions ({build_id}): {', '.join(sorted(p.identity for p in activity))}")
