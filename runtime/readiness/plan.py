@@ -12,10 +12,11 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from activities.contracts.targets import VaultSecretRef
+from activities.contracts.targets import NomadTarget, VaultSecretRef
 from activities.inventory import Inventory
 from activities.retry import parse_duration
 from runtime.independence import violations
+from runtime.readiness.capacity import capacity_verdict
 from runtime.readiness.dns import tsig_verdict
 from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secret_verdict
 from runtime.readiness.model import Check, Verdict, not_ready, ready
@@ -28,6 +29,7 @@ from workflows.spec import ActionStep, ForEachStep, GateSpec, GateStep, Parallel
 __all__ = ["ReadinessSettings", "plan_checks"]
 
 SNAPSHOT_SELECT = "consul.snapshot.select"
+REDEPLOY = "nomad.job.redeploy_from_scratch"
 
 
 @dataclass
@@ -155,10 +157,28 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
     objective = _objective(run, selects)
     stores = {(i["store"], i.get("pattern", "*.snap")) for i in selects if isinstance(i.get("store"), str)
               and _resolved(i["store"])}
+    checks.extend(_capacity(calls, t))
     # Reading a large snapshot takes a while: its check gets a longer allowance than a network probe.
     checks.extend(Check(f"snapshot:{store}", "snapshot", lambda s=store, p=pattern: snapshot_verdict(
         s, pattern=p, objective=objective), max(t, 120.0)) for store, pattern in sorted(stores))
     return checks
+
+
+def _capacity(calls: list[tuple[str, dict[str, Any]]], timeout: float) -> Iterator[Check]:
+    """Each job a step redeploys from scratch, once per cluster and job."""
+    seen: set[tuple[str, str]] = set()
+    for action, inputs in calls:
+        job, cluster = inputs.get("job"), inputs.get("nomad")
+        if action != REDEPLOY or not isinstance(job, str) or not isinstance(cluster, dict) or not all(
+                _resolved(v) for v in _walk(inputs)):
+            continue
+        target = NomadTarget.model_validate(cluster)
+        if (target.address, job) in seen:
+            continue
+        seen.add((target.address, job))
+        namespace, spec = str(inputs.get("namespace") or "default"), inputs.get("job_spec")
+        yield Check(f"nomad.capacity:{job}", "capacity", lambda target=target, job=job, namespace=namespace, spec=spec:
+                    capacity_verdict(target, job, namespace=namespace, spec=spec), timeout)
 
 
 async def _workers(settings: ReadinessSettings, queue: str, *, workflows: bool) -> Verdict:

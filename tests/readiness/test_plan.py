@@ -45,6 +45,7 @@ def test_the_cold_start_runbook_gets_a_check_for_each_part_of_its_path() -> None
         # dns.steer.set's key: resolved and signing, one check.
         "tsig:coldstart-steer.": "secret",
         "snapshot:/var/lib/coldstart/snapshots": "snapshot",
+        "nomad.capacity:cache": "capacity",
     }
 
 
