@@ -62,8 +62,7 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     assert "10.221.0.250:9105" in cfg.path("prometheus", "prometheus.yml").read_text()
     assert "10.221.0.250:9105" in _config_text(deployed.prometheus_url), "Prometheus reloaded the deployed config"
     assert engine.preview() == {}
-    serving = _config_text(deployed.prometheus_url)
-    rules_before = (cfg.path("prometheus", "rules", "coldstart.rules.yml")).read_text()
+    serving, deployed_files = _config_text(deployed.prometheus_url), _files(cfg)
 
     # A broken rule (an evaluation interval promtool rejects) fails the deploy; the old files keep serving.
     broken = copy.deepcopy(changed)
@@ -72,16 +71,18 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     with pytest.raises(PulumiError, match=r"prom-file-rules-coldstart\.rules\.yml") as failed:
         engine.up()
     assert 'not a valid duration string: "1x"' in str(failed.value), str(failed.value)
-    assert _files(cfg) == {**before, "prometheus.yml": cfg.path("prometheus", "prometheus.yml").read_text()}
-    assert cfg.path("prometheus", "rules", "coldstart.rules.yml").read_text() == rules_before
+    assert _files(cfg) == deployed_files
     assert _config_text(deployed.prometheus_url) == serving
     assert httpx.get(f"{deployed.prometheus_url}/-/ready", timeout=5).status_code == 200
     groups = httpx.get(f"{deployed.prometheus_url}/api/v1/rules", timeout=5).json()["data"]["groups"]
     assert any(g["name"] == "coldstart-hosts" for g in groups)
     assert not list(cfg.path("prometheus").rglob(".coldstart.*")), "no temp file left behind"
 
-    # Destroy removes what the stack deployed and nothing else (Prometheus' data stays).
+    # The failed deploy left the stack's state at what is on the host.
     engine.write_config(changed)
+    assert engine.preview() == {}
+
+    # Destroy removes what the stack deployed and nothing else (Prometheus' data stays).
     engine.destroy()
     assert _files(cfg) == {}
     assert not cfg.path("prometheus", "rules").exists()
