@@ -448,6 +448,7 @@ class _Waits:
         self.timeline = timeline
         self.status: dict[str, str] = {}
         self.approvals: dict[str, int] = {}
+        self.decisions: dict[str, int] = {}  # an adaptive ramp's decisions already listed, per step
         self.controls: set[tuple[Any, ...]] = set()
         self.open: dict[tuple[str, str], Wait] = {}
         self.paused: tuple[datetime, str] | None = None
@@ -497,6 +498,11 @@ class _Waits:
             if (step, "approval") in self.open:
                 self._close(step, "approval", when, "approved", who, seen=at)
         self.approvals[step] = len(approvals)
+        decisions = entry.get("ramp_decisions") or []
+        for decision in decisions[self.decisions.get(step, 0):]:
+            self.timeline.entries.append(Entry(at, step, "ramp decision", None, str(decision.get("reason", "")),
+                                               outcome=f"{decision.get('at')}% -> {decision.get('next')}%"))
+        self.decisions[step] = len(decisions)
         if status == before:
             return
         if before == "awaiting_approval":

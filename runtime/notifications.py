@@ -116,10 +116,9 @@ def _next_commands(event: dict[str, Any]) -> list[str]:
     kind = event["event"]
     if kind == "awaiting_approval":
         login = " --vault-login" if event.get("verified") else ""
-        return [f"coldstart approve {target} {step} --as YOU{login}"]
+        return [f"coldstart approve {target} {step}{login}"]
     if kind == "held":
-        return [f"coldstart retry {target} {step} --as YOU", f"coldstart skip {target} {step} --as YOU",
-                f"coldstart abort {target} --as YOU"]
+        return [f"coldstart retry {target} {step}", f"coldstart skip {target} {step}", f"coldstart abort {target}"]
     if kind in ("started", "step_back"):
         return [f"coldstart status {target} --follow"]
     if kind == "finished":

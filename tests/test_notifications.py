@@ -148,7 +148,7 @@ def test_messages_say_what_to_do_next():
     text = render_text(asked)
     assert text.splitlines() == [
         "consul-cold-start on prod: step approve-restore awaits approval (bob): restore 14:05?",
-        "  $ coldstart approve prod approve-restore --as YOU --vault-login",
+        "  $ coldstart approve prod approve-restore --vault-login",
         "  http://ui/workflows/x"]
     finished = {"event": "finished", "runbook": "demo", "target": "lab", "drill": True, "initiator": "a",
                 "state": "succeeded", "error": None, "wall_s": 5400.0,

@@ -91,6 +91,16 @@ class GateReading(BaseModel):
     threshold: float | None = None
 
 
+class RampDecision(BaseModel):
+    """Why an adaptive ramp went where it went (workflows/ramp_policy.py), kept on its step for the views."""
+
+    at: int  # the percentage whose gates were just read
+    next: int  # where the ramp goes now (after a step-back: the percentage it tries next)
+    step: int  # the step size from here
+    headroom: dict[str, float | None] = Field(default_factory=dict)  # each gate's, trend included
+    reason: str
+
+
 class ApprovalRecord(BaseModel):
     step: str
     approver: str
@@ -141,6 +151,8 @@ class StepState(BaseModel):
     skip_requested_by: str | None = None
     # A gate step's (or a ramp's) gate: when the gate reading now gives up, its timeout from its first reading.
     gate_gives_up_at: datetime | None = None
+    # An adaptive ramp's decisions, oldest first.
+    ramp_decisions: list[RampDecision] = Field(default_factory=list)
 
 
 class RunRequest(BaseModel):

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         ControlRequest,
         FanOutInput,
         GateReading,
+        RampDecision,
         ResumeState,
         RunInput,
         RunResult,
@@ -51,11 +52,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
     from workflows.history_tags import ActivityTag, tagged, timer_summary
     from workflows.notices import RunNotices
+    from workflows.ramp_policy import decide as decide_next_step
     from workflows.readings import ReadingBatch
     from workflows.refs import RefError, resolve
     from workflows.spec import (
         ActionDefaults,
         ActionStep,
+        AdaptiveSpec,
         AnyStep,
         ApprovalSpec,
         ApprovalStep,
@@ -757,6 +760,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     async def _ramp(self, step: RampStep, state: StepState) -> dict[str, Any]:
         spec = step.ramp
+        if spec.adaptive is not None:
+            return await self._adaptive_ramp(step, state, spec.adaptive)
         action = self._inp.actions[spec.action]
         last_good = state.last_good if state.last_good is not None else spec.baseline
         for percent in [p for p in spec.schedule() if p > last_good]:
@@ -783,6 +788,58 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             last_good = percent
             state.last_good = percent
         return {"percent": last_good}
+
+    async def _adaptive_ramp(self, step: RampStep, state: StepState, policy: AdaptiveSpec) -> dict[str, Any]:
+        """A ramp whose every next step comes from the gates' headroom at the last one (workflows/ramp_policy.py);
+        each decision is kept on the step with the headroom that drove it."""
+        spec = step.ramp
+        action = self._inp.actions[spec.action]
+        last_good = state.last_good if state.last_good is not None else spec.baseline
+        size = spec.step
+        percent = spec.start if last_good < spec.start else min(spec.stop, last_good + size)
+        backoffs = 0
+        while True:
+            await self._checkpoint()
+            if spec.approval is not None:
+                await self._approval(step.id, spec.approval, percent=percent)
+            set_at = workflow.now()
+            await self._ramp_set(step, action, percent, last_good)
+            state.percent = percent
+            self._publish(step.id)
+            workflow.set_current_details(self._details(step))
+            await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
+            try:
+                context = self._ramp_context(percent, last_good)
+                for g, gate in enumerate(spec.gates):
+                    await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
+            except StepFailed as exc:
+                await self._ramp_set(step, action, last_good, percent, after="gate-failed")
+                state.percent = last_good
+                smaller = max(policy.min_step, int(size * policy.backoff))
+                if backoffs >= policy.max_backoffs or smaller >= size:
+                    fallback = await self._confirm_fallback(step, last_good, percent)
+                    raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%{fallback}") from None
+                backoffs += 1
+                retry_at = min(spec.stop, last_good + smaller)
+                state.ramp_decisions.append(RampDecision(
+                    at=percent, next=retry_at, step=smaller,
+                    reason=f"a gate failed at {percent}%: back to {last_good}%, step {size} -> {smaller} "
+                           f"(back-off {backoffs} of {policy.max_backoffs}); {exc}"[:400]))
+                size, percent = smaller, retry_at
+                await self._sleep(spec.bake, timer_summary(step.id, f"settle at {last_good}% after a step-back"))
+                continue
+            last_good = percent
+            state.last_good = percent
+            if percent >= spec.stop:
+                return {"percent": last_good}
+            here: dict[str, list[GateReading]] = {}
+            for reading in state.readings:
+                if reading.percent == percent and reading.at >= set_at:
+                    here.setdefault(reading.gate, []).append(reading)
+            decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
+                                        took=workflow.now() - set_at)
+            state.ramp_decisions.append(decision)
+            size, percent = decision.step, decision.next
 
     async def _confirm_fallback(self, step: RampStep, percent: int, failed: int) -> str:
         """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""

@@ -25,6 +25,7 @@ __all__ = [
     "STEP_TYPES",
     "ActionDefaults",
     "ActionStep",
+    "AdaptiveSpec",
     "AnyStep",
     "ApprovalSpec",
     "ApprovalStep",
@@ -151,6 +152,28 @@ class WaitStep(_StepBase):
     wait: Duration
 
 
+class AdaptiveSpec(StrictModel):
+    """Opt-in: each next step from the gates' headroom (workflows/ramp_policy.py): the step grows by `increase`
+    while every gate keeps at least twice `headroom` (a share of its threshold, trend included), shrinks by
+    `backoff` when one has less than `headroom`, and stays between `min_step` and `max_step`. A failed gate
+    steps back to the last good percentage, shrinks the step and tries again, up to `max_backoffs` times."""
+
+    min_step: Annotated[int, Field(ge=1, le=100)] = 5
+    max_step: Annotated[int, Field(ge=1, le=100)] = 30
+    increase: Annotated[int, Field(ge=1, le=100)] = 10
+    backoff: Annotated[float, Field(ge=0.1, le=0.9)] = 0.5
+    headroom: Annotated[float, Field(gt=0, le=1)] = 0.2
+    max_rate: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="a boot-rate limit: at most this many percentage points a minute")
+    max_backoffs: Annotated[int, Field(ge=0, le=20)] = 3
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveSpec:
+        if self.min_step > self.max_step:
+            raise ValueError("min_step is above max_step")
+        return self
+
+
 class RampSpec(StrictModel):
     action: str
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
@@ -163,6 +186,8 @@ class RampSpec(StrictModel):
     gates: list[GateSpec] = Field(default_factory=list)
     bake: Duration = timedelta(0)
     approval: ApprovalSpec | None = None
+    adaptive: AdaptiveSpec | None = Field(
+        default=None, description="pick each next step from the gates' headroom; `step` is the first step's size")
 
     def schedule(self) -> list[int]:
         if self.percentages is not None:
@@ -178,6 +203,8 @@ class RampSpec(StrictModel):
             raise ValueError("ramp percentages must increase")
         if plan[0] <= self.baseline:
             raise ValueError("the first ramp percentage must be above the baseline")
+        if self.adaptive is not None and self.percentages is not None:
+            raise ValueError("an adaptive ramp picks its own percentages: give start, stop and step, not percentages")
         return self
 
 

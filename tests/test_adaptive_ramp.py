@@ -1,0 +1,116 @@
+"""The adaptive ramp: each next step from the gates' headroom, additive increase while it holds, multiplicative
+back-off near a threshold or after a failed gate; every decision kept on the step with what drove it."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests import support
+from workflows.contract import GateReading
+from workflows.loader import RunbookInvalid, plan_run
+from workflows.ramp_policy import decide, headroom
+from workflows.spec import AdaptiveSpec
+
+_BOOK = """
+    metadata: {{name: adaptive}}
+    target: any
+    steps:
+      - id: players
+        ramp:
+          action: core.note
+          with: {{message: "players to ${{{{ ramp.percent }}}}%"}}
+          start: 10
+          step: 10
+          gates:
+            - {{name: db-load, endpoint: "${{{{ target.telemetry.prometheus }}}}", query: 'db_load{{percent="${{{{ ramp.percent }}}}"}}',
+               comparator: "<", threshold: 100, interval: 0.2s, consecutive: 2, timeout: 2s}}
+          {adaptive}
+"""
+
+
+def _reading(value: float, comparator: str = "<", threshold: float = 100.0, offset: int = 0) -> GateReading:
+    return GateReading(gate="db-load", at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=offset), value=value,
+                       passed=True, comparator=comparator, threshold=threshold)
+
+
+def test_headroom_and_the_next_step():
+    # Room below a `<` threshold and above a `>=` one, as a share of the threshold.
+    assert headroom([_reading(40)]) == pytest.approx(0.6)
+    assert headroom([_reading(0.96, ">=", 0.8)]) == pytest.approx(0.2)
+    # A trend toward the threshold over the readings takes the room it would use up.
+    assert headroom([_reading(20, offset=0), _reading(50, offset=10)]) == pytest.approx(0.2)
+    assert headroom([GateReading(gate="g", at=datetime(2026, 1, 1, tzinfo=UTC), error="down")]) is None
+
+    spec = AdaptiveSpec(min_step=5, max_step=30, increase=10, backoff=0.5, headroom=0.2)
+    grow = decide(spec, at=10, stop=100, step=10, readings={"db-load": [_reading(10)]}, took=timedelta(seconds=30))
+    assert (grow.next, grow.step) == (30, 20) and "+10" in grow.reason
+    shrink = decide(spec, at=60, stop=100, step=30, readings={"db-load": [_reading(90)]}, took=timedelta(seconds=30))
+    assert (shrink.next, shrink.step) == (75, 15) and "x0.5" in shrink.reason
+    hold = decide(spec, at=60, stop=100, step=30, readings={"db-load": [_reading(70)]}, took=timedelta(seconds=30))
+    assert (hold.next, hold.step) == (90, 30)
+    capped = decide(AdaptiveSpec(max_rate=20), at=10, stop=100, step=10, readings={"db-load": [_reading(10)]},
+                    took=timedelta(seconds=30))
+    assert (capped.next, capped.step) == (20, 10) and "boot rate 20%/min" in capped.reason
+    assert decide(spec, at=90, stop=100, step=30, readings={"db-load": [_reading(10)]}, took=timedelta(0)).next == 100
+
+
+def test_an_adaptive_ramp_is_checked(tmp_path):
+    book = support.write_runbook(tmp_path, _BOOK.format(adaptive="adaptive: {min_step: 40, max_step: 20}"))
+    with pytest.raises(RunbookInvalid) as refused:
+        plan_run(book, registry=support.registry(), inventory={"name": "any", "telemetry": {"prometheus": "http://p"}})
+    assert any("min_step is above max_step" in line for line in refused.value.errors), refused.value.errors
+
+
+async def test_the_ramp_grows_while_there_is_room_and_backs_off_when_a_gate_fails(env, task_queue, tmp_path):
+    prom = await support.ScriptedPrometheus().start()
+    prom.default = 10.0  # plenty of room under 100 ...
+    prom.script('db_load{percent="60"}', 150)  # ... but 60 % overloads the database ...
+    prom.script('db_load{percent="45"}', 85)  # ... and 45 % leaves little room
+    book = support.write_runbook(tmp_path, _BOOK.format(
+        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}"))
+    inventory = {"name": f"ramp-{task_queue[-8:]}", "telemetry": {"prometheus": prom.url}}
+    try:
+        async with support.worker(env.client, task_queue):
+            handle = await support.start(env.client, book, task_queue, target=inventory)
+            await handle.result()
+            status = await support.status(handle)
+    finally:
+        await prom.stop()
+    [players] = status.steps
+    said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
+    # 10 -> 30 (+10: step 20) -> 60 (+10: step 30); 60 fails: back to 30, step 15 -> 45; little room at 45:
+    # step 7 -> 52; room again: 17 -> 69, 27 -> 96, then the rest.
+    assert said == [(10, 30, 20), (30, 60, 30), (60, 45, 15), (45, 52, 7), (52, 69, 17), (69, 96, 27),
+                    (96, 100, 30)], said
+    assert players.percent == 100 and players.last_good == 100 and status.state == "succeeded"
+    assert "a gate failed at 60%: back to 30%" in players.ramp_decisions[2].reason
+    assert players.ramp_decisions[3].headroom == {"db-load": pytest.approx(0.15)}
+    # Eight percentages set instead of the fixed ramp's ten, one of them refused and stepped back from.
+    set_to = [r.percent for r in players.readings if r.passed]
+    assert sorted(set(set_to)) == [10, 30, 45, 52, 69, 96, 100], set_to
+
+
+async def test_the_timeline_explains_each_step(env, task_queue, tmp_path):
+    from tests.test_cli import acli
+
+    prom = await support.ScriptedPrometheus().start()
+    prom.default = 10.0
+    book = support.write_runbook(tmp_path, _BOOK.format(adaptive="adaptive: {max_step: 50, increase: 40}"))
+    target = f"ramp-{task_queue[-8:]}"
+    try:
+        async with support.worker(env.client, task_queue):
+            handle = await support.start(env.client, book, task_queue,
+                                         target={"name": target, "telemetry": {"prometheus": prom.url}})
+            await handle.result()
+    finally:
+        await prom.stop()
+    told = await acli({"TEMPORAL_ADDRESS": env.client.service_client.config.target_host}, "timeline", target,
+                      "--format", "json")
+    assert told.returncode == 0, told.stderr
+    decisions = [(e["outcome"], e["detail"]) for e in json.loads(told.stdout)["entries"]
+                 if e["event"] == "ramp decision"]
+    assert [d[0] for d in decisions] == ["10% -> 60%", "60% -> 100%"], decisions
+    assert decisions[0][1].startswith("headroom 0.90 at least 0.4: step 10 -> 50"), decisions
