@@ -1006,6 +1006,8 @@ def readiness(
         None, "--schedule", metavar="CRON", help="instead of checking now, check on this cron (e.g. '0 6 * * *') on a "
                                                 "worker: its catalog's runbook, from its host; --metrics-file is a "
                                                 "path on the worker"),
+    trial_restore: bool = typer.Option(False, "--trial-restore", help="also restore the newest Consul snapshot into a "
+                                                                      "scratch agent and compare its key count (weekly)"),
 ) -> None:
     """Check, on an ordinary day, the recovery path a runbook will need: ready, not ready or unknown, with evidence.
 
@@ -1020,10 +1022,11 @@ def readiness(
 
     planned = _plan(file, param, target, placeholders=True)
     if schedule:
-        _schedule_readiness(planned, param, schedule, timeout, metrics_file, push)
+        _schedule_readiness(planned, param, schedule, timeout, metrics_file, push, trial_restore)
         return
     try:
-        settings = settings_for(task_queue(), timeout=timeout, temporal_config=temporal_config)
+        settings = settings_for(task_queue(), timeout=timeout, temporal_config=temporal_config,
+                                trial_restore=trial_restore)
         report = _await(readiness_report(planned, settings, metrics_file=metrics_file, push=push))
     except (OSError, ValueError) as exc:  # an unreadable config, a bad facts.rpo, an unwritable metrics file
         _fail(str(exc).splitlines()[0], EXIT_INVALID)
@@ -1035,13 +1038,13 @@ def readiness(
 
 
 def _schedule_readiness(planned: Any, param: list[str], cron: str, timeout: float, metrics_file: Path | None,
-                        push: str | None) -> None:
+                        push: str | None, trial_restore: bool) -> None:
     from cli.schedules import schedule_readiness
     from runtime.connection import task_queue
     from workflows.readiness import ReadinessRequest
 
     request = ReadinessRequest(runbook=planned.runbook.metadata.name, target=planned.target_name,
-                               params=_params(param), timeout_seconds=timeout, push=push,
+                               params=_params(param), timeout_seconds=timeout, push=push, trial_restore=trial_restore,
                                metrics_file=str(metrics_file) if metrics_file else None)
 
     async def go() -> None:

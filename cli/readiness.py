@@ -30,7 +30,8 @@ def frontend_address() -> str:
     return str(config.get("target_host") or "localhost:7233")
 
 
-def settings_for(task_queue: str, *, timeout: float, temporal_config: Path | None = None) -> ReadinessSettings:
+def settings_for(task_queue: str, *, timeout: float, temporal_config: Path | None = None,
+                 trial_restore: bool = False) -> ReadinessSettings:
     from runtime.connection import connect
 
     async def connected() -> Client:
@@ -38,7 +39,8 @@ def settings_for(task_queue: str, *, timeout: float, temporal_config: Path | Non
 
     return ReadinessSettings(connect=connected, frontend=frontend_address(), task_queue=task_queue,
                              build_id=catalog_build_id(load_contracts()), timeout=timeout,
-                             temporal_config=temporal_config.read_text() if temporal_config else "")
+                             temporal_config=temporal_config.read_text() if temporal_config else "",
+                             trial_restore=trial_restore)
 
 
 async def readiness_report(run: RunInput, settings: ReadinessSettings, *, metrics_file: Path | None = None,

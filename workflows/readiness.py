@@ -23,6 +23,7 @@ class ReadinessRequest(BaseModel):
     timeout_seconds: float = Field(default=10.0, gt=0, le=600)
     metrics_file: str | None = None
     push: str | None = None
+    trial_restore: bool = False
 
 
 def readiness_schedule_id(runbook: str, target: str) -> str:
@@ -36,5 +37,5 @@ class ReadinessWorkflow:
         # One attempt: the next scheduled check is the retry, and a stale answer would read as a current one.
         return await workflow.execute_activity(
             READINESS_ACTIVITY, request, result_type=dict,
-            start_to_close_timeout=timedelta(seconds=max(request.timeout_seconds, 120.0) + 60),
+            start_to_close_timeout=timedelta(seconds=max(request.timeout_seconds, 300.0) + 60),
             retry_policy=RetryPolicy(maximum_attempts=1))

@@ -22,6 +22,7 @@ from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secre
 from runtime.readiness.model import Check, Verdict, not_ready, ready
 from runtime.readiness.snapshots import snapshot_verdict
 from runtime.readiness.telemetry import telemetry_verdict
+from runtime.readiness.trial import trial_restore_verdict
 from runtime.readiness.workers import workers_verdict
 from workflows.contract import RunInput, readings_queue
 from workflows.spec import ActionStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep
@@ -42,6 +43,8 @@ class ReadinessSettings:
     build_id: str
     timeout: float = 10.0
     temporal_config: str = ""
+    # The weekly trial restore of the newest snapshot into a scratch Consul agent (minutes, not seconds).
+    trial_restore: bool = False
     _client: asyncio.Task[Client] | None = field(default=None, repr=False)
 
     async def client(self) -> Client:
@@ -161,6 +164,9 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
     # Reading a large snapshot takes a while: its check gets a longer allowance than a network probe.
     checks.extend(Check(f"snapshot:{store}", "snapshot", lambda s=store, p=pattern: snapshot_verdict(
         s, pattern=p, objective=objective), max(t, 120.0)) for store, pattern in sorted(stores))
+    if settings.trial_restore:
+        checks.extend(Check(f"snapshot.trial:{store}", "snapshot", lambda s=store, p=pattern: trial_restore_verdict(
+            s, pattern=p), max(t, 300.0)) for store, pattern in sorted(stores))
     return checks
 
 

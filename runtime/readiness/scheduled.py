@@ -49,7 +49,8 @@ class ScheduledReadiness:
 
         settings = ReadinessSettings(connect=connected, frontend=client.service_client.config.target_host,
                                      task_queue=activity.info().task_queue,
-                                     build_id=catalog_build_id(self._registry), timeout=request.timeout_seconds)
+                                     build_id=catalog_build_id(self._registry), timeout=request.timeout_seconds,
+                                     trial_restore=request.trial_restore)
         try:
             checks = plan_checks(run, settings)
         except ValueError as exc:  # a target fact that is not valid (facts.rpo)

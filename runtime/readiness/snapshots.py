@@ -11,10 +11,11 @@ from activities.consul.archive import ArchiveError, read_meta, read_snapshot, ta
 from activities.retry import format_duration
 from runtime.readiness.model import Verdict, not_ready, ready
 
-__all__ = ["snapshot_verdict"]
+__all__ = ["newest_snapshot", "snapshot_verdict"]
 
 
-def _newest(store: Path, pattern: str) -> tuple[datetime, Path] | None:
+def newest_snapshot(store: Path, pattern: str) -> tuple[datetime, Path] | None:
+    """(when it was taken, path) of the newest readable snapshot in the store."""
     best: tuple[datetime, Path] | None = None
     for path in store.glob(pattern):
         try:
@@ -29,7 +30,7 @@ def _newest(store: Path, pattern: str) -> tuple[datetime, Path] | None:
 def _check(store: Path, pattern: str, objective: timedelta | None, now: datetime) -> Verdict:
     if not store.is_dir():
         return not_ready(f"the snapshot store {store} is not a directory")
-    newest = _newest(store, pattern)
+    newest = newest_snapshot(store, pattern)
     if newest is None:
         return not_ready(f"no readable snapshot in {store} ({pattern})")
     when, path = newest

@@ -52,3 +52,11 @@ def test_the_cold_start_runbook_gets_a_check_for_each_part_of_its_path() -> None
 def test_a_target_objective_that_is_not_a_duration_is_refused() -> None:
     with pytest.raises(ValueError, match="facts.rpo 'daily' is not a duration"):
         plan_checks(_planned(rpo="daily"), _settings())
+
+
+def test_the_trial_restore_is_checked_only_when_asked() -> None:
+    settings = _settings()
+    settings.trial_restore = True
+    names = [c.name for c in plan_checks(_planned(), settings)]
+    assert "snapshot.trial:/var/lib/coldstart/snapshots" in names
+    assert "snapshot.trial:/var/lib/coldstart/snapshots" not in [c.name for c in plan_checks(_planned(), _settings())]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import io
-import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,6 +13,7 @@ from lab.hashistack.local import VaultDev
 from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secret_verdict
 from runtime.readiness.snapshots import snapshot_verdict
 from runtime.readiness.telemetry import config_dependencies, telemetry_verdict
+from tests.readiness.archives import with_state
 from tests.readiness.conftest import SECRET
 from tests.readiness.servers import prometheus
 
@@ -83,20 +81,11 @@ def _store(tmp_path: Path, *files: Path) -> Path:
     return store
 
 
-def _corrupt(src: Path, dst: Path) -> None:
-    """One byte of state.bin flipped; SHA256SUMS left as the agent wrote it."""
-    with tarfile.open(src, mode="r:gz") as tar:
-        members = {m.name: tar.extractfile(m).read() for m in tar}  # pyright: ignore[reportOptionalMemberAccess]
-    state = bytearray(members["state.bin"])
-    state[len(state) // 2] ^= 0xFF
-    members["state.bin"] = bytes(state)
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    dst.write_bytes(gzip.compress(raw.getvalue()))
+def _flip(state: bytes) -> bytes:
+    """One byte of state.bin flipped."""
+    changed = bytearray(state)
+    changed[len(changed) // 2] ^= 0xFF
+    return bytes(changed)
 
 
 async def test_the_newest_snapshot_within_the_objective_verifies_and_decodes(snapshot: Path, tmp_path: Path) -> None:
@@ -116,7 +105,7 @@ async def test_a_snapshot_older_than_the_objective_is_not_ready(snapshot: Path, 
 
 async def test_a_corrupt_newest_snapshot_is_not_ready(snapshot: Path, tmp_path: Path) -> None:
     store = _store(tmp_path, snapshot)
-    _corrupt(snapshot, store / "consul-2.snap")
+    with_state(snapshot, store / "consul-2.snap", _flip)
     verdict = await snapshot_verdict(str(store), objective=timedelta(hours=24))
     assert verdict.state == "not_ready"
     assert "consul-1.snap" in verdict.evidence or "consul-2.snap" in verdict.evidence
