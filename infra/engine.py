@@ -14,6 +14,9 @@ from typing import Any
 
 import yaml
 
+from activities.errors import ColdstartError
+from activities.retry import format_duration
+
 __all__ = ["COMMAND_PROVIDER", "PROJECT", "PulumiEngine", "PulumiError", "find_engine", "missing_engine_reason"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,8 +26,8 @@ PROJECT = "coldstart-telemetry"
 COMMAND_PROVIDER = ("command", "1.2.1")
 
 
-class PulumiError(RuntimeError):
-    """A pulumi command failed; the message ends with the tail of its output."""
+class PulumiError(ColdstartError):
+    """A pulumi command failed; the message says which resource failed and what it printed."""
 
 
 def _install_output() -> subprocess.CompletedProcess[str]:
@@ -101,7 +104,6 @@ class PulumiEngine:
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             "PULUMI_SKIP_UPDATE_CHECK": "1",
             "PULUMI_CONFIG_PASSPHRASE_FILE": str(self.root / "passphrase"),
-            "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK": "1",
         })
         env.pop("PULUMI_CONFIG_PASSPHRASE", None)
         return env
@@ -146,21 +148,32 @@ class PulumiEngine:
         kind, version = COMMAND_PROVIDER
         if (self.root / "home" / "plugins" / f"resource-{kind}-v{version}").exists():
             return
-        binary = self.bin_dir / f"pulumi-resource-{kind}"
-        if not binary.exists():
-            raise PulumiError(f"no {binary}: install the {kind} provider {version} into PULUMI_HOME by hand")
-        self.run("plugin", "install", "resource", kind, version, "--file", str(binary), stack_args=False)
+        name = f"pulumi-resource-{kind}"
+        user_home = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
+        # Beside the CLI (../shared/pulumi), in the user's own PULUMI_HOME, or an earlier unpack.
+        candidates = [self.bin_dir / name, user_home / "plugins" / f"resource-{kind}-v{version}" / name,
+                      REPO / ".cache" / "pulumi" / name]
+        binary = next((c for c in candidates if c.is_file()), None)
+        if binary is None:
+            raise PulumiError(f"no {name} {version} in {', '.join(map(str, candidates))}: run "
+                              f"`pulumi plugin install resource {kind} {version}` where the network allows, "
+                              "or provide ../shared/pulumi")
+        self.run("plugin", "install", "resource", kind, version, "--file", str(binary))
 
-    def run(self, *args: str, stack_args: bool = True, check: bool = True,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """`pulumi ARGS` in this workspace (stack commands get --cwd and --stack); PulumiError if it fails."""
         argv = [str(self.bin_dir / "pulumi"), *args, "--non-interactive"]
-        if stack_args and args[0] in {"preview", "up", "destroy", "refresh", "stack"}:
+        if args[0] in {"preview", "up", "destroy", "refresh", "stack"}:
             argv += ["--cwd", str(self.project_dir)]
             if args[0] != "stack":
                 argv += ["--stack", self.stack]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise PulumiError(f"pulumi {' '.join(args)} did not finish within {format_duration(timeout)}") from None
         if check and proc.returncode != 0:
-            raise PulumiError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{_summary(proc.stdout + proc.stderr)}")
+            summary = _summary(proc.stdout + proc.stderr)
+            raise PulumiError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{summary}")
         return proc
 
     def preview(self) -> dict[str, str]:
