@@ -95,6 +95,12 @@ def test_drill_report_files(drill_report):
     markdown = report.report_path.read_text()
     assert "restore" in markdown and "players" in markdown
     assert report.plot_path is not None and report.plot_path.read_bytes()[:4] == b"\x89PNG"
+    # The scorecard against the runbook's objectives: every phase reached, each in its objective, and kept.
+    card = report.scorecard
+    assert card is not None and [p.name for p in card.phases] == ["consul-stable", "cache-healthy", "players-100",
+                                                                  "users-back"]
+    assert all(p.measured_s is not None and p.met for p in card.phases), card.phases
+    assert report.scorecard_path is not None and card.workflow_id in report.scorecard_path.read_text()
     # The lab was taken down: no namespace of the drill's prefix is left.
     import subprocess
 
