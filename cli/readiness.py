@@ -55,8 +55,13 @@ async def readiness_report(run: RunInput, settings: ReadinessSettings, *, metric
 
 
 def render_report(console: Console, report: Report) -> None:
-    table = Table("check", "state", "evidence", "took", box=box.SIMPLE_HEAD, pad_edge=False,
-                  title=f"readiness of {report.runbook} on {report.target}", title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=f"readiness of {report.runbook} on {report.target}",
+                  title_justify="left")
+    # A check's name is its metric label: folded on a narrow terminal, never cut short.
+    table.add_column("check", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("evidence", overflow="fold")
+    table.add_column("took", no_wrap=True)
     for result in report.results:
         table.add_row(result.check, Text(_WORD[result.state], style=_STYLE[result.state]),
                       Text(result.evidence), format_duration(round(result.seconds, 3)))

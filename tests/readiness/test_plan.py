@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,20 @@ def test_the_trial_restore_is_checked_only_when_asked() -> None:
     names = [c.name for c in plan_checks(_planned(), settings)]
     assert "snapshot.trial:/var/lib/coldstart/snapshots" in names
     assert "snapshot.trial:/var/lib/coldstart/snapshots" not in [c.name for c in plan_checks(_planned(), _settings())]
+
+
+def test_the_command_refuses_bad_input_in_one_line_and_documents_itself(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "readiness", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+
+    usage = cli("--help")
+    assert usage.returncode == 0
+    for option in ("--target", "--json", "--metrics-file", "--push", "--timeout", "--schedule", "--trial-restore"):
+        assert option in usage.stdout
+    missing = cli(str(tmp_path / "nothing.yaml"), "--target", "lab")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nmetadata: {name: bad}\ntarget: local\nsteps:\n  - {id: a, action: no.such.action}\n")
+    refused = cli(str(bad), "--target", "local")
+    assert refused.returncode == 2 and "no.such.action" in refused.stderr

@@ -150,3 +150,15 @@ async def test_the_approle_logs_in_or_is_refused(vault: VaultDev, tmp_path: Path
     refused = await approle_verdict(vault.url, str(tmp_path / "role"), str(tmp_path / "secret"))
     assert refused.state == "not_ready" and "refused" in refused.evidence
     assert secret_id not in refused.evidence and "not-the-secret-id" not in refused.evidence
+
+
+async def test_a_sealed_vault_leaves_every_secret_not_ready(vault: VaultDev, tmp_path: Path) -> None:
+    admin = hvac.Client(url=vault.url, token=vault.token)
+    admin.sys.seal()
+    try:
+        sealed = await secret_verdict(_ref(vault, tmp_path))
+    finally:
+        admin.sys.submit_unseal_key(vault.unseal_key())
+    assert sealed.state == "not_ready" and "does not resolve" in sealed.evidence, sealed.evidence
+    assert SECRET not in sealed.evidence
+    assert (await secret_verdict(_ref(vault, tmp_path))).state == "ready"
