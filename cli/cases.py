@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from activities.catalog import load_registry
+from activities.catalog import load_contracts
 from activities.retry import format_duration
 from runtime.case_runner import CaseResult, run_cases
 from runtime.casebook import cases_file_for, load_cases
@@ -30,7 +30,7 @@ def test_runbook(runbook: Path, cases: Path | None, *, only: str | None, out: Co
     started = time.monotonic()
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)
-    results = asyncio.run(run_cases(runbook, book, registry=load_registry(),
+    results = asyncio.run(run_cases(runbook, book, registry=load_contracts(),
                                     targets_dir=Path(os.environ.get("COLDSTART_TARGETS", "targets")), only=only))
     for result in results:
         out.print(result.line(), markup=False, highlight=False, soft_wrap=True)
