@@ -142,7 +142,7 @@ class PulumiEngine:
         if self.stack_file.exists():
             current = yaml.safe_load(self.stack_file.read_text()) or {}
         current["config"] = {f"{PROJECT}:{key}": value for key, value in config.items()}
-        self.stack_file.write_text(yaml.safe_dump(current, sort_keys=True))
+        self.stack_file.write_text(yaml.safe_dump(current, sort_keys=False))
 
     def _install_provider(self) -> None:
         kind, version = COMMAND_PROVIDER

@@ -115,7 +115,17 @@ def _checked_override(job: str, override: Mapping[str, Any]) -> dict:
     bad = set(override) - _ALLOWED_OVERRIDE_KEYS
     if bad:
         raise ValueError(f"job {job!r}: override keys {sorted(bad)} are not allowed (static targets only)")
-    return copy.deepcopy(dict(override))
+    # Keys in a fixed order: the same override gives the same bytes (and sha256) whether it came from
+    # Python (the lab) or from Pulumi's config, which hands objects over with their keys sorted.
+    return _key_sorted(copy.deepcopy(dict(override)))
+
+
+def _key_sorted(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _key_sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_key_sorted(v) for v in value]
+    return value
 
 
 def dump_yaml(data: Mapping[str, Any]) -> str:

@@ -13,17 +13,13 @@ from typer.testing import CliRunner
 
 from infra.engine import PulumiEngine
 from lab.cli import lab_app
-from lab.hashistack import Backends
 from lab.hosts import create, destroy, start_daemon, wait_for_port
 from lab.lifecycle import CONFIG
 from lab.services import Secrets
 from lab.settings import LabConfig
-from lab.telemetry_stack import STACK, TELEMETRY_HOST, render_in_place, telemetry_ssh_spec
+from lab.telemetry_stack import STACK, TELEMETRY_HOST, lab_backends, render_in_place, telemetry_ssh_spec
 
-__all__ = ["NO_BACKENDS", "PulumiLab", "pulumi_lab"]
-
-NO_BACKENDS = Backends(consul=None, nomad=None, vault=None)
-
+__all__ = ["PulumiLab", "deployed_files", "pulumi_lab"]
 
 @dataclass
 class PulumiLab:
@@ -32,10 +28,17 @@ class PulumiLab:
     # The stack configuration the first `up` deployed (keys without the project prefix).
     config: dict
     first_up_s: float
+    # {path under the config dir: text} as `lab up` rendered them, before Pulumi deployed its own.
+    lab_up_files: dict[str, str]
 
     @property
     def prometheus_url(self) -> str:
         return self.cfg.prometheus_url
+
+
+def deployed_files(cfg: LabConfig) -> dict[str, str]:
+    root = cfg.path("prometheus")
+    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file() and "data" not in p.parts}
 
 
 @contextmanager
@@ -54,7 +57,9 @@ def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csi",
         create(spec)
         sec = Secrets(cfg)
         sec.ensure()
-        conf = render_in_place(cfg, sec, NO_BACKENDS)
+        # The backends `coldstart lab telemetry` will see (no inventory here: what PATH holds).
+        conf = render_in_place(cfg, sec, lab_backends(cfg))
+        lab_up_files = deployed_files(cfg)
         prom = start_daemon(spec, TELEMETRY_HOST, "prometheus", [
             "/usr/bin/prometheus", f"--config.file={conf}", f"--storage.tsdb.path={cfg.path('prometheus', 'data')}",
             f"--web.listen-address={cfg.ip(TELEMETRY_HOST)}:{cfg.ports.prometheus}", "--web.enable-lifecycle"])
@@ -67,6 +72,6 @@ def pulumi_lab(state_dir: Path, bin_dir: Path, *, prefix: str = "csi",
             raise RuntimeError(f"coldstart lab telemetry --pulumi failed: {out.output}")
         first_up_s = time.perf_counter() - t
         engine = PulumiEngine(bin_dir=bin_dir, root=cfg.path("pulumi"), stack=STACK)
-        yield PulumiLab(cfg, engine, engine.read_config(), first_up_s)
+        yield PulumiLab(cfg, engine, engine.read_config(), first_up_s, lab_up_files)
     finally:
         destroy(spec)

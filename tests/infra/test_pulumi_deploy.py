@@ -12,9 +12,8 @@ from typer.testing import CliRunner
 
 from infra.engine import PulumiError, find_engine, missing_engine_reason
 from lab.cli import lab_app
-from lab.settings import LabConfig
 from tests.hosts.labkit import require_lab
-from tests.infra.pulumi_lab import PulumiLab, pulumi_lab
+from tests.infra.pulumi_lab import PulumiLab, deployed_files, pulumi_lab
 
 pytestmark = pytest.mark.lab
 
@@ -39,16 +38,12 @@ def _config_text(url: str) -> str:
     return httpx.get(f"{url}/api/v1/status/config", timeout=5).json()["data"]["yaml"]
 
 
-def _files(cfg: LabConfig) -> dict[str, str]:
-    root = cfg.path("prometheus")
-    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file() and "data" not in p.parts}
-
-
 def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     cfg, engine = deployed.cfg, deployed.engine
     assert engine.preview() == {}, "a fresh `up` leaves nothing to change"
-    before = _files(cfg)
-    assert set(before) == {"prometheus.yml", "rules/coldstart.rules.yml"}
+    # What `lab up` rendered, byte for byte: the gates read what Pulumi deployed.
+    assert deployed_files(cfg) == deployed.lab_up_files
+    assert set(deployed.lab_up_files) == {"prometheus.yml", "rules/coldstart.rules.yml"}
 
     # A new scrape target: exactly one file resource changes, and the reload after it.
     changed = copy.deepcopy(deployed.config)
@@ -62,7 +57,7 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     assert "10.221.0.250:9105" in cfg.path("prometheus", "prometheus.yml").read_text()
     assert "10.221.0.250:9105" in _config_text(deployed.prometheus_url), "Prometheus reloaded the deployed config"
     assert engine.preview() == {}
-    serving, deployed_files = _config_text(deployed.prometheus_url), _files(cfg)
+    serving, after_change = _config_text(deployed.prometheus_url), deployed_files(cfg)
 
     # A broken rule (an evaluation interval promtool rejects) fails the deploy; the old files keep serving.
     broken = copy.deepcopy(changed)
@@ -71,7 +66,7 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
     with pytest.raises(PulumiError, match=r"prom-file-rules-coldstart\.rules\.yml") as failed:
         engine.up()
     assert 'not a valid duration string: "1x"' in str(failed.value), str(failed.value)
-    assert _files(cfg) == deployed_files
+    assert deployed_files(cfg) == after_change
     assert _config_text(deployed.prometheus_url) == serving
     assert httpx.get(f"{deployed.prometheus_url}/-/ready", timeout=5).status_code == 200
     groups = httpx.get(f"{deployed.prometheus_url}/api/v1/rules", timeout=5).json()["data"]["groups"]
@@ -84,12 +79,12 @@ def test_preview_up_change_broken_rule_destroy(deployed: PulumiLab) -> None:
 
     # Destroy removes what the stack deployed and nothing else (Prometheus' data stays).
     engine.destroy()
-    assert _files(cfg) == {}
+    assert deployed_files(cfg) == {}
     assert not cfg.path("prometheus", "rules").exists()
     assert cfg.path("prometheus", "data").is_dir()
 
     # `coldstart lab telemetry` without --pulumi puts `lab up`'s files back and reloads.
     out = CliRunner().invoke(lab_app, ["telemetry", "--state-dir", str(cfg.state_dir)])
     assert out.exit_code == 0, out.output
-    assert set(_files(cfg)) == {"prometheus.yml", "rules/coldstart.rules.yml"}
+    assert set(deployed_files(cfg)) == {"prometheus.yml", "rules/coldstart.rules.yml"}
     assert "10.221.0.250:9105" not in _config_text(deployed.prometheus_url)
