@@ -10,7 +10,7 @@ import yaml
 if TYPE_CHECKING:
     from activities.inventory import Inventory
 
-__all__ = ["host_of", "violations"]
+__all__ = ["host_of", "resolver_violations", "restored_hosts", "violations"]
 
 
 def host_of(address: str) -> str:
@@ -45,7 +45,7 @@ def _server_addresses(config: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def _restored(inventory: Inventory) -> dict[str, str]:
+def restored_hosts(inventory: Inventory) -> dict[str, str]:
     """Host -> the restored system it belongs to (Consul, Nomad, Vault), from the inventory."""
     systems: dict[str, str] = {}
     endpoints = inventory.endpoints
@@ -71,7 +71,7 @@ def violations(frontend: str, server_config: str, inventory: Inventory | None = 
     """
     problems: list[str] = []
     config = yaml.safe_load(server_config) or {}
-    restored = _restored(inventory) if inventory else {}
+    restored = restored_hosts(inventory) if inventory else {}
     dialled = [("Temporal frontend", frontend), *_server_addresses(config)]
     if inventory:
         dialled.append((f"inventory {inventory.name} telemetry.prometheus", inventory.telemetry.prometheus))
@@ -85,4 +85,19 @@ def violations(frontend: str, server_config: str, inventory: Inventory | None = 
     for number, line in enumerate(server_config.splitlines(), 1):
         if "vault" in line.lower():
             problems.append(f"server config line {number} refers to Vault: {line.strip()}")
+    return problems
+
+
+def resolver_violations(resolv_conf: str, inventory: Inventory | None = None) -> list[str]:
+    """Why this host's name resolution (resolv.conf) would need what the runbooks restore: a nameserver that is
+    a Consul server (its DNS interface) or another restored host; empty when it would not."""
+    restored = restored_hosts(inventory) if inventory else {}
+    problems = []
+    for number, line in enumerate(resolv_conf.splitlines(), 1):
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver" and (host := host_of(fields[1])) in restored:
+            problems.append(f"resolv.conf line {number}: nameserver {fields[1]} is on {restored[host]}, which the "
+                            f"runbooks restore")
+        elif len(fields) >= 2 and fields[0] in ("search", "domain") and any(_through_consul(d.rstrip(".")) for d in fields[1:]):
+            problems.append(f"resolv.conf line {number}: {line.strip()}: short names resolve through Consul")
     return problems

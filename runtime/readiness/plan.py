@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,7 +16,7 @@ from temporalio.client import Client
 from activities.contracts.targets import NomadTarget, VaultSecretRef
 from activities.inventory import Inventory
 from activities.retry import parse_duration
-from runtime.independence import violations
+from runtime.independence import resolver_violations, violations
 from runtime.readiness.capacity import capacity_verdict
 from runtime.readiness.dns import tsig_verdict
 from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secret_verdict
@@ -45,6 +46,8 @@ class ReadinessSettings:
     temporal_config: str = ""
     # The weekly trial restore of the newest snapshot into a scratch Consul agent (minutes, not seconds).
     trial_restore: bool = False
+    # Where this host's resolver is configured; its nameservers must not be what the runbooks restore.
+    resolv_conf: Path = Path("/etc/resolv.conf")
     _client: asyncio.Task[Client] | None = field(default=None, repr=False)
 
     async def client(self) -> Client:
@@ -207,7 +210,12 @@ def _why(exc: BaseException) -> str:
 
 async def _independent(settings: ReadinessSettings, inventory: Inventory | None) -> Verdict:
     problems = violations(settings.frontend, settings.temporal_config, inventory)
+    try:
+        problems += resolver_violations(settings.resolv_conf.read_text(), inventory)
+    except OSError as exc:
+        problems.append(f"cannot read {settings.resolv_conf}: {exc.strerror}")
     if problems:
         return not_ready("; ".join(problems))
     what = "its frontend address" + (" and server config" if settings.temporal_config else "")
-    return ready(f"Temporal ({what}) and the gates' Prometheus need no Consul, Nomad or Vault")
+    return ready(f"Temporal ({what}), this host's resolver ({settings.resolv_conf}) and the gates' Prometheus need "
+                 f"no Consul, Nomad or Vault")

@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from activities.catalog import load_contracts
+from activities.inventory import Inventory
+from runtime.independence import resolver_violations
 from runtime.readiness import ReadinessSettings, plan_checks
 from workflows.loader import plan_run
 
@@ -79,3 +81,23 @@ def test_the_command_refuses_bad_input_in_one_line_and_documents_itself(tmp_path
     bad.write_text("version: 1\nmetadata: {name: bad}\ntarget: local\nsteps:\n  - {id: a, action: no.such.action}\n")
     refused = cli(str(bad), "--target", "local")
     assert refused.returncode == 2 and "no.such.action" in refused.stderr
+
+
+def test_a_resolver_that_goes_through_consul_is_a_dependency() -> None:
+    inventory = Inventory.model_validate({"name": "t", "telemetry": {"prometheus": "http://10.0.0.9:9090"},
+                                          "consul": {"address": "http://10.0.0.11:8500"}})
+    assert resolver_violations("nameserver 10.0.0.53\nsearch example.com\n", inventory) == []
+    assert resolver_violations("nameserver 10.0.0.11\nsearch service.consul example.com\n", inventory) == [
+        "resolv.conf line 1: nameserver 10.0.0.11 is on consul, which the runbooks restore",
+        "resolv.conf line 2: search service.consul example.com: short names resolve through Consul"]
+
+
+async def test_the_independence_check_reads_this_hosts_resolver(tmp_path: Path) -> None:
+    settings = _settings()
+    settings.resolv_conf = tmp_path / "resolv.conf"
+    settings.resolv_conf.write_text("nameserver 10.0.0.53\n")
+    check = next(c for c in plan_checks(_planned(), settings) if c.name == "temporal.independent")
+    assert (await check.probe()).state == "ready"
+    settings.resolv_conf.write_text("nameserver 10.0.0.53\nsearch node.dc1.consul\n")
+    verdict = await check.probe()
+    assert verdict.state == "not_ready" and "short names resolve through Consul" in verdict.evidence
