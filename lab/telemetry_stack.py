@@ -100,14 +100,14 @@ def telemetry_ssh_spec(cfg: LabConfig) -> LabSpec:
     return spec.model_copy(update={"ssh_hosts": hosts})
 
 
-def lab_stack_config(cfg: LabConfig, sec: Secrets, found: Backends, *, host_key: str, client_key: Path,
-                     address: str | None = None) -> dict[str, Any]:
+def lab_stack_config(cfg: LabConfig, sec: Secrets, found: Backends, *, host_key: str,
+                     client_key: Path) -> dict[str, Any]:
     """The Pulumi stack configuration (keys of infra/README.md) deploying the lab's files to its telemetry host."""
     targets, options = prometheus_options(cfg, sec, found)
     return {
         "prometheusHosts": [{
             "name": TELEMETRY_HOST,
-            "address": address or cfg.ip(TELEMETRY_HOST),
+            "address": cfg.ip(TELEMETRY_HOST),
             "configDir": str(cfg.path("prometheus").resolve()),
             "reloadUrl": f"{cfg.prometheus_url}/-/reload",
             "hostKey": host_key,
