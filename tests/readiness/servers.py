@@ -13,7 +13,7 @@ import pytest
 
 from runtime.processes import free_port, start_process
 
-__all__ = ["consul_dev", "prometheus"]
+__all__ = ["consul_dev", "prometheus", "pushgateway"]
 
 HASHISTACK = Path(__file__).resolve().parents[2] / ".cache" / "hashistack"
 
@@ -69,4 +69,18 @@ def consul_dev(tmp: Path) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the Consul dev agent elected no leader in 30s")
             time.sleep(0.1)
+        yield url
+
+
+@contextmanager
+def pushgateway(tmp: Path) -> Iterator[str]:
+    """Debian's Pushgateway, in memory; yields its URL."""
+    binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
+    if binary is None:
+        pytest.skip("no Pushgateway on PATH (Debian: apt-get install prometheus-pushgateway)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with start_process([binary, f"--web.listen-address=127.0.0.1:{port}"], log=tmp / "pushgateway.log", port=port):
+        _answering(f"{url}/-/ready")
         yield url
