@@ -1012,10 +1012,11 @@ def readiness(
     """Check, on an ordinary day, the recovery path a runbook will need: ready, not ready or unknown, with evidence.
 
     The checks come from the planned run: workers polling its queue with this catalog's actions, the Temporal
-    frontend and the gates' telemetry independent of Consul, Nomad and Vault (the live Prometheus config),
-    every endpoint reachable from here, every secret resolving (never printed), the newest Consul snapshot
-    younger than the target's facts.rpo, verified and decoded. Exit 0 all ready, 1 any not ready, 3 any unknown
-    (none not ready), 2 invalid input.
+    frontend, this host's resolver and the gates' telemetry independent of Consul, Nomad and Vault (the live
+    Prometheus config), every endpoint reachable from here, every secret resolving (never printed), the DNS
+    steering key accepted, Nomad's room for each job redeployed from scratch, the newest Consul snapshot younger
+    than the target's facts.rpo, verified and decoded (and, with --trial-restore, restored into a scratch agent).
+    Exit 0 all ready, 1 any not ready, 3 any unknown (none not ready), 2 invalid input. See docs/readiness.md.
     """
     from cli.readiness import readiness_report, render_report, settings_for
     from runtime.connection import task_queue
