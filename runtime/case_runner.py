@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.contracts.telemetry import READ_MANY_ACTION
 from activities.errors import ColdstartError, LocatedErrors
@@ -39,7 +39,6 @@ from activities.telemetry import wait_before
 from runtime.casebook import Case, CaseBook, Decision, Failed, GateScript, Reading
 from runtime.connection import DATA_CONVERTER
 from runtime.runs import start_run
-from runtime.worker import UNSANDBOXED_RUNNER
 from workflows import search
 from workflows.contract import RESOLVE_RUN_ACTIVITY, RunInput, RunStatus, readings_queue, status_from_memo
 from workflows.fanout import FanOutWorkflow
@@ -293,8 +292,9 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
     queue = f"cases-{uuid.uuid4().hex[:12]}"
     answers = _Answers(book, case)
     fake = _fakes(answers, plan, signer)
+    # The workflows unsandboxed, as production runs them (runtime/worker.py), under the same history tags.
     runs = Worker(env.client, task_queue=queue, workflows=[RunbookWorkflow, FanOutWorkflow], activities=[fake],
-                  interceptors=[HistoryTagInterceptor()], workflow_runner=UNSANDBOXED_RUNNER)
+                  interceptors=[HistoryTagInterceptor()], workflow_runner=UnsandboxedWorkflowRunner())
     readings = Worker(env.client, task_queue=readings_queue(queue), activities=[fake])
     differences: list[str] = []
     async with runs, readings:
