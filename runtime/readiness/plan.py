@@ -16,11 +16,12 @@ from temporalio.client import Client
 from activities.contracts.targets import NomadTarget, VaultSecretRef
 from activities.inventory import Inventory
 from activities.retry import parse_duration
-from runtime.independence import resolver_violations, violations
+from runtime.independence import host_of, resolver_violations, violations
 from runtime.readiness.capacity import capacity_verdict
 from runtime.readiness.dns import tsig_verdict
 from runtime.readiness.endpoints import approle_verdict, endpoint_verdict, secret_verdict
 from runtime.readiness.model import Check, Verdict, not_ready, ready
+from runtime.readiness.path import through_block_verdict
 from runtime.readiness.snapshots import snapshot_verdict
 from runtime.readiness.telemetry import telemetry_verdict
 from runtime.readiness.trial import trial_restore_verdict
@@ -32,6 +33,7 @@ __all__ = ["ReadinessSettings", "plan_checks"]
 
 SNAPSHOT_SELECT = "consul.snapshot.select"
 REDEPLOY = "nomad.job.redeploy_from_scratch"
+BLOCK = "firewall.block"
 
 
 @dataclass
@@ -146,6 +148,7 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
     urls.update(_base(g.endpoint) for g in gates)
     checks.extend(Check(f"endpoint:{u}", "endpoint", lambda u=u: endpoint_verdict(u, timeout=t), t)
                   for u in sorted(urls))
+    checks.extend(_through_blocks(steps, urls, inventory, t))
     refs = {ref.model_dump_json(): ref for _, inputs in calls for ref in _secret_refs(inputs)}
     if inventory and inventory.dns and any(action.startswith("dns.") for action, _ in calls):
         # The key's own check resolves its secret and signs with it: one check, not two.
@@ -171,6 +174,41 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
         checks.extend(Check(f"snapshot.trial:{store}", "snapshot", lambda s=store, p=pattern: trial_restore_verdict(
             s, pattern=p), max(t, 300.0)) for store, pattern in sorted(stores))
     return checks
+
+
+def _blocked_hosts(hosts: list[Any], inventory: Inventory | None) -> set[str]:
+    """What a URL's host may be for each blocked host: its address, its inventory entry's, or its name (a
+    namespace host has no address of its own)."""
+    names: set[str] = set()
+    for host in hosts:
+        if not isinstance(host, dict):
+            continue
+        name = str(host.get("name", ""))
+        names.update(filter(None, [name, host.get("address")]))
+        if inventory and name in inventory.hosts:
+            names.add(host_of(inventory.hosts[name].address))
+    return {n.lower() for n in names}
+
+
+def _through_blocks(steps: list[Any], urls: set[str], inventory: Inventory | None, timeout: float) -> Iterator[Check]:
+    """For each step that blocks clients: every endpoint on a blocked host and port must stay reachable from here
+    through an allowed tier (a URL's host matches by address, or by its first label being the host's name)."""
+    for step in steps:
+        if not isinstance(step, ActionStep) or step.action != BLOCK or not all(_resolved(v) for v in _walk(step.with_)):
+            continue
+        ports = {int(p) for p in step.with_.get("ports") or []}
+        allow = step.with_.get("allow") or []
+        if allow and all(isinstance(a, str) for a in allow):
+            allow = [{"name": "allow", "cidrs": allow}]
+        tiers = {str(a.get("name")): [str(c) for c in a.get("cidrs") or []] for a in allow if isinstance(a, dict)}
+        blocked = _blocked_hosts(step.with_.get("hosts") or [], inventory)
+        for url in sorted(urls):
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+            on_blocked = host in blocked or host.split(".", 1)[0] in blocked
+            if on_blocked and (parts.port or (443 if parts.scheme == "https" else 80)) in ports:
+                yield Check(f"out-of-band:{url}", "endpoint", lambda url=url, tiers=tiers, step=step.id:
+                            through_block_verdict(url, tiers, step), timeout)
 
 
 def _capacity(calls: list[tuple[str, dict[str, Any]]], timeout: float) -> Iterator[Check]:

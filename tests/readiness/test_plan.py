@@ -13,6 +13,7 @@ from activities.catalog import load_contracts
 from activities.inventory import Inventory
 from runtime.independence import resolver_violations
 from runtime.readiness import ReadinessSettings, plan_checks
+from runtime.readiness.path import through_block_verdict
 from workflows.loader import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,9 @@ def test_the_cold_start_runbook_gets_a_check_for_each_part_of_its_path() -> None
         "tsig:coldstart-steer.": "secret",
         "snapshot:/var/lib/coldstart/snapshots": "snapshot",
         "nomad.capacity:cache": "capacity",
+        # block-consul shuts clients out of the servers (not the internal client agent): the controller must stay in.
+        "out-of-band:http://consul-1.test:8500": "endpoint",
+        "out-of-band:http://consul-2.test:8500": "endpoint",
     }
 
 
@@ -101,3 +105,12 @@ async def test_the_independence_check_reads_this_hosts_resolver(tmp_path: Path) 
     settings.resolv_conf.write_text("nameserver 10.0.0.53\nsearch node.dc1.consul\n")
     verdict = await check.probe()
     assert verdict.state == "not_ready" and "short names resolve through Consul" in verdict.evidence
+
+
+async def test_an_endpoint_behind_the_block_is_reachable_out_of_band_only_from_an_allowed_tier() -> None:
+    allowed = await through_block_verdict("http://127.0.0.1:8500", {"controller": ["127.0.0.0/8"]}, "block-consul")
+    assert allowed.state == "ready" and "as tier controller" in allowed.evidence
+    shut_out = await through_block_verdict("http://127.0.0.1:8500", {"controller": ["10.0.0.1/32"],
+                                                                      "telemetry": ["10.0.0.9/32"]}, "block-consul")
+    assert shut_out.state == "not_ready"
+    assert "this host (127.0.0.1) is in no allowed tier (controller, telemetry)" in shut_out.evidence
