@@ -94,7 +94,7 @@ def status(state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVE
 
 @lab_app.command()
 def inject(
-    name: str = typer.Argument(..., help="consul-contention|slow-leader|stale-scheduling-data|"
+    name: str = typer.Argument(..., help="consul-contention|consul-streaming|slow-leader|stale-scheduling-data|"
                                           "unhealthy-node-eligible|cold-cache|preempted-host|clear"),
     target: str | None = typer.Option(None, help="server/node/host the fault hits (fault-specific default)"),
     notice_s: float | None = typer.Option(None, help="preempted-host: seconds of notice"),

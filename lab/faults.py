@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from lab import cgroups
+from lab.agents import CONSUL_CLIENT_HOSTS
 from lab.edge import SCHEDULING_KEY
 from lab.hosts.processes import pid_alive, start_daemon, stop_daemon
 from lab.hosts.shell import LabError
@@ -46,6 +47,12 @@ SLOW_LEADER_CPU = 0.05  # share of one CPU left to the throttled leader (CFS quo
 CONTENTION_FACTOR = 8.0  # the internal services' reconnect storm: this many times their usual rate
 CONTENTION_WATCHERS = 300  # blocking queries the services hold on their prefix; each write wakes them all
 SQUATTER = "port-squatter"
+# The streaming fault, on each Consul client agent: watchers of its services' health (each its own view,
+# so one stream each while the agent reads through the streaming backend) and check-status churn.
+STREAMING_SERVICES = 40
+STREAMING_WATCHERS = 300
+STREAMING_CHURN = 40.0  # check status changes a second, per client agent
+WATCHERS = "streaming-watchers"
 # SO_REUSEADDR: killing redis leaves its connections in TIME_WAIT on the port, which would
 # otherwise keep the squatter out until redis (which sets it) is restarted and wins the port.
 _SQUAT = ("import socket,sys,time\n"
@@ -103,6 +110,30 @@ def consul_contention(cfg: LabConfig, **_: Any) -> Any:
                         clients=cfg.players_clients, watchers=CONTENTION_WATCHERS)
     _remember(cfg, "contention", {"internal_rps": rps, "watchers": CONTENTION_WATCHERS})
     return {"internal_rps": rps, "baseline_rps": cfg.internal_rps, "watchers": CONTENTION_WATCHERS, "pids": pids}
+
+
+def consul_streaming(cfg: LabConfig, **_: Any) -> Any:
+    """Streaming under read and write load, shaped like the outage's: on each Consul client agent,
+    STREAMING_WATCHERS blocking watchers of its services' health (one stream each while the agent
+    uses the streaming backend) while STREAMING_CHURN check changes a second fan out to them. After
+    consul.agents.streaming turns it off the same watchers are blocking queries: the load stays.
+    Consul 1.22 at this scale is not slowed by it (bench/streaming_fault.py).
+
+    Real agents only: the stand-in models streaming with its KV flag (consul-contention).
+    """
+    if not _real(cfg, "consul"):
+        raise LabError("consul-streaming needs the real Consul agents; the stand-in models streaming in "
+                       "consul-contention")
+    token = str(Secrets(cfg).file("consul-token"))
+    pids = {}
+    for host in CONSUL_CLIENT_HOSTS:
+        argv = [PY, "-m", "lab.streaming_watchers", "--agent", cfg.url(host, cfg.ports.consul_http),
+                "--token-file", token, "--services", str(STREAMING_SERVICES), "--watchers", str(STREAMING_WATCHERS),
+                "--churn", str(STREAMING_CHURN), "--duration", str(cfg.load_duration_s)]
+        pids[host] = start_daemon(cfg.spec, host, WATCHERS, argv).pid
+    shape = {"services": STREAMING_SERVICES, "watchers": STREAMING_WATCHERS, "churn_per_s": STREAMING_CHURN}
+    _remember(cfg, "streaming", shape)
+    return {**shape, "agents": list(CONSUL_CLIENT_HOSTS), "pids": pids}
 
 
 def _make_leader(cfg: LabConfig, host: str, timeout: float = 15.0) -> None:
@@ -330,6 +361,7 @@ def clear(cfg: LabConfig, **_: Any) -> Any:
     if _real(cfg, "consul"):
         out["unthrottled"] = [g for g in cgroups.groups(f"coldstart-{cfg.prefix}-")
                               if cgroups.throttle(g, [], None)]
+        out["streaming_watchers"] = [h for h in CONSUL_CLIENT_HOSTS if stop_daemon(cfg.spec, h, WATCHERS)]
         path = _fault_file(cfg)
         if path.exists() and "contention" in json.loads(path.read_text()):
             out["load"] = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=cfg.internal_rps,
@@ -346,6 +378,7 @@ def clear(cfg: LabConfig, **_: Any) -> Any:
 
 FAULTS: dict[str, Callable[..., Any]] = {
     "consul-contention": consul_contention,
+    "consul-streaming": consul_streaming,
     "slow-leader": slow_leader,
     "stale-scheduling-data": stale_scheduling_data,
     "unhealthy-node-eligible": unhealthy_node_eligible,

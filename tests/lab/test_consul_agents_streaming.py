@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -161,3 +162,40 @@ def test_undo_refuses_a_drop_in_rewritten_since_and_changes_nothing(setup):
     asyncio.run(remove())
     on = change(target, [client], enabled=True)
     assert on.changed_agents == [client.name] and reported(cfg, client)["use_streaming_backend"] is True
+
+
+def served_streams(cfg, servers: list[ConsulAgentHost]) -> int:
+    """The streams the servers serve to agents (consul.grpc.server.streams of their internal gRPC server)."""
+    headers = {"X-Consul-Token": Secrets(cfg).read("consul-token")}
+    total = 0.0
+    for a in servers:
+        text = httpx.get(f"{a.http}/v1/agent/metrics", params={"format": "prometheus"}, headers=headers, timeout=5).text
+        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith('consul_grpc_server_streams{server_type="internal"}'))
+    return int(total)
+
+
+def test_streaming_fault_streams_until_the_agents_turn_streaming_off(setup):
+    from lab.faults import inject
+
+    cfg, inv, target = setup
+    clients = [a for a in inv.consul_agents if a.role == "client"]
+    servers = [a for a in inv.consul_agents if a.role == "server"]
+    shape = inject(cfg, "consul-streaming")
+    try:
+        # Every watcher is its own view: one stream each, from each client agent.
+        deadline = time.monotonic() + 60
+        while (streams := served_streams(cfg, servers)) < shape["watchers"] * len(clients) * 0.9:
+            assert time.monotonic() < deadline, f"only {streams} streams"
+            time.sleep(1)
+        out = change(target, clients, enabled=False)
+        assert out.changed_agents == [a.name for a in clients]
+        deadline = time.monotonic() + 30
+        while (streams := served_streams(cfg, servers)) > 0:
+            assert time.monotonic() < deadline, f"{streams} streams left with streaming off"
+            time.sleep(1)
+        undo(out.undo)
+        assert status(target, clients, expect=True).streaming_on == [a.name for a in clients]
+    finally:
+        cleared = inject(cfg, "clear")
+    assert cleared["streaming_watchers"] == [a.name for a in clients]
