@@ -27,6 +27,7 @@ CONTRACTS = {
     "vault": ["activities.contracts.vault"],
     "containers": ["activities.contracts.containers"],
     "sessions": ["activities.contracts.sessions"],
+    "cache": ["activities.contracts.cache"],
 }
 CONTRACT_MODULES = [module for modules in CONTRACTS.values() for module in modules]
 
@@ -44,6 +45,7 @@ ACTION_MODULES = [
     "activities.vault",
     "activities.containers",
     "activities.sessions",
+    "activities.cache",
 ]
 
 

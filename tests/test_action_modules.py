@@ -28,6 +28,7 @@ PURE_MODULES = [
 ]
 
 EXPECTED_ACTIONS = [
+    "cache.warm",
     "containers.kill_inits",
     "containers.list",
     "consul.agents.streaming",
