@@ -20,6 +20,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from activities.catalog import load_registry
 from cli import render
 from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, start_source
+from cli.report import keep as keep_scorecard
 from cli.report import print_scorecard
 from cli.scorecard import Scorecard, score
 from cli.timeline import build_timeline, render_markdown
@@ -283,7 +284,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     report_path.write_text("Backends: " + ", ".join(f"{k} {v}" for k, v in backends.items()) + "\n\n" + markdown)
     card = score(timeline)
     # The drill's Temporal goes with it: its scorecard is kept beside the report, for `coldstart report --file`.
-    kept_in = keep(card, state_dir / "scorecards.jsonl") if card is not None else None
+    kept_in = keep_scorecard(card, state_dir / "scorecards.jsonl") if card is not None else None
     return LabDrillReport(
         outcome="succeeded" if verified else status.state,
         wall_seconds=wall,
