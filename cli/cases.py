@@ -15,6 +15,7 @@ from activities.catalog import load_contracts
 from activities.retry import format_duration
 from runtime.case_runner import CaseResult, run_cases
 from runtime.casebook import cases_file_for, load_cases
+from workflows.loader import RunbookInvalid
 
 __all__ = ["test_runbook"]
 
@@ -25,7 +26,10 @@ _QUIET = ("temporalio", "coldstart")
 
 def test_runbook(runbook: Path, cases: Path | None, *, only: str | None, out: Console) -> bool:
     """Run the cases and print a line per case and a summary with the wall time; True if all passed.
-    CasesInvalid (located) for a bad cases file, NoTestServer without the test server."""
+    RunbookInvalid for a runbook that is not there, CasesInvalid (located) for a bad cases file, NoTestServer
+    without the test server."""
+    if not runbook.is_file():
+        raise RunbookInvalid([f"{runbook}:1:1: cannot read: no such file"])
     book = load_cases(cases or cases_file_for(runbook))
     started = time.monotonic()
     for name in _QUIET:

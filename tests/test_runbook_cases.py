@@ -165,3 +165,12 @@ def test_a_cases_file_that_is_wrong_is_refused_located(tmp_path):
         (f"{cases}:6:34: cases[1].holds.healthy[0]: a decision names one of approve, refuse, retry, skip or abort, "
         "with who decides"),
     ], done.stderr
+
+
+def test_a_runbook_or_cases_file_that_is_not_there(tmp_path):
+    missing = coldstart_test(tmp_path / "nope.yaml")
+    assert (missing.returncode, missing.stderr) == (2, f"{tmp_path / 'nope.yaml'}:1:1: cannot read: no such file\n")
+    runbook, _ = write(tmp_path, "cases: []\n")
+    no_cases = coldstart_test(runbook)
+    assert no_cases.returncode == 2, no_cases
+    assert no_cases.stderr == f"{tmp_path / 'cases' / 'small.yaml'}:1:1: cannot read: No such file or directory\n"
