@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from pathlib import Path
 
@@ -18,9 +19,13 @@ __all__ = ["approle_verdict", "endpoint_verdict", "secret_verdict"]
 
 async def endpoint_verdict(url: str, *, timeout: float = 5.0, ca_cert: str | None = None) -> Verdict:
     """Any HTTP answer proves the path (this host to that listener); a refused or silent connection is not ready."""
+    try:
+        verify = ssl.create_default_context(cafile=ca_cert) if ca_cert else True
+    except OSError as exc:  # a CA bundle that cannot be read or parsed
+        return not_ready(f"cannot read the CA bundle {ca_cert} for {url}: {exc.strerror or exc}")
     started = time.monotonic()
     try:
-        async with httpx.AsyncClient(timeout=timeout, verify=ca_cert or True) as http:
+        async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
             reply = await http.get(url)
     except httpx.TransportError as exc:
         return not_ready(f"{url} is not reachable from here: {type(exc).__name__}{_detail(exc)}")

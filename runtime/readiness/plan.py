@@ -102,6 +102,18 @@ def _base(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def _ca_certs(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """The CA bundle an input gives beside a URL (a cluster's `address` and `ca_cert`), by the URL's base."""
+    found: dict[str, str] = {}
+    for _, inputs in calls:
+        for node in _walk(inputs):
+            if isinstance(node, dict) and isinstance(node.get("ca_cert"), str) and _resolved(node["ca_cert"]):
+                for value in node.values():
+                    if isinstance(value, str) and value.startswith("https://") and _resolved(value):
+                        found.setdefault(_base(value), node["ca_cert"])
+    return found
+
+
 def _secret_refs(inputs: dict[str, Any]) -> Iterator[VaultSecretRef]:
     for node in _walk(inputs):
         if isinstance(node, dict) and {"address", "path", "field"} <= node.keys() and all(map(_resolved, node.values())):
@@ -146,7 +158,8 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
     urls = {_base(v) for _, inputs in calls for v in _walk(inputs)
             if isinstance(v, str) and v.startswith(("http://", "https://")) and _resolved(v)}
     urls.update(_base(g.endpoint) for g in gates)
-    checks.extend(Check(f"endpoint:{u}", "endpoint", lambda u=u: endpoint_verdict(u, timeout=t), t)
+    cas = _ca_certs(calls)
+    checks.extend(Check(f"endpoint:{u}", "endpoint", lambda u=u: endpoint_verdict(u, timeout=t, ca_cert=cas.get(u)), t)
                   for u in sorted(urls))
     checks.extend(_through_blocks(steps, urls, inventory, t))
     refs = {ref.model_dump_json(): ref for _, inputs in calls for ref in _secret_refs(inputs)}
