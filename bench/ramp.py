@@ -1,0 +1,266 @@
+"""Benchmark: the players ramp on one lab, fixed 10 % steps against adaptive, from a cold cache and with the cache flushed mid-ramp.
+
+Goal (issue 35): adaptive reaches 100 % in at most half the fixed ramp's time, with no gate violation and a peak
+database load no higher than the fixed ramp's; with the cache flushed mid-ramp it backs off and holds the gates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RUNBOOK = REPO / "bench" / "ramp.yaml"
+# Kept apart from the default lab, the test labs (tests/lab/conftest.py) and the other benches.
+LAB = {"prefix": "csr", "bridge": "csrbr0", "veth_prefix": "csrv", "subnet": "10.226.0.0/24"}
+HERD_AT = 50  # the mid-ramp flush: once the ramp's target reaches this percentage
+RESOLVER_SWEEP_S = 8.0  # lab/players.py re-resolves every 5 s: after this every player sees maintenance
+
+
+@dataclass
+class Result:
+    """One ramp: what the run recorded and what Prometheus saw between its first step and its end."""
+
+    name: str
+    outcome: str
+    seconds: float | None = None  # first step to the gates passing at 100 %
+    peak_db_qps: float | None = None
+    worst_hit_ratio: float | None = None
+    failed_readings: int = 0
+    readings: int = 0
+    max_over_target: float | None = None
+    percents: list[int] = field(default_factory=list)  # the percentages the ramp set, in order
+    decisions: list[str] = field(default_factory=list)
+    flushed_at: int | None = None
+    warm: str | None = None  # the warm-up's time and keys written, when the variant warms the cache
+
+
+def _variants(adaptive: dict[str, Any] | None) -> dict[str, str]:
+    """The bench runbook's texts by metadata name: fixed (no adaptive, no warm-up), adaptive (no warm-up, the
+    parameters overridden by `adaptive`) and adaptive-warm (as written, with the same overrides)."""
+    import yaml
+
+    from workflows.yaml_safety import load_text
+
+    data = load_text(RUNBOOK.read_text())
+    players = next(s for s in data["steps"] if s["id"] == "players")
+    policy = {**players["ramp"]["adaptive"], **(adaptive or {})}
+    texts = {}
+    for name, adaptive_on, warm in (("fixed", False, False), ("adaptive", True, False), ("adaptive-warm", True, True)):
+        ramp = {k: v for k, v in players["ramp"].items() if k != "adaptive"} | ({"adaptive": policy} if adaptive_on else {})
+        steps = [({**s, "ramp": ramp} if s["id"] == "players" else s) for s in data["steps"] if warm or s["id"] != "warm"]
+        metadata = {**data["metadata"], "name": f"ramp-bench-{name}"}
+        texts[name] = yaml.safe_dump({**data, "metadata": metadata, "steps": steps}, sort_keys=False)
+    return texts
+
+
+async def _series(prometheus: str, query: str, start: float, end: float) -> list[float]:
+    from activities.prometheus import PrometheusError, range_query
+
+    try:
+        result = (await range_query(prometheus, query, start=start, end=end)).get("result", [])
+    except PrometheusError:
+        return []
+    return [float(v) for _, v in result[0]["values"]] if result else []
+
+
+async def _measure(result: Result, status: Any, prometheus: str) -> None:
+    warm = next((s for s in status.steps if s.id == "warm"), None)
+    if warm is not None and warm.started_at and warm.ended_at:
+        result.warm = f"{(warm.ended_at - warm.started_at).total_seconds():.1f} s, {warm.outputs.get('written')} keys"
+    players = next(s for s in status.steps if s.id == "players")
+    readings = players.readings
+    result.readings = len(readings)
+    result.failed_readings = sum(not r.passed for r in readings)
+    result.decisions = [d.reason for d in players.ramp_decisions]
+    if players.started_at is None:
+        return
+    start = players.started_at.timestamp()
+    end = (players.ended_at or datetime.now(UTC)).timestamp()
+    if players.status == "succeeded" and players.outputs.get("percent") == 100:
+        result.seconds = end - start
+    # The 1 m windows behind the recording rules reach a little past the ramp's end: read them up to it.
+    db = await _series(prometheus, "coldstart:db_queries_per_second", start, end)
+    hits = [v for v in await _series(prometheus, "coldstart:cache_hit_ratio", start, end) if not math.isnan(v)]
+    over = await _series(prometheus, "max(coldstart_players_admitted_fraction) * 100 - max(coldstart_players_target_percent)",
+                         start, end)
+    result.peak_db_qps = max(db, default=None)
+    result.worst_hit_ratio = min(hits, default=None)
+    result.max_over_target = max((v for v in over if not math.isnan(v)), default=None)
+
+
+async def _ramp(client: Any, run: Any, queue: str, cfg: Any, name: str, herd: bool) -> Result:
+    """Run one variant: maintenance, a flush once every player sees it, the settle wait, the ramp (and a flush at
+    HERD_AT % when `herd`). A held step is aborted: unattended, nobody answers it."""
+    from lab import faults
+    from runtime.polling import read_full_status, read_kept_status
+    from runtime.runs import start_run
+    from workflows.contract import ControlRequest
+
+    result = Result(name=name, outcome="running")
+    handle = await start_run(client, run, queue)
+    settle_seen: float | None = None
+    flushed_cold = False
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            status = await read_kept_status(handle, attempts=1)
+        except Exception:  # noqa: BLE001, S112 - a busy server answers the next poll
+            continue
+        steps = {s.id: s for s in status.steps}
+        if not flushed_cold and steps["settle"].status == "running":
+            settle_seen = settle_seen or time.monotonic()
+            if time.monotonic() - settle_seen >= RESOLVER_SWEEP_S:
+                await asyncio.to_thread(faults.inject, cfg, "cold-cache")
+                flushed_cold = True
+        players = steps["players"]
+        if players.percent is not None and (not result.percents or result.percents[-1] != players.percent):
+            result.percents.append(players.percent)
+        if herd and result.flushed_at is None and (players.percent or 0) >= HERD_AT:
+            await asyncio.to_thread(faults.inject, cfg, "cold-cache")
+            result.flushed_at = players.percent
+        if status.over:
+            break
+        if status.held:
+            await handle.execute_update("abort", ControlRequest(actor="ramp-bench", reason=f"held: {status.held}"))
+    status = await read_full_status(handle)  # the memo keeps only the newest readings
+    result.outcome = status.state
+    prometheus = run.target["telemetry"]["prometheus"]
+    await asyncio.sleep(3)  # one more scrape and rule evaluation past the ramp's end
+    await _measure(result, status, prometheus)
+    if not flushed_cold:
+        result.outcome += " (the cache was never flushed cold)"
+    return result
+
+
+async def _bench(args: argparse.Namespace, state_dir: Path) -> list[Result]:
+    from activities.catalog import load_registry
+    from lab import lifecycle
+    from lab.drills.outage import vault_token
+    from lab.settings import LabConfig
+    from runtime.catalog import Catalog
+    from runtime.connection import connect
+    from runtime.processes import free_port, start_process
+    from runtime.server_config import dev_server_argv
+    from runtime.worker import build_worker
+    from workflows.loader import plan_run, read_inventory
+
+    targets = state_dir / "targets"
+    catalog_dir = state_dir / "runbooks"
+    catalog_dir.mkdir(parents=True)
+    for name, text in _variants(args.adaptive).items():
+        (catalog_dir / f"ramp-bench-{name}.yaml").write_text(text)
+    # The drill's load: 200 player requests/s.
+    cfg = LabConfig.model_validate({"state_dir": state_dir / "lab", "inventory_path": targets / "lab.yaml",
+                                    "players_rps": 200.0, **LAB})
+    results: list[Result] = []
+    try:
+        info = await asyncio.to_thread(lifecycle.up, cfg)
+        print(f"lab up in {info['seconds']} s: " + ", ".join(f"{k} {v}" for k, v in info["backends"].items()),
+              file=sys.stderr)
+        inventory = read_inventory(info["inventory"]).as_target()
+        os.environ["VAULT_TOKEN"] = await asyncio.to_thread(vault_token, inventory)
+        port = free_port()
+        with start_process(dev_server_argv(state_dir / "temporal.db", port, ui_port=free_port()),
+                           log=state_dir / "temporal.log", port=port):
+            client = await connect(target_host=f"127.0.0.1:{port}", namespace="default", ready_within=60)
+            queue = f"ramp-bench-{os.getpid()}"
+            async with build_worker(client, queue, catalog=Catalog(catalog_dir, targets)):
+                for herd in args.cases:
+                    for name in args.variants:
+                        run = plan_run(catalog_dir / f"ramp-bench-{name}.yaml", registry=load_registry(),
+                                       targets_dir=targets, initiator="ramp-bench", drill=True)
+                        label = name + (" +flush" if herd else "")
+                        print(f"{label}: running", file=sys.stderr)
+                        result = await _ramp(client, run, queue, cfg, label, herd)
+                        print(f"{label}: {result.outcome}, {result.percents}", file=sys.stderr)
+                        results.append(result)
+    finally:
+        await asyncio.to_thread(lifecycle.down, cfg)
+    return results
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _table(results: list[Result]) -> None:
+    from activities.retry import format_duration
+
+    rows = [
+        ("outcome", lambda r: r.outcome),
+        ("first step to 100 %", lambda r: "-" if r.seconds is None else f"{format_duration(r.seconds)} ({r.seconds:.1f} s)"),
+        ("peak database load (q/s)", lambda r: _fmt(r.peak_db_qps, ".1f")),
+        ("worst cache hit ratio", lambda r: _fmt(r.worst_hit_ratio, ".3f")),
+        ("gate readings failed", lambda r: f"{r.failed_readings} of {r.readings}"),
+        ("admitted over target (points)", lambda r: _fmt(r.max_over_target, "+.1f")),
+        ("steps set (%)", lambda r: " ".join(map(str, r.percents))),
+        ("cache flushed at", lambda r: "-" if r.flushed_at is None else f"{r.flushed_at} %"),
+        ("warm-up before the ramp", lambda r: r.warm or "-"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    print(f"{'':{width}}  " + "  ".join(f"{r.name:>22}" for r in results))
+    for label, cell in rows:
+        print(f"{label:{width}}  " + "  ".join(f"{cell(r):>22}" for r in results))
+    for r in results:
+        if r.decisions:
+            print(f"\n{r.name} decisions:")
+            for reason in r.decisions:
+                print(f"  {reason}")
+
+
+def _verdict(results: list[Result]) -> list[str]:
+    by = {r.name: r for r in results}
+    lines = []
+    fixed, adaptive = by.get("fixed"), by.get("adaptive")
+    if fixed and adaptive:
+        met = (fixed.seconds is not None and adaptive.seconds is not None and adaptive.seconds <= fixed.seconds / 2
+               and adaptive.failed_readings == 0 and (adaptive.peak_db_qps or 0) <= (fixed.peak_db_qps or 0))
+        lines.append(f"goal (adaptive <= half the fixed time, no failed reading, peak db load no higher): "
+                     f"{'met' if met else 'NOT met'}")
+    fixed, adaptive = by.get("fixed +flush"), by.get("adaptive +flush")
+    if fixed and adaptive:
+        met = adaptive.failed_readings == 0 and fixed.failed_readings > 0
+        lines.append(f"thundering herd (adaptive holds the gates where fixed fails readings): {'met' if met else 'NOT met'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--adaptive", type=json.loads, default=None,
+                    help='override the adaptive parameters of bench/ramp.yaml, e.g. \'{"increase": 20}\'')
+    ap.add_argument("--case", choices=("cold", "herd", "both"), default="both",
+                    help="cold: from a cold cache; herd: also flushed at 50 %%; both (default)")
+    ap.add_argument("--warm", action="store_true", help="also run adaptive after warming the cache (cache.warm)")
+    ap.add_argument("--only", choices=("fixed", "adaptive", "adaptive-warm"), action="append",
+                    help="run only these variants (repeatable)")
+    args = ap.parse_args(argv)
+    args.cases = {"cold": [False], "herd": [True], "both": [False, True]}[args.case]
+    args.variants = args.only or ["fixed", "adaptive", *(["adaptive-warm"] if args.warm else [])]
+    os.chdir(REPO)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="coldstart-bench-ramp-") as tmp:
+        results = asyncio.run(_bench(args, Path(tmp)))
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, {time.monotonic() - started:.0f} s in all")
+    _table(results)
+    for line in _verdict(results):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
