@@ -58,6 +58,7 @@ TEST_SERVER = Path(sys.prefix) / "bin" / "temporal-test-server"
 _CHUNK = timedelta(minutes=1)
 _FIRST_CHUNK = timedelta(seconds=1)
 _ATTEMPTS = 3
+_BUILD_ID = "coldstart-test"
 _T = TypeVar("_T")
 _STEP_STATES = {"succeeded": "succeeded", "failed": "failed", "held": "held", "skipped": "skipped",
                 "undone": "rolled_back", "not_run": "pending"}
@@ -292,10 +293,12 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
     queue = f"cases-{uuid.uuid4().hex[:12]}"
     answers = _Answers(book, case)
     fake = _fakes(answers, plan, signer)
-    # The workflows unsandboxed, as production runs them (runtime/worker.py), under the same history tags.
+    # The workflows unsandboxed, as production runs them (runtime/worker.py), under the same history tags. A
+    # build id given, as production gives one: the SDK's default hashes every loaded module's code per worker.
     runs = Worker(env.client, task_queue=queue, workflows=[RunbookWorkflow, FanOutWorkflow], activities=[fake],
-                  interceptors=[HistoryTagInterceptor()], workflow_runner=UnsandboxedWorkflowRunner())
-    readings = Worker(env.client, task_queue=readings_queue(queue), activities=[fake])
+                  interceptors=[HistoryTagInterceptor()], workflow_runner=UnsandboxedWorkflowRunner(),
+                  build_id=_BUILD_ID)
+    readings = Worker(env.client, task_queue=readings_queue(queue), activities=[fake], build_id=_BUILD_ID)
     differences: list[str] = []
     async with runs, readings:
         handle = await start_run(env.client, plan, queue)
