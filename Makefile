@@ -1,12 +1,11 @@
 # coldstart: `make drill` runs a recovery drill end to end; `make test` runs the test suite.
 # Both install what is missing first (Debian packages, a .venv): run them as root.
 
-.PHONY: bootstrap temporal-server check test drill cluster bench schema clean lock infra-up
+.PHONY: bootstrap hashistack temporal-server check test drill cluster bench schema clean lock infra-up
 
-# Real Consul/Nomad/Vault unpacked by .ci/run (or by hand, see README) take part when present.
-ifneq ($(wildcard .cache/hashistack/consul),)
+# Real Consul/Nomad/Vault unpacked by .ci/run or `make hashistack` (or by hand, see README) take part when
+# present; on PATH for every recipe, whether unpacked before make started or by a prerequisite.
 export PATH := $(CURDIR)/.cache/hashistack:$(PATH)
-endif
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -26,10 +25,15 @@ check: bootstrap
 
 # Two workers: most tests wait on servers, not on a core; tests/conftest.py keeps each lab on one worker.
 # The static checks first: a finding fails the run before the suite starts.
-test: bootstrap temporal-server check
+test: bootstrap hashistack temporal-server check
 	.venv/bin/pytest -q -p no:cacheprovider -n 2 --durations=20
 
-drill: bootstrap
+# The binaries from ../shared/hashistack when it is there (the stand-ins are only the fallback for a machine
+# without them, and the cold-start runbook turns streaming off in the real agents' own configuration).
+hashistack:
+	@if [ -x ../shared/hashistack/unpack ]; then ../shared/hashistack/unpack .cache/hashistack >/dev/null; fi
+
+drill: bootstrap hashistack
 	.venv/bin/coldstart drill consul-cold-start
 
 # The running lab's telemetry host (`coldstart lab up` first) deployed by a real `pulumi up` of infra/ over SSH;
