@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from rich import box
 from rich.console import Console, Group
@@ -15,7 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from activities.retry import format_duration
-from runtime.polling import RunWatch, Sleep
 from workflows.contract import GateReading, RunInput, RunStatus, StepState, workflow_id_for
 from workflows.refs import REF, RefError, lookup
 from workflows.spec import (
@@ -29,6 +28,9 @@ from workflows.spec import (
     RampStep,
     WaitStep,
 )
+
+if TYPE_CHECKING:
+    from runtime.polling import Sleep
 
 __all__ = ["decisions", "follow", "held_reason", "plan", "reading_text", "runs", "status"]
 
@@ -341,6 +343,9 @@ async def follow(client: Any, workflow_id: str, console: Console, *, interval: f
     ending on the memo's last status, 1.07x / 1.16x on 90-step runs (p95 interval 1.11x to 1.21x, 10
     rounds); every 3 s 1.05x / 1.11x (1.06x to 1.17x). While the run stands still (waiting on
     an approver, held) a view reads it less often, up to every 6 s (RunWatch)."""
+    # Temporal's client (through the polling) loads only for a live view, not for `plan`.
+    from runtime.polling import RunWatch
+
     watch = RunWatch(client.get_workflow_handle(workflow_id), interval=interval, query_every=query_every, sleep=sleep)
     if web_ui:
         console.print(f"Web UI: {web_ui}", highlight=False, markup=False, soft_wrap=True)

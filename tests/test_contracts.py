@@ -41,6 +41,11 @@ def test_checking_a_runbook_loads_no_sdk_nor_client(argv: tuple[str, ...]) -> No
     assert _imports_of(*argv) == {"code": 0, "loaded": []}
 
 
+def test_a_plan_loads_no_sdk_nor_client() -> None:
+    # The views' module holds asyncio for the live view's sleep; Temporal's client waits for `run --follow`.
+    assert _imports_of("plan", "runbooks/demo.yaml") == {"code": 0, "loaded": ["asyncio"]}
+
+
 _CATALOG = """
 import json
 from activities.catalog import load_contracts, load_registry
