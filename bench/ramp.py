@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -171,6 +172,11 @@ async def _bench(args: argparse.Namespace, state_dir: Path) -> list[Result]:
     cfg = LabConfig.model_validate({"state_dir": state_dir / "lab", "inventory_path": targets / "lab.yaml",
                                     "players_rps": 200.0, **LABS[args.lab]})
     results: list[Result] = []
+    # Stopped by a signal, the bench still takes its lab down: the signal cancels it, the finally runs.
+    task = asyncio.current_task()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if task is not None:
+            asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
     try:
         info = await asyncio.to_thread(lifecycle.up, cfg)
         print(f"lab up in {info['seconds']} s: " + ", ".join(f"{k} {v}" for k, v in info["backends"].items()),
