@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import socket
@@ -79,11 +80,19 @@ def _gone(pid: int, starttime: float | None, timeout: float) -> bool:
     return not waiting(pid_alive, pid, starttime)
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the caller binds it soon after)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port free on `host` right now (the caller binds it soon after), and none of the last 256 this
+    process handed out: a stack asks for a dozen before it binds any, and the kernel may give one twice."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 def wait_port(port: int, *, host: str = "127.0.0.1", timeout: float = 30.0, process: subprocess.Popen | None = None) -> None:

@@ -21,7 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from activities._clients import ConsulTarget, go_duration_seconds
 from activities.consul import kv, leadership, snapshots, users
 from activities.consul.services import UserService
-from activities.contracts.consul_kv import KvEntry
+from activities.contracts.consul_kv import STREAMING_KEY, KvEntry
 from activities.secrets import forget_cached_secrets
 
 from .conftest import CONSUL_TOKEN
@@ -67,10 +67,10 @@ def test_streaming_flag_set_and_undo(stack):
     admin = stack.admin()
 
     def flag() -> bytes | None:
-        entry = admin.kv.get(kv.STREAMING_KEY)[1]
+        entry = admin.kv.get(STREAMING_KEY)[1]
         return None if entry is None else entry["Value"]
 
-    admin.kv.put(kv.STREAMING_KEY, "true")
+    admin.kv.put(STREAMING_KEY, "true")
     out = kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=False))
     assert out.changed and out.previous_value == "true" and not out.enabled
     assert flag() == b"false"
@@ -79,7 +79,7 @@ def test_streaming_flag_set_and_undo(stack):
     assert flag() == b"true"
     on = kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=True))
     assert not on.changed and on.previous_value == "true"
-    admin.kv.delete(kv.STREAMING_KEY)
+    admin.kv.delete(STREAMING_KEY)
     created = kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=False))
     assert created.changed and created.previous_value is None and flag() == b"false"
     kv.kv_set(created.undo)

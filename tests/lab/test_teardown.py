@@ -31,9 +31,9 @@ def test_up_down_leaves_nothing(tmp_path):
         daemons = list(load_state(cfg.state_dir).daemons.values())
         assert all(how.startswith("real") for how in info["backends"].values()), info["backends"]
         # 3 sshd, pdns, postgres, prometheus, alertmanager, edge, session router, 3 node agents, 2 loads;
-        # Consul: 3 servers + a client agent + the cgroup exporter + the KV canary; Nomad: a server + 4
-        # clients; Vault: 1.
-        want = 14 + 6 + 5 + 1
+        # Consul: 3 servers + 2 client agents (internal, edge: lab.agents.CONSUL_CLIENT_HOSTS) + the cgroup
+        # exporter + the KV canary; Nomad: a server + 4 clients; Vault: 1.
+        want = 14 + 7 + 5 + 1
         assert len(daemons) == want, sorted(f"{d.host}/{d.name}" for d in daemons)
         up(cfg)  # idempotent: a second up keeps the same daemons
         assert {d.pid for d in load_state(cfg.state_dir).daemons.values()} == {d.pid for d in daemons}
