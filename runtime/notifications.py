@@ -95,9 +95,11 @@ def load_config(path: str | os.PathLike[str]) -> NotifyConfig:
         except ValidationError as exc:
             locate_pydantic_errors(exc, source, (), source.data)
         else:
+            named: set[str] = set()
             for index, sink in enumerate(config.sinks):
-                if [s.name for s in config.sinks].index(sink.name) != index:
+                if sink.name in named:
                     source.error(("sinks", index, "name"), f"sink name {sink.name!r} is used twice")
+                named.add(sink.name)
                 if sink.secret_env and not os.environ.get(sink.secret_env):
                     source.error(("sinks", index, "secret_env"), f"${sink.secret_env} is not set: sink {sink.name} "
                                                                  "cannot sign its events")

@@ -765,21 +765,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         action = self._inp.actions[spec.action]
         last_good = state.last_good if state.last_good is not None else spec.baseline
         for percent in [p for p in spec.schedule() if p > last_good]:
-            await self._checkpoint()
-            if spec.approval is not None:
-                await self._approval(step.id, spec.approval, percent=percent)
-            await self._ramp_set(step, action, percent, last_good)
-            state.percent = percent
-            self._publish(step.id)
-            workflow.set_current_details(self._details(step))
-            await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
             try:
-                context = self._ramp_context(percent, last_good)
-                for g, gate in enumerate(spec.gates):
-                    await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
+                await self._ramp_to(step, state, action, percent, last_good)
             except StepFailed as exc:
-                await self._ramp_set(step, action, last_good, percent, after="gate-failed")
-                state.percent = last_good
                 fallback = ""
                 # Added after the first recorded histories: runs already in flight replay without it.
                 if workflow.patched("ramp-confirm-step-back"):
@@ -788,6 +776,30 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             last_good = percent
             state.last_good = percent
         return {"percent": last_good}
+
+    async def _ramp_to(self, step: RampStep, state: StepState, action: ActionDefaults, percent: int,
+                       last_good: int) -> datetime:
+        """One ramp step: approval if asked, set `percent`, bake, then every gate. A gate that fails sets the
+        ramp back to `last_good` and raises its StepFailed. Returns when `percent` was set."""
+        spec = step.ramp
+        await self._checkpoint()
+        if spec.approval is not None:
+            await self._approval(step.id, spec.approval, percent=percent)
+        set_at = workflow.now()
+        await self._ramp_set(step, action, percent, last_good)
+        state.percent = percent
+        self._publish(step.id)
+        workflow.set_current_details(self._details(step))
+        await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
+        try:
+            context = self._ramp_context(percent, last_good)
+            for g, gate in enumerate(spec.gates):
+                await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
+        except StepFailed:
+            await self._ramp_set(step, action, last_good, percent, after="gate-failed")
+            state.percent = last_good
+            raise
+        return set_at
 
     async def _adaptive_ramp(self, step: RampStep, state: StepState, policy: AdaptiveSpec) -> dict[str, Any]:
         """A ramp whose every next step comes from the gates' headroom at the last one (workflows/ramp_policy.py);
@@ -799,22 +811,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         percent = spec.start if last_good < spec.start else min(spec.stop, last_good + size)
         backoffs = 0
         while True:
-            await self._checkpoint()
-            if spec.approval is not None:
-                await self._approval(step.id, spec.approval, percent=percent)
-            set_at = workflow.now()
-            await self._ramp_set(step, action, percent, last_good)
-            state.percent = percent
-            self._publish(step.id)
-            workflow.set_current_details(self._details(step))
-            await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
             try:
-                context = self._ramp_context(percent, last_good)
-                for g, gate in enumerate(spec.gates):
-                    await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
+                set_at = await self._ramp_to(step, state, action, percent, last_good)
             except StepFailed as exc:
-                await self._ramp_set(step, action, last_good, percent, after="gate-failed")
-                state.percent = last_good
                 smaller = max(policy.min_step, int(size * policy.backoff))
                 if backoffs >= policy.max_backoffs or smaller >= size:
                     fallback = await self._confirm_fallback(step, last_good, percent)
