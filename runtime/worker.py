@@ -19,6 +19,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.catalog import load_registry
 from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, READ_MANY_TIMEOUT
+from activities.failure_bounds import FailureBoundsInterceptor
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from activities.telemetry import pace_readings
@@ -124,7 +125,8 @@ def build_worker(
     catalog = catalog or Catalog.from_environment()
     resolver = RunResolver(catalog, registry)
     readiness = ScheduledReadiness(catalog, registry)
-    interceptors: list[Interceptor] = [HistoryTagInterceptor()]
+    # Outermost: a failure is cut to size after every other interceptor has seen it whole.
+    interceptors: list[Interceptor] = [FailureBoundsInterceptor(), HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
         interceptors.append(JournalInterceptor(ActionJournal(

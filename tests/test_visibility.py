@@ -68,7 +68,7 @@ async def test_large_fan_out_runs_in_a_child_workflow(env, task_queue, tmp_path)
         handle = await support.start(env.client, book, task_queue)
         await handle.result()
         status = await support.status(handle)
-        child = await env.client.get_workflow_handle(f"{handle.id}/fan/1").describe()
+        child = await env.client.get_workflow_handle(f"{handle.id}/fan/1/1").describe()
     assert child.workflow_type == "FanOutWorkflow"
     assert status.steps[0].outputs["succeeded"] == 149 and status.steps[0].outputs["failed"] == 1
     assert len(support.lines(out)) == 149

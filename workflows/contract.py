@@ -433,7 +433,7 @@ def parse_request(model: type[_Request], raw: Any) -> Any:
 
 
 class FanOutInput(BaseModel):
-    """A for_each fan-out handed to a child workflow when it is large."""
+    """A for_each fan-out, or one batch of it handed to a child workflow when it is large."""
 
     step_id: str
     spec: ForEachSpec
@@ -441,14 +441,22 @@ class FanOutInput(BaseModel):
     context: dict[str, Any]
     action: ActionDefaults
     attempt: int = 1
+    offset: int = Field(default=0, description="the step-wide index of items[0] (activity ids name it)")
+    allowed: int | None = Field(default=None, description="failures this batch may still have; None: the spec's threshold")
+    concurrency: int | None = Field(default=None, description="this batch's share of max_concurrency; None: all of it")
+    keep_results: bool = Field(default=True, description="hand back every item's output (a later step reads them)")
 
 
 class FanOutResult(BaseModel):
+    """A fan-out's summary: counts, the first failures with their reasons, and the items that succeeded as ranges."""
+
     total: int
     succeeded: int
     failed: int
     failures: list[str] = Field(default_factory=list)
-    results: list[Any] = Field(default_factory=list)
+    results: list[Any] | None = Field(default_factory=list, description="each item's output (None: not kept)")
+    done: list[list[int]] = Field(default_factory=list, description="[first, last] index ranges of the items that succeeded")
+    results_missing: str | None = Field(default=None, description="why results were asked for and not kept")
 
 
 RunInput.model_rebuild()

@@ -1,43 +1,82 @@
-"""for_each fan-outs: bounded concurrency and a failure threshold, in a child workflow when large."""
+"""for_each fan-outs: bounded concurrency and a failure threshold, in batches of child workflows when large."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from activities.failure_bounds import bounded
     from workflows.calls import StepFailed, execute_action
     from workflows.contract import FanOutInput, FanOutResult
     from workflows.history_tags import ActivityTag
     from workflows.refs import RefError, resolve
     from workflows.spec import ForEachSpec
 
-__all__ = ["FANOUT_CHILD_THRESHOLD", "FanOutWorkflow", "run_fan_out"]
+__all__ = [
+    "BATCH_ITEMS",
+    "FAILURES_KEPT",
+    "FANOUT_CHILD_THRESHOLD",
+    "RESULTS_BUDGET",
+    "FanOutWorkflow",
+    "reads_results",
+    "run_fan_out",
+    "run_in_batches",
+    "shown_outputs",
+]
 
-# Fan-outs larger than this run in a child workflow, so the parent's history stays small.
+# Fan-outs larger than this run in child workflows, so the parent's history stays small.
 FANOUT_CHILD_THRESHOLD = 100
+# The most items one child runs: about 4 events each, so its history stays near 2,000 events.
+BATCH_ITEMS = 500
+# Per-item outputs one child hands back, in bytes of JSON (Temporal warns at 512 KiB a payload).
+RESULTS_BUDGET = 256 * 1024
+FAILURES_KEPT = 50
+FAILURE_CHARS = 500
+# A batch's first size when its results are kept and no batch has yet shown how large they are.
+_FIRST_KEPT_BATCH = 50
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, default=str, separators=(",", ":")))
+
+
+def _ranges(indices: list[int]) -> list[list[int]]:
+    """Sorted indices as [first, last] pairs: 0-499 and 501-999 succeeded is two pairs, not 999 numbers."""
+    out: list[list[int]] = []
+    for index in sorted(indices):
+        if out and out[-1][1] == index - 1:
+            out[-1][1] = index
+        else:
+            out.append([index, index])
+    return out
 
 
 async def run_fan_out(inp: FanOutInput) -> FanOutResult:
     """Run one action per item with bounded concurrency; stop launching once the threshold is exceeded."""
     spec: ForEachSpec = inp.spec
-    allowed = spec.allowed_failures(len(inp.items))
-    limiter = asyncio.Semaphore(spec.max_concurrency)
+    allowed = spec.allowed_failures(len(inp.items)) if inp.allowed is None else inp.allowed
+    limiter = asyncio.Semaphore(inp.concurrency or spec.max_concurrency)
     results: list[Any] = [None] * len(inp.items)
     failures: list[str] = []
-    done = 0
+    succeeded: list[int] = []
+    failed = 0
 
-    async def one(index: int, item: Any) -> None:
-        nonlocal done
+    async def one(position: int, item: Any) -> None:
+        nonlocal failed
+        index = inp.offset + position
         async with limiter:
-            if len(failures) > allowed:
+            if failed > allowed:
                 return
             try:
                 args = resolve(spec.with_, {**inp.context, spec.as_: item})
-                results[index] = await execute_action(
+                results[position] = await execute_action(
                     inp.action,
                     args,
                     activity_id=f"{inp.step_id}[{index}]#{inp.attempt}",
@@ -45,18 +84,92 @@ async def run_fan_out(inp: FanOutInput) -> FanOutResult:
                     tag=ActivityTag("fan-out", inp.step_id, item=index),
                     timeout=spec.timeout,
                 )
-                done += 1
+                succeeded.append(index)
             except (StepFailed, RefError) as exc:
-                failures.append(f"[{index}] {json.dumps(item, default=str)[:80]}: {exc}")
+                failed += 1
+                if len(failures) < FAILURES_KEPT:
+                    failures.append(bounded(f"[{index}] {json.dumps(item, default=str)[:80]}: {exc}", FAILURE_CHARS))
 
     await asyncio.gather(*(one(i, item) for i, item in enumerate(inp.items)))
     return FanOutResult(
         total=len(inp.items),
-        succeeded=done,
-        failed=len(failures),
-        failures=failures[:50],
-        results=results,
+        succeeded=len(succeeded),
+        failed=failed,
+        failures=failures,
+        results=results if inp.keep_results else None,
+        done=_ranges(succeeded),
     )
+
+
+def reads_results(steps: Sequence[BaseModel], step_id: str) -> bool:
+    """Whether a step refers to `step_id`'s per-item results (anything of its outputs but the counts)."""
+    pattern = re.compile(rf"steps\.{re.escape(step_id)}\.outputs(?!\.(?:total|succeeded|failed|failures|done)\b)")
+    return any(pattern.search(step.model_dump_json(by_alias=True)) for step in steps)
+
+
+def shown_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """A fan-out's outputs as its status shows them: per-item results over RESULTS_BUDGET are counted, not listed
+    (later steps still read them whole)."""
+    results = outputs.get("results")
+    if results is None or _size(results) <= RESULTS_BUDGET:
+        return outputs
+    return {**{k: v for k, v in outputs.items() if k != "results"},
+            "results_kept": f"{len(results)} items' outputs, kept for later steps and not shown"}
+
+
+StartBatch = Callable[[FanOutInput, int], Awaitable[FanOutResult]]
+
+
+async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
+    """Run the items in batches, each by `start(batch input, batch number)` (a child workflow), two at a time
+    sharing the step's concurrency, and merge their summaries. Per-item results are gathered only when
+    `inp.keep_results`: each batch then holds as many items as keep its results within RESULTS_BUDGET."""
+    spec = inp.spec
+    total = len(inp.items)
+    allowed = spec.allowed_failures(total)
+    lanes = min(2, spec.max_concurrency)
+    merged = FanOutResult(total=total, succeeded=0, failed=0, results=[None] * total if inp.keep_results else None)
+    seen = {"items": 0, "bytes": 0}
+    cut: list[str] = []
+    state = {"next": 0, "batch": 0}
+
+    def batch_size() -> int:
+        if not inp.keep_results:
+            return BATCH_ITEMS
+        if not seen["items"]:
+            return _FIRST_KEPT_BATCH
+        per_item = max(1, seen["bytes"] // seen["items"])
+        return max(1, min(BATCH_ITEMS, RESULTS_BUDGET // 2 // per_item))
+
+    async def lane() -> None:
+        while state["next"] < total and merged.failed <= allowed:
+            first = state["next"]
+            items = inp.items[first:first + batch_size()]
+            state["next"] = first + len(items)
+            state["batch"] += 1
+            batch = inp.model_copy(update={
+                "items": items, "offset": inp.offset + first, "allowed": allowed - merged.failed,
+                "concurrency": max(1, spec.max_concurrency // lanes),
+            })
+            result = await start(batch, state["batch"])
+            merged.succeeded += result.succeeded
+            merged.failed += result.failed
+            merged.failures = (merged.failures + result.failures)[:FAILURES_KEPT]
+            merged.done = _ranges([i for a, b in merged.done + result.done for i in range(a, b + 1)])
+            if merged.results is not None:
+                if result.results is None:
+                    cut.append(f"{inp.offset + first}-{inp.offset + first + len(items) - 1}")
+                else:
+                    merged.results[first:first + len(items)] = result.results
+                    seen["items"] += len(items)
+                    seen["bytes"] += _size(result.results)
+
+    await asyncio.gather(*(lane() for _ in range(lanes)))
+    if cut:
+        merged.results = None
+        merged.results_missing = (f"the per-item outputs of items {', '.join(cut[:5])} were over {RESULTS_BUDGET // 1024} KiB "
+                                  "a batch and were not kept")
+    return merged
 
 
 # Unsandboxed: re-importing the interpreter's modules into a sandbox on every activation was a seventh of a
@@ -64,8 +177,12 @@ async def run_fan_out(inp: FanOutInput) -> FanOutResult:
 # workflow's), and the replay tests hold it to that.
 @workflow.defn(sandboxed=False)
 class FanOutWorkflow:
-    """A large for_each fan-out, as a child so its activity events stay out of the parent's history."""
+    """A batch of a large for_each fan-out, as a child so its activity events stay out of the parent's history."""
 
     @workflow.run
     async def run(self, inp: FanOutInput) -> FanOutResult:
-        return await run_fan_out(inp)
+        result = await run_fan_out(inp)
+        # The result is one payload: per-item outputs past the budget are dropped, and the parent says so.
+        if result.results is not None and _size(result.results) > RESULTS_BUDGET:
+            result.results = None
+        return result

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         ControlRecord,
         ControlRequest,
         FanOutInput,
+        FanOutResult,
         GateReading,
         RampDecision,
         ResumeState,
@@ -49,7 +50,14 @@ with workflow.unsafe.imports_passed_through():
         workflow_id_for,
     )
     from workflows.controls import OperatorControls
-    from workflows.fanout import FANOUT_CHILD_THRESHOLD, FanOutWorkflow, run_fan_out
+    from workflows.fanout import (
+        FANOUT_CHILD_THRESHOLD,
+        FanOutWorkflow,
+        reads_results,
+        run_fan_out,
+        run_in_batches,
+        shown_outputs,
+    )
     from workflows.history_tags import ActivityTag, tagged, timer_summary
     from workflows.notices import RunNotices
     from workflows.ramp_policy import decide as decide_next_step
@@ -441,7 +449,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 metrics_step(self._inp.runbook.metadata.name, step.id, "failed")
                 raise StepFailed(f"step {step.id} failed: {exc}", rollback=step.on_failure == OnFailure.rollback) from None
             state.status = "succeeded"
-            state.outputs = outputs
+            state.outputs = shown_outputs(outputs) if isinstance(step, ForEachStep) else outputs
             state.ended_at = workflow.now()
             metrics_step(self._inp.runbook.metadata.name, step.id, "ok")
             self._outputs[step.id] = {"outputs": outputs, "status": "succeeded"}
@@ -877,27 +885,37 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             action=self._inp.actions[spec.action],
             attempt=state.attempts,
         )
-        if len(items) > FANOUT_CHILD_THRESHOLD:
-            try:
-                result = await workflow.execute_child_workflow(
-                    FanOutWorkflow.run,
-                    fan_out,
-                    id=f"{workflow.info().workflow_id}/{step.id}/{state.attempts}",
-                    static_summary=f"{step.id}: {spec.action} on {len(items)} items",
-                )
-            except ChildWorkflowError as exc:
-                raise StepFailed(f"fan-out {step.id}: {failure_message(exc)}") from None
+        if len(items) > FANOUT_CHILD_THRESHOLD and workflow.patched("fan-out-batches"):
+            # Batches of children, each with a bounded history and result; per-item outputs only when read later.
+            fan_out.keep_results = reads_results(self._inp.runbook.steps, step.id)
+            fan_out.spec = spec.model_copy(update={"items": []})  # inline items travel once, as the batch's items
+            result = await run_in_batches(fan_out, lambda batch, number: self._fan_out_batch(step, state, batch, number))
+        elif len(items) > FANOUT_CHILD_THRESHOLD:
+            result = await self._fan_out_child(fan_out, f"{workflow.info().workflow_id}/{step.id}/{state.attempts}",
+                                               f"{step.id}: {spec.action} on {len(items)} items")
         else:
             result = await run_fan_out(fan_out)
         allowed = spec.allowed_failures(len(items))
-        outputs = result.model_dump(mode="json")
-        state.outputs = outputs
+        outputs = result.model_dump(mode="json", exclude={name for name in ("results", "results_missing")
+                                                          if getattr(result, name) is None})
+        state.outputs = shown_outputs(outputs)
         if result.failed > allowed:
             raise StepFailed(
                 f"{result.failed} of {result.total} items failed, more than the {allowed} allowed: "
                 + "; ".join(result.failures[:3])
             )
         return outputs
+
+    async def _fan_out_batch(self, step: ForEachStep, state: StepState, batch: FanOutInput, number: int) -> FanOutResult:
+        last = batch.offset + len(batch.items) - 1
+        return await self._fan_out_child(batch, f"{workflow.info().workflow_id}/{step.id}/{state.attempts}/{number}",
+                                         f"{step.id}: {step.for_each.action} on items {batch.offset}-{last}")
+
+    async def _fan_out_child(self, fan_out: FanOutInput, child_id: str, summary: str) -> FanOutResult:
+        try:
+            return await workflow.execute_child_workflow(FanOutWorkflow.run, fan_out, id=child_id, static_summary=summary)
+        except ChildWorkflowError as exc:
+            raise StepFailed(f"fan-out {fan_out.step_id}: {failure_message(exc)}") from None
 
     async def _parallel(self, step: ParallelStep, state: StepState | None = None) -> dict[str, Any]:
         outcomes = await asyncio.gather(*(self._run_step(child) for child in step.parallel), return_exceptions=True)
