@@ -1028,7 +1028,8 @@ def readiness(
     try:
         settings = settings_for(task_queue(), timeout=timeout, temporal_config=temporal_config,
                                 trial_restore=trial_restore)
-        report = _await(readiness_report(planned, settings, metrics_file=metrics_file, push=push))
+        report = _await(readiness_report(planned, settings, metrics_file=metrics_file, push=push,
+                                         command=f"coldstart readiness {file} --target {planned.target_name}"))
     except (OSError, ValueError) as exc:  # an unreadable config, a bad facts.rpo, an unwritable metrics file
         _fail(str(exc).splitlines()[0], EXIT_INVALID)
     if json_output:

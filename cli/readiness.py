@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -14,8 +15,11 @@ from temporalio.envconfig import ClientConfig
 
 from activities.catalog import load_contracts
 from activities.retry import format_duration
+from runtime import notifications
 from runtime.action_versions import catalog_build_id
 from runtime.readiness import ReadinessSettings, Report, plan_checks, push_report, run_checks, write_textfile
+from runtime.readiness.transitions import offer_transition
+from runtime.readiness.vault_login import worker_vault_token
 from workflows.contract import RunInput
 
 __all__ = ["frontend_address", "readiness_report", "render_report", "settings_for"]
@@ -44,13 +48,20 @@ def settings_for(task_queue: str, *, timeout: float, temporal_config: Path | Non
 
 
 async def readiness_report(run: RunInput, settings: ReadinessSettings, *, metrics_file: Path | None = None,
-                           push: str | None = None) -> Report:
-    """Run every check the planned run needs; write or push the metrics when asked."""
-    report = await run_checks(run.runbook.metadata.name, run.target_name, plan_checks(run, settings))
+                           push: str | None = None, command: str = "") -> Report:
+    """Run every check the planned run needs; write or push the metrics when asked; when readiness turned red
+    (or ready again) since the last check, tell $COLDSTART_NOTIFY's sinks, waiting at most 5 s for them."""
+    async with worker_vault_token(run.target):
+        report = await run_checks(run.runbook.metadata.name, run.target_name, plan_checks(run, settings))
     if metrics_file:
         write_textfile(report, metrics_file)
     if push:
         push_report(report, push)
+    notifier = notifications.from_environment()
+    offer_transition(report, command=command or f"coldstart readiness --target {run.target_name}",
+                     offer=notifier.offer if notifier else None)
+    if notifier is not None:
+        await asyncio.to_thread(notifier.close, 5.0)
     return report
 
 

@@ -168,6 +168,7 @@ def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[Daemo
         poll_until("nomad clients", lambda: want <= {n["Name"] for n in httpx.get(f"{cfg.nomad_url}/v1/nodes", timeout=1)
                                                 .json() if n.get("Status") == "ready"}, 45, nomad)
     poll_until("vault", lambda: httpx.get(f"{cfg.vault_url}/v1/sys/health", timeout=1).status_code == 200, 30, vault)
+    _keep_unseal_key(Path(vault.log), sec)
     _scrub_dev_banner(Path(vault.log))
     _configure_vault(cfg, sec)
     return clients
@@ -176,6 +177,15 @@ def wait_ready(cfg: LabConfig, sec: Secrets, found: Backends, consul: list[Daemo
 # A dev server prints its root token and unseal key at start; the lab's logs outlive the lab (for the
 # post-mortem), so those values are masked in place, keeping every byte offset as Vault appends on.
 _BANNER_SECRETS = re.compile(rb"^(Root Token|Unseal Key): (\S+)$", re.MULTILINE)
+
+
+def _keep_unseal_key(log: Path, sec: Secrets) -> None:
+    """The unseal key into the lab's secrets (0600) before the banner is masked: a sealed Vault (the
+    `vault-sealed` fault, an operator's seal) is unsealed with it. A re-run of `up` finds the banner masked."""
+    found = {m.group(1): m.group(2) for m in _BANNER_SECRETS.finditer(log.read_bytes())}
+    key = found.get(b"Unseal Key", b"").decode()
+    if key and set(key) != {"*"}:
+        sec.write("vault-unseal-key", key)
 
 
 def _scrub_dev_banner(log: Path) -> None:

@@ -95,7 +95,9 @@ def status(state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVE
 @lab_app.command()
 def inject(
     name: str = typer.Argument(..., help="consul-contention|consul-streaming|slow-leader|stale-scheduling-data|"
-                                          "unhealthy-node-eligible|cold-cache|preempted-host|clear"),
+                                          "unhealthy-node-eligible|cold-cache|preempted-host|players-dns-lost|"
+                                          "service-down|service-up|snapshot-stale|snapshot-corrupt|tsig-wrong|"
+                                          "vault-sealed|prometheus-consul-sd|nomad-node-drained|clear"),
     target: str | None = typer.Option(None, help="server/node/host the fault hits (fault-specific default)"),
     notice_s: float | None = typer.Option(None, help="preempted-host: seconds of notice"),
     state_dir: Path = STATE, subnet: str = SUBNET, inventory: Path = INVENTORY,

@@ -26,6 +26,7 @@ from lab.edge import SCHEDULING_KEY
 from lab.hosts.processes import pid_alive, start_daemon, stop_daemon
 from lab.hosts.shell import LabError
 from lab.hosts.state import load_state
+from lab.readiness_faults import READINESS_FAULTS, clear_readiness_faults
 from lab.services import PY, Secrets, restart_load
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 
@@ -350,8 +351,9 @@ def players_dns_lost(cfg: LabConfig, **_: Any) -> Any:
 
 def clear(cfg: LabConfig, **_: Any) -> Any:
     """Clear the process-level faults (data faults need a runbook: that is the drill)."""
-    out: dict[str, Any] = {}
     from lab.hosts.shell import sh
+
+    out: dict[str, Any] = clear_readiness_faults(cfg)
 
     while sh(_players_dns_rule(cfg, "-D"), check=False).returncode == 0:
         out["players_dns"] = "restored"
@@ -387,6 +389,7 @@ FAULTS: dict[str, Callable[..., Any]] = {
     "players-dns-lost": players_dns_lost,
     "service-down": service_down,
     "service-up": service_up,
+    **READINESS_FAULTS,
     "clear": clear,
 }
 

@@ -363,6 +363,8 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
                                     for h in CACHE_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
                "snapshot_store": str(cfg.path("snapshots")),
+               # The backup job's objective: readiness says not ready when the newest snapshot is older.
+               "rpo": "24h",
                "identity": identity_facts(cfg, sec),
                # Sources a Consul block keeps open (the controller and out-of-band telemetry), and the
                # client tiers let back in one at a time after a restore.

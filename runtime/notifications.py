@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 from activities.errors import InvalidInput, LocatedErrors
 from activities.retry import Duration, format_duration
 from activities.strict import StrictModel
+from runtime.readiness.transitions import READINESS_EVENTS
 from runtime.shedding import ShedCounter
 from workflows.notices import EVENT_KINDS
 
@@ -38,8 +39,9 @@ __all__ = [
 NOTIFY_ENV = "COLDSTART_NOTIFY"  # the worker's notifications file
 SIGNATURE_HEADER = "X-Coldstart-Signature"
 
-EventKind = Literal["started", "awaiting_approval", "held", "step_failed", "step_back", "finished"]
-assert set(EventKind.__args__) == set(EVENT_KINDS)  # type: ignore[attr-defined]
+EventKind = Literal["started", "awaiting_approval", "held", "step_failed", "step_back", "finished", "readiness_red",
+                    "readiness_ready"]
+assert set(EventKind.__args__) == {*EVENT_KINDS, *READINESS_EVENTS}  # type: ignore[attr-defined]
 
 NOTIFICATIONS_DELIVERED = ShedCounter(
     "coldstart_notifications_delivered_total", "run events a sink accepted, by sink", labels=("sink",))
@@ -55,7 +57,7 @@ class SinkConfig(StrictModel):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)]
     kind: Literal["slack", "webhook", "alertmanager"]
     url: Annotated[str, Field(pattern=r"^https?://")]
-    events: list[EventKind] = Field(default_factory=lambda: list(EVENT_KINDS))
+    events: list[EventKind] = Field(default_factory=lambda: [*EVENT_KINDS, *READINESS_EVENTS])
     secret_env: str | None = Field(
         default=None, description="webhook: the variable holding the HMAC-SHA256 key (the file names it, never holds it)")
     timeout: Duration = timedelta(seconds=5)
@@ -116,6 +118,8 @@ def signature(key: bytes, body: bytes) -> str:
 def _next_commands(event: dict[str, Any]) -> list[str]:
     target, step = event["target"], event.get("step")
     kind = event["event"]
+    if kind in READINESS_EVENTS:
+        return [event["command"]]
     if kind == "awaiting_approval":
         login = " --vault-login" if event.get("verified") else ""
         return [f"coldstart approve {target} {step}{login}"]
@@ -132,7 +136,12 @@ def render_text(event: dict[str, Any]) -> str:
     """The event as one short message a person acts on: what happened, why, and the next command."""
     kind, run = event["event"], f"{event['runbook']} on {event['target']}" + (" (drill)" if event.get("drill") else "")
     step = event.get("step")
-    if kind == "started":
+    if kind == "readiness_red":
+        head = f"recovery path NOT READY: {event['runbook']} on {event['target']}" + "".join(
+            f"\n  {c['check']}: {c['evidence']}" for c in event.get("checks") or [])
+    elif kind == "readiness_ready":
+        head = f"recovery path ready again: {event['runbook']} on {event['target']}"
+    elif kind == "started":
         head = f"{run} started by {event['initiator']}"
     elif kind == "awaiting_approval":
         who = ", ".join(event.get("approvers") or []) or "any approver"
@@ -165,9 +174,12 @@ def render_text(event: dict[str, Any]) -> str:
 def _alert(event: dict[str, Any]) -> list[dict[str, Any]]:
     """Alertmanager's v2 API body: one alert per run and step, resolved (endsAt now) when the run finishes."""
     now = datetime.now(UTC).isoformat()
-    labels = {"alertname": "ColdstartRun" + "".join(p.title() for p in event["event"].split("_")),
-              "runbook": event["runbook"], "target": event["target"], "severity": "page" if event["event"] in (
-                  "awaiting_approval", "held", "step_failed") else "info"}
+    readiness = event["event"] in READINESS_EVENTS
+    # Both readiness events are one alert (ColdstartReadinessRed): red fires it, ready again resolves it.
+    name = "ColdstartReadinessRed" if readiness else "ColdstartRun" + "".join(p.title() for p in event["event"].split("_"))
+    labels = {"alertname": name, "runbook": event["runbook"], "target": event["target"],
+              "severity": "page" if event["event"] in ("awaiting_approval", "held", "step_failed", "readiness_red")
+              else "info"}
     if event.get("step"):
         labels["step"] = event["step"]
     alert: dict[str, Any] = {"labels": labels, "startsAt": now,
@@ -175,7 +187,7 @@ def _alert(event: dict[str, Any]) -> list[dict[str, Any]]:
                                              "commands": "\n".join(_next_commands(event))}}
     if event.get("web_ui"):
         alert["generatorURL"] = event["web_ui"]
-    if event["event"] == "finished":
+    if event["event"] in ("finished", "readiness_ready"):
         alert["endsAt"] = now
     return [alert]
 
@@ -262,7 +274,7 @@ class Notifier:
     def offer(self, event: dict[str, Any]) -> None:
         if event.get("drill") and not self.config.drills:
             return
-        if self._link is not None and "web_ui" not in event:
+        if self._link is not None and "web_ui" not in event and "workflow_id" in event:
             event = {**event, "web_ui": self._link(event["workflow_id"])}
         event = {"at": datetime.now(UTC).isoformat(), **event}
         for sink in self._sinks:

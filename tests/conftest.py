@@ -30,6 +30,7 @@ _LAB_TESTS = (  # node id prefixes, in the order the lab worker runs them
     "tests/lab/test_fault_drills.py::",
     "tests/lab/test_lab.py::",
     "tests/lab/test_consul_agents_streaming.py::",  # on test_lab.py's lab (the session's `lab` fixture)
+    "tests/lab/test_readiness_faults.py::",  # on the same lab
     "tests/lab/test_teardown.py::",
     "tests/hosts/",
     "tests/lab/test_drain_drill.py::",

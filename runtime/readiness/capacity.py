@@ -50,11 +50,15 @@ def _asks(job: dict[str, Any]) -> list[GroupAsk]:
     return asks
 
 
-def placements(asks: list[GroupAsk], rooms: list[NodeRoom], *, system: bool) -> list[str]:
-    """What cannot be placed, one line per group; empty when everything fits. A system job needs each group on
-    at least one node; other jobs fill nodes first-fit, group by group."""
+def placements(asks: list[GroupAsk], rooms: list[NodeRoom], *, system: bool,
+               runs_on: dict[str, str] | None = None) -> list[str]:
+    """What cannot be placed, one line per group; empty when everything fits. A system job needs each group back
+    on every node it runs on now (`runs_on`: node name -> why it has no room, "" when it is in `rooms`), or on
+    at least one node when it runs nowhere; other jobs fill nodes first-fit, group by group."""
     problems = []
     free = {room.name: [room.cpu, room.memory_mb] for room in rooms}
+    if system and runs_on:
+        return _system_placements(asks, free, runs_on)
     for ask in asks:
         placed = 0
         want = 1 if system else ask.count
@@ -71,14 +75,42 @@ def placements(asks: list[GroupAsk], rooms: list[NodeRoom], *, system: bool) -> 
     return problems
 
 
-def _rooms(client: Any, job: dict[str, Any]) -> tuple[list[NodeRoom], int]:
+def _system_placements(asks: list[GroupAsk], free: dict[str, list[int]], runs_on: dict[str, str]) -> list[str]:
+    problems = []
+    for ask in asks:
+        for name, why in sorted(runs_on.items()):
+            cpu, memory = free.get(name, [0, 0])
+            if name not in free:
+                problems.append(f"group {ask.name} cannot go back on {name}: {why or 'not ready'}")
+            elif cpu < ask.cpu or memory < ask.memory_mb:
+                problems.append(f"group {ask.name} ({ask.cpu} MHz, {ask.memory_mb} MB) does not fit on {name} "
+                                f"({cpu} MHz, {memory} MB free)")
+            else:
+                free[name] = [cpu - ask.cpu, memory - ask.memory_mb]
+    return problems
+
+
+def _why_no_room(node: dict[str, Any]) -> str:
+    if node.get("Status") != "ready":
+        return f"node {node.get('Status')}"
+    if node.get("Drain"):
+        return "draining"
+    if node.get("SchedulingEligibility") != "eligible":
+        return "ineligible"
+    return ""
+
+
+def _rooms(client: Any, job: dict[str, Any]) -> tuple[list[NodeRoom], int, dict[str, str]]:
     """Free resources on each ready, eligible, undrained node in the job's datacenters, the job's own
-    allocations left out (a redeploy from scratch purges them first); and how many nodes there are."""
+    allocations left out (a redeploy from scratch purges them first); how many nodes there are; and why each
+    node has no room (node name -> reason, "" for a node with room)."""
     datacenters = job.get("Datacenters") or ["*"]
     nodes = client.nodes.get_nodes(resources=True)
     rooms = []
+    why: dict[str, str] = {}
     for node in nodes:
-        if node.get("Status") != "ready" or node.get("SchedulingEligibility") != "eligible" or node.get("Drain"):
+        why[node.get("Name") or node["ID"]] = _why_no_room(node)
+        if why[node.get("Name") or node["ID"]]:
             continue
         if not any(fnmatch(node.get("Datacenter", ""), dc) for dc in datacenters):
             continue
@@ -93,7 +125,16 @@ def _rooms(client: Any, job: dict[str, Any]) -> tuple[list[NodeRoom], int]:
                 cpu -= int((task.get("Cpu") or {}).get("CpuShares") or 0)
                 memory -= int((task.get("Memory") or {}).get("MemoryMB") or 0)
         rooms.append(NodeRoom(node.get("Name") or node["ID"], cpu, memory))
-    return rooms, len(nodes)
+    return rooms, len(nodes), why
+
+
+def _running_on(client: Any, job_id: str, namespace: str) -> set[str]:
+    """The nodes a job's allocations run on now (none when it is not registered)."""
+    try:
+        allocations = client.job.get_allocations(job_id, namespace=namespace)
+    except nomad.api.exceptions.URLNotFoundNomadException:
+        return set()
+    return {str(a.get("NodeName") or a.get("NodeID")) for a in allocations or [] if a.get("ClientStatus") == "running"}
 
 
 def _check(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any] | None) -> Verdict:
@@ -105,13 +146,17 @@ def _check(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any
             return not_ready(f"Nomad at {target.address} has no job {job_id} to redeploy from its spec")
     job: dict[str, Any] = (spec or {}).get("Job", spec) or {}
     asks = _asks(job)
-    rooms, total = _rooms(client, job)
-    problems = placements(asks, rooms, system=job.get("Type") == "system")
+    rooms, total, why = _rooms(client, job)
+    system = job.get("Type") == "system"
+    runs_on = {name: why.get(name, "not a Nomad node any more") for name in _running_on(client, job_id, namespace)
+               } if system else {}
+    problems = placements(asks, rooms, system=system, runs_on=runs_on)
     summary = (f"{len(rooms)} of {total} nodes ready and eligible in {', '.join(job.get('Datacenters') or ['*'])}")
     if problems:
         return not_ready(f"job {job_id} cannot be placed from scratch: {'; '.join(problems)} ({summary})")
     asked = ", ".join(f"{a.name} {a.count}x {a.cpu} MHz/{a.memory_mb} MB" for a in asks)
-    return ready(f"job {job_id} ({asked}) fits from scratch on {summary}")
+    back_on = f" (back on each of {', '.join(sorted(runs_on))}, where it runs now)" if runs_on else ""
+    return ready(f"job {job_id} ({asked}) fits from scratch on {summary}{back_on}")
 
 
 def _checked(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any] | None) -> Verdict:

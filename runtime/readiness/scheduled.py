@@ -15,7 +15,10 @@ from runtime.catalog import Catalog, CatalogRefused
 from runtime.readiness.metrics import push_report, write_textfile
 from runtime.readiness.plan import ReadinessSettings, plan_checks
 from runtime.readiness.runner import run_checks
+from runtime.readiness.transitions import offer_transition
+from runtime.readiness.vault_login import worker_vault_token
 from workflows.loader import RunbookInvalid, plan_run
+from workflows.notices import event_sink
 from workflows.readiness import READINESS_ACTIVITY, ReadinessRequest
 
 __all__ = ["ScheduledReadiness"]
@@ -55,9 +58,13 @@ class ScheduledReadiness:
             checks = plan_checks(run, settings)
         except ValueError as exc:  # a target fact that is not valid (facts.rpo)
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
-        report = await run_checks(run.runbook.metadata.name, run.target_name, checks)
+        async with worker_vault_token(run.target):
+            report = await run_checks(run.runbook.metadata.name, run.target_name, checks)
         if request.metrics_file:
             write_textfile(report, Path(request.metrics_file))
         if request.push:
             push_report(report, request.push)
+        # The worker's notifier (set with its runs' events) returns at once; none set, nothing is sent.
+        offer_transition(report, command=f"coldstart readiness {held[0].path} --target {run.target_name}",
+                         offer=event_sink())
         return report.as_json()
