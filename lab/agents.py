@@ -13,8 +13,8 @@ from lab.hashistack import Backends, ConsulAgent, NomadAgent, VaultServer
 from lab.hosts.processes import start_daemon, wait_for_port
 from lab.hosts.shell import LabError
 from lab.hosts.state import DaemonRecord
-from lab.services import PY, Secrets, consul_argv, nomad_argv
-from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+from lab.services import PY, Secrets, consul_argv, consul_client_dirs, nomad_argv
+from lab.settings import CACHE_HOSTS, CONSUL_CLIENT_HOSTS, CONSUL_HOSTS, LabConfig
 
 __all__ = [
     "CONSUL_CLIENT_HOSTS",
@@ -33,7 +33,6 @@ __all__ = [
 # of their own so their allocations never compete with the cache nodes.
 NOMAD_CLIENTS = [*((h, "dc1", "cache") for h in CACHE_HOSTS), ("internal", "services", "services")]
 # Consul client agents: where Nomad registers the internal services and their checks, and the game edge's.
-CONSUL_CLIENT_HOSTS = ("internal", "edge")
 WORKER_POLICY = "coldstart-worker"
 _WORKER_RULES = 'path "secret/data/coldstart/*" {\n  capabilities = ["read"]\n}\n'
 
@@ -63,6 +62,8 @@ def start_consul(cfg: LabConfig, sec: Secrets, found: Backends) -> list[DaemonRe
     """Three servers (a real Raft cluster) plus client agents, or the stand-in serving all three addresses."""
     spec = cfg.spec
     if found.consul is None:
+        for config_dir in consul_client_dirs(cfg).values():
+            config_dir.mkdir(parents=True, exist_ok=True)
         return [start_daemon(spec, "consul1", "consul", consul_argv(cfg, sec))]
     records = []
     for host in (*CONSUL_HOSTS, *CONSUL_CLIENT_HOSTS):

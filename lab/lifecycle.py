@@ -45,6 +45,7 @@ from lab.services import (
     players_argv,
     redis_args,
     session_router_argv,
+    standin_reload_argv,
 )
 from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
 from lab.telemetry_stack import render_in_place
@@ -351,12 +352,16 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
         consul=ConsulTarget(address=cfg.url(CONSUL_HOSTS[0], p.consul_http),
                             servers=[cfg.url(h, p.consul_http) for h in CONSUL_HOSTS], token=secret_refs["consul_token"]),
         nomad=NomadTarget(address=cfg.nomad_url, token=secret_refs["nomad_token"]),
-        # Real agents only: the stand-in has no agent configuration to change.
+        # Real agents: servers and clients, each restarted on its host. The stand-in: its client agents,
+        # which apply their config directory on a reload (SIGHUP), as its servers have no agent config.
         consul_agents=[ConsulAgentHost(name=h, **hosts[h].executor.model_dump(exclude_unset=True),
                                        role="server" if h in CONSUL_HOSTS else "client",
                                        http=cfg.url(h, p.consul_http), config_dir=str(consul_agent_dir(cfg, h)),
                                        restart=consul_restart_argv(cfg, h))
-                       for h in (*CONSUL_HOSTS, *CONSUL_CLIENT_HOSTS)] if found.consul is not None else [],
+                       for h in (*CONSUL_HOSTS, *CONSUL_CLIENT_HOSTS)] if found.consul is not None else [
+            ConsulAgentHost(name=h, **hosts[h].executor.model_dump(exclude_unset=True), role="client",
+                            http=cfg.url(h, p.consul_http), config_dir=str(consul_agent_dir(cfg, h)),
+                            restart=standin_reload_argv(cfg, sec)) for h in CONSUL_CLIENT_HOSTS],
         groups={"consul_servers": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))
                                    for h in CONSUL_HOSTS],
                 "container_hosts": [HostTarget(name=h, **hosts[h].executor.model_dump(exclude_unset=True))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from lab.hosts.processes import start_daemon, stop_daemon
-from lab.settings import CACHE_HOSTS, CONSUL_HOSTS, LabConfig
+from lab.settings import CACHE_HOSTS, CONSUL_CLIENT_HOSTS, CONSUL_HOSTS, LabConfig
 
 __all__ = [
     "PY",
@@ -64,7 +64,20 @@ def consul_argv(cfg: LabConfig, sec: Secrets) -> list[str]:
             "--state-dir", str(cfg.path("consul"))]
     for host in CONSUL_HOSTS:
         argv += ["--server", f"{host}={cfg.spec.netns(host)}:{cfg.ip(host)}:{cfg.ports.consul_http}"]
+    for host, config_dir in consul_client_dirs(cfg).items():
+        argv += ["--client", f"{host}={config_dir}@{cfg.spec.netns(host)}:{cfg.ip(host)}:{cfg.ports.consul_http}"]
     return argv
+
+
+def consul_client_dirs(cfg: LabConfig) -> dict[str, Path]:
+    """Each client agent host's config directory (-config-dir on real agents; read by the stand-in too)."""
+    return {host: cfg.path("consul", host, "config.d") for host in CONSUL_CLIENT_HOSTS}
+
+
+def standin_reload_argv(cfg: LabConfig, sec: Secrets) -> list[str]:
+    """How a stand-in client agent applies its config directory: SIGHUP to the one stand-in process (found by
+    its token file, which only this lab's stand-in is given), like `consul reload`."""
+    return ["pkill", "-HUP", "-f", f"lab.standins consul --acl-token-file {sec.file('consul-token')} "]
 
 
 def nomad_argv(cfg: LabConfig) -> list[str]:

@@ -11,6 +11,7 @@ from lab.hosts.spec import DEFAULT_HOSTS, DEFAULT_SSH_HOSTS, LabSpec
 
 __all__ = ["CACHE_HOSTS", "CONSUL_HOSTS", "LabConfig", "LabPorts"]
 
+CONSUL_CLIENT_HOSTS = ("internal", "edge")  # hosts with a Consul client agent
 CONSUL_HOSTS = ("consul1", "consul2", "consul3")
 CACHE_HOSTS = ("cache1", "cache2", "cache3")
 # PostgreSQL gets a host of its own so a fault on a cache node never takes the database along.

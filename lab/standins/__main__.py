@@ -38,6 +38,20 @@ def _parse_server(text: str) -> _Server:
     return _Server(name, parse_listen(addr))
 
 
+class _Client(NamedTuple):
+    name: str
+    listen: ListenSpec
+    config_dir: Path
+
+
+def _parse_client(text: str) -> _Client:
+    name, sep, rest = text.partition("=")
+    config_dir, at, addr = rest.partition("@")
+    if not (sep and at and name and config_dir):
+        raise typer.BadParameter(f"--client wants NAME=CONFIG_DIR@{_ADDRESS}, got {text!r}")
+    return _Client(name, parse_listen(addr), Path(config_dir))
+
+
 @app.command()
 def consul(
     server: Annotated[list[_Server] | None, typer.Option(
@@ -51,13 +65,17 @@ def consul(
     state_dir: Path | None = None,
     streaming_key: str = STREAMING_KEY,
     seed: int = 0,
+    client: Annotated[list[_Client] | None, typer.Option(
+        parser=_parse_client, metavar=f"NAME=CONFIG_DIR@{_ADDRESS}",
+        help="a client agent: its streaming setting from CONFIG_DIR, reloaded on SIGHUP (repeat)")] = None,
 ) -> None:
     """Consul HTTP API stand-in: a cluster of servers in one process, one listener per server."""
     if not server and not listen:
         raise typer.BadParameter("give at least one --server or --listen")
     token = acl_token_file.read_text().strip() if acl_token_file else acl_token
     _run_consul(list(server or []), list(listen or []), servers=servers, datacenter=datacenter,
-                acl_token=token, state_dir=state_dir, streaming_key=streaming_key, seed=seed)
+                acl_token=token, state_dir=state_dir, streaming_key=streaming_key, seed=seed,
+                clients=[(c.name, c.listen, c.config_dir) for c in client or []])
 
 
 @app.command()

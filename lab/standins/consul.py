@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import random
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -777,6 +778,44 @@ async def housekeeping(cluster: ConsulCluster, period: float = 1.0) -> None:
         cluster.save_state()
 
 
+def read_agent_config(config_dir: Path) -> dict[str, bool]:
+    """A client agent's streaming setting from its config directory's JSON files, in name order as Consul
+    merges them (absent: Consul's default, on)."""
+    use = True
+    for path in sorted(config_dir.glob("*.json")) if config_dir.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("use_streaming_backend"), bool):
+            use = data["use_streaming_backend"]
+    return {"use_streaming_backend": use}
+
+
+async def client_agent_self(request: web.Request) -> web.Response:
+    """GET /v1/agent/self of a client agent: its own node and its streaming setting as last loaded."""
+    cluster = _cluster(request)
+    name = _server(request)
+    setting = cluster.client_streaming[name]
+    return _json({
+        "Config": {"Datacenter": cluster.datacenter, "NodeName": name, "Server": False, "Version": CONSUL_VERSION},
+        "DebugConfig": {"Datacenter": cluster.datacenter, "NodeName": name, "ServerMode": False,
+                        "UseStreamingBackend": setting, "RPCConfig": {"EnableStreaming": False}},
+    })
+
+
+def make_client_app(cluster: ConsulCluster, name: str) -> web.Application:
+    """A client agent's listener: /v1/agent/self (its setting) and the status endpoints; the rest of the
+    API is the servers' (the lab's clients talk to them directly)."""
+    app = web.Application(middlewares=[consul_middleware])
+    app[CLUSTER] = cluster
+    app[SERVER] = name
+    app[LABEL] = f"consul client agent {name}"
+    app.router.add_get("/v1/agent/self", client_agent_self)
+    app.router.add_get("/v1/status/leader", status_leader)
+    return app
+
+
 def make_app(cluster: ConsulCluster, server: str, run_housekeeping: bool = False) -> web.Application:
     app = web.Application(middlewares=[consul_middleware], client_max_size=64 * 1024 * 1024)
     app[CLUSTER] = cluster
@@ -853,9 +892,12 @@ def build_cluster(
 def run(
     servers_at: list[tuple[str, ListenSpec]], listen: list[ListenSpec], *, servers: int = 3, datacenter: str = "dc1",
     acl_token: str | None = None, state_dir: Path | None = None, streaming_key: str = STREAMING_KEY, seed: int = 0,
+    clients: list[tuple[str, ListenSpec, Path]] | None = None,
 ) -> None:
     """Serve a cluster of at least `servers` servers until SIGTERM: one listener per (name, address) in
-    `servers_at` (the others listen nowhere), and each of `listen` answering as the first server."""
+    `servers_at` (the others listen nowhere), and each of `listen` answering as the first server. Each of
+    `clients` (name, address, config dir) is a client agent whose streaming setting is read from its config
+    directory at start and again on SIGHUP (its reload); streaming load needs a client that streams."""
     specs: list[tuple[str, ListenSpec | None]] = list(servers_at)
     names = {n for n, _ in specs}
     i = 1
@@ -884,4 +926,17 @@ def run(
     for spec in listen:
         pairs.append((first, bind_socket(spec)))
     apps = [(make_app(cluster, name, run_housekeeping=(k == 0)), sock) for k, (name, sock) in enumerate(pairs)]
-    asyncio.run(serve_forever(apps))
+    dirs = {name: config_dir for name, _, config_dir in clients or []}
+
+    def reload() -> None:
+        cluster.synthesize()  # the load so far at the old setting
+        cluster.client_streaming = {name: read_agent_config(d)["use_streaming_backend"] for name, d in dirs.items()}
+
+    reload()
+    apps += [(make_client_app(cluster, name), bind_socket(spec)) for name, spec, _ in clients or []]
+
+    async def serve() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+        await serve_forever(apps)
+
+    asyncio.run(serve())

@@ -127,6 +127,8 @@ class ConsulCluster:
         self.acl_token = acl_token
         self.state_dir = Path(state_dir) if state_dir else None
         self.streaming_key = streaming_key
+        # client agent name -> its use_streaming_backend, as loaded from its config directory
+        self.client_streaming: dict[str, bool] = {}
         self._rng = random.Random(seed + 1)
         now = self.clock.time()
         self.members: dict[str, ServerMember] = {}
@@ -214,8 +216,12 @@ class ConsulCluster:
 
     # ---- model inputs ------------------------------------------------------------
     def streaming(self) -> bool:
+        """Streaming load: the fault's flag is on and, when the stand-in serves client agents, one of them still
+        reads through the streaming backend (their own configuration, as on real agents)."""
         entry = self.kv.get(self.streaming_key)
         if not entry or entry["Value"] is None:
+            return False
+        if self.client_streaming and not any(self.client_streaming.values()):
             return False
         return base64.b64decode(entry["Value"]).decode(errors="replace").strip().lower() == "true"
 

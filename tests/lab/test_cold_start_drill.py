@@ -79,8 +79,8 @@ def test_drill_recovers_to_full_service(drill_report):
     console = (state / "console.txt").read_text()
     assert report.outcome == "succeeded", console[-3000:]
     steps = dict(report.phases)
-    for step in ("block-consul", "restore", "move-leader", "disable-users", "unblock", "redeploy-cache",
-                 "players", "enable-users", "close"):
+    for step in ("block-consul", "restore", "streaming-off", "move-leader", "disable-users", "unblock",
+                 "redeploy-cache", "warm-cache", "players", "enable-users", "close"):
         assert step in steps, f"{step} never ran"
     # The players reached 100 % and were admitted there (measured by the players generator).
     assert report.ramp and report.ramp[-1][0] == 100 and report.ramp[-1][1] > 95
