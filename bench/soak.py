@@ -1,0 +1,403 @@
+"""A soak on the PostgreSQL cluster: fleet targets running runbooks back to back for minutes while workers, the server, PostgreSQL and Prometheus fail on a schedule.
+
+    .venv/bin/python bench/soak.py [--targets 10] [--minutes 6] [--keep-dir DIR]
+    .venv/bin/python bench/soak.py --targets 50 --minutes 15          # the full setting (more than 2 cores)
+
+Brings up the cluster (runtime/cluster.py: Temporal's server on a private PostgreSQL), three real workers
+(worker.py, each its own process group, one action journal), and Debian's Prometheus scraping itself. Each
+target is a development target whose telemetry is that Prometheus; it runs runbooks/demo.yaml and
+bench/soak-drain.yaml in turn, each started with runtime.runs.start_run, the next as soon as the last one
+ends, until the soak's time is up; the in-flight runs are then waited for (--drain-seconds). The bench
+approves the demo's `go` as an operator would; a run that holds stays held and its target runs no more.
+
+Faults (bench/_soak_figures.fault_schedule): none during the first --baseline seconds; then a worker
+SIGKILLed every minute (and started again at once), and once each, between two kills: the Temporal server
+restarted (SIGTERM, start), PostgreSQL restarted (fast shutdown, start) and Prometheus stopped for 30 s.
+No DNS fault: the only actions that query a DNS server (dns.steer.*) need a PowerDNS with a TSIG'd zone
+of Lua records, which the lab brings up and a development target does not have.
+
+Printed: runs started, finished, failed (with reasons), held (with reasons), unfinished; steps run twice
+(activities.journal.check_journal over the workers' journal); p50/p95/p99 of step latency (an activity's
+scheduled to closed, from the history's server timestamps) in the baseline and under faults; per fault,
+the longest a run went without a history event across the fault, and the longest wait for a run's first
+event after the fault cleared. Needs root (the cluster's PostgreSQL runs as postgres).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import httpx
+import yaml
+from _soak_figures import (
+    Fault,
+    RunTrace,
+    Stall,
+    baseline_gap,
+    fault_schedule,
+    latencies_between,
+    percentile,
+    stall_around,
+)
+from _targets import use_development_targets
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from activities.catalog import load_registry
+from activities.journal import check_journal, read_journal
+from activities.retry import format_duration
+from lab.drills.harness import WorkerProcess
+from runtime.cluster import Cluster
+from runtime.polling import read_kept_status
+from runtime.processes import free_port, stop_process, wait_port
+from runtime.runs import TargetBusy, start_run, workflow_id_for
+from workflows.contract import ApproveRequest
+from workflows.loader import plan_run
+
+QUEUE = "soak"
+WORKERS = 3
+BOOKS = (ROOT / "runbooks" / "demo.yaml", ROOT / "bench" / "soak-drain.yaml")
+PROMETHEUS_DOWN_S = 30.0
+RECOVERY_GOAL_S = 15.0
+_CLOSED = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+
+
+class Prometheus:
+    """Debian's Prometheus scraping itself every second, on a fixed port so it comes back where the targets point."""
+
+    def __init__(self, work: Path):
+        self.work, self.port = work, free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}]}],
+        }))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise SystemExit("prometheus is not on PATH (Debian: apt-get install prometheus)")
+        with (self.work / "prometheus.log").open("ab") as out:
+            self.process = subprocess.Popen(
+                [binary, f"--config.file={self.work / 'prometheus.yml'}", f"--storage.tsdb.path={self.work / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_port(self.port, timeout=30, process=self.process)
+        # Ready, and its own `up` scraped (a few seconds on a fresh database): what the runbooks' gates read.
+        deadline = time.monotonic() + 60
+        while not self._up():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prometheus at {self.url} not scraping itself within 60 s")
+            time.sleep(0.2)
+
+    def _up(self) -> bool:
+        try:
+            if httpx.get(f"{self.url}/-/ready", timeout=2).status_code != 200:
+                return False
+            answer = httpx.get(f"{self.url}/api/v1/query", params={"query": 'max(up{job="prometheus"})'}, timeout=2)
+            return bool(answer.json()["data"]["result"])
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        stop_process(self.process, grace=10)
+        self.process = None
+
+
+@dataclass
+class Outcome:
+    target: str
+    runbook: str
+    workflow_id: str
+    run_id: str
+    state: str = "running"  # succeeded, failed, aborted, rolled_back; held; unfinished
+    reason: str = ""
+
+
+class Soak:
+    """The fleet's drivers, the fault schedule and what they recorded."""
+
+    def __init__(self, client: Client, cluster: Cluster, workers: list[WorkerProcess], prometheus: Prometheus,
+                 targets: list[dict[str, Any]], *, seconds: float, baseline: float, drain: float, say):
+        self.client, self.cluster, self.workers, self.prometheus = client, cluster, workers, prometheus
+        self.targets, self.seconds, self.baseline, self.drain, self.say = targets, seconds, baseline, drain, say
+        self.registry = load_registry()
+        self.outcomes: list[Outcome] = []
+        self.start_errors: Counter[str] = Counter()
+        self.faults: list[Fault] = []
+        self.began = 0.0  # wall clock
+        self._kills = 0
+
+    async def run(self) -> None:
+        self.began = time.time()
+        ends, gives_up = time.monotonic() + self.seconds, time.monotonic() + self.seconds + self.drain
+        faults = asyncio.create_task(self._faults(fault_schedule(self.seconds, self.baseline)))
+        try:
+            await asyncio.gather(*(self._drive(i, target, ends, gives_up) for i, target in enumerate(self.targets)))
+        finally:
+            faults.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await faults
+
+    # ---- the fleet -------------------------------------------------------------------------------
+    async def _drive(self, index: int, target: dict[str, Any], ends: float, gives_up: float) -> None:
+        """One target: a run, then the next as soon as it ends, until the soak's time is up."""
+        for turn in range(10**9):
+            if time.monotonic() >= ends:
+                return
+            book = BOOKS[(index + turn) % len(BOOKS)]
+            outcome = await self._start(target, book)
+            if outcome is None:
+                await asyncio.sleep(1)  # the server refused the start (restarting): ask again
+                continue
+            self.outcomes.append(outcome)
+            await self._follow(outcome, gives_up)
+            if outcome.state in ("held", "unfinished"):
+                return  # the target stays with its held run, as it would for an operator
+
+    async def _start(self, target: dict[str, Any], book: Path) -> Outcome | None:
+        run = plan_run(book, registry=self.registry, inventory=target, initiator="soak")
+        try:
+            handle = await start_run(self.client, run, QUEUE)
+            run_id = handle.result_run_id or ""
+        except TargetBusy:
+            # An earlier start went through though its answer was lost (the server restarting): that run is ours.
+            described = await self.client.get_workflow_handle(workflow_id_for(target["name"])).describe()
+            run_id = described.run_id or ""
+        except Exception as exc:  # noqa: BLE001 - counted by reason; the driver asks again
+            self.start_errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
+            return None
+        return Outcome(target["name"], run.runbook.metadata.name, workflow_id_for(target["name"]), run_id)
+
+    async def _follow(self, outcome: Outcome, gives_up: float) -> None:
+        """Read the run's status from the server until it ends or holds; approve what waits for approval."""
+        handle: WorkflowHandle = self.client.get_workflow_handle(outcome.workflow_id, run_id=outcome.run_id)
+        while time.monotonic() < gives_up:
+            try:
+                status = await read_kept_status(handle, attempts=1)
+            except Exception:  # noqa: BLE001 - the server or a worker restarting: ask again
+                await asyncio.sleep(0.5)
+                continue
+            if status.over:
+                outcome.state, outcome.reason = status.state, status.error or ""
+                return
+            if status.held:
+                errors = {step.id: step.error for step in status.steps}
+                outcome.state = "held"
+                outcome.reason = "; ".join(f"{step}: {errors.get(step) or '?'}" for step in status.held)
+                return
+            for step in status.awaiting_approval:
+                with contextlib.suppress(Exception):  # already approved, or the worker restarting: next round
+                    await handle.execute_update("approve", ApproveRequest(step=step, approver="bob", comment="soak"))
+            await asyncio.sleep(0.5)
+        outcome.state, outcome.reason = "unfinished", f"still running {format_duration(self.drain)} after the soak"
+
+    # ---- the faults ------------------------------------------------------------------------------
+    async def _faults(self, schedule: list[tuple[float, str]]) -> None:
+        started = time.monotonic()
+        for offset, name in schedule:
+            await asyncio.sleep(max(0.0, started + offset - time.monotonic()))
+            at = time.time()
+            try:
+                detail, end = await getattr(self, "_" + name.replace("-", "_"))()
+            except Exception as exc:  # noqa: BLE001 - a fault that could not be cleared is a finding, not a crash
+                detail, end = f"could not be cleared: {type(exc).__name__}: {exc}", time.time()
+            self.faults.append(Fault(name, at, end, detail))
+            self.say(f"{at - self.began:6.1f}s {name}: {detail}")
+
+    async def _worker_kill(self) -> tuple[str, float]:
+        worker = self.workers[self._kills % len(self.workers)]
+        self._kills += 1
+        pid = worker.kill()
+        killed = time.time()
+        await asyncio.to_thread(worker.start)
+        return f"worker {worker.log.stem} (pid {pid}) SIGKILLed, started again in {time.time() - killed:.1f} s", killed
+
+    async def _temporal_restart(self) -> tuple[str, float]:
+        at = time.time()
+        await self.cluster.stop_server()
+        await self.cluster.start_server()
+        return f"server stopped (SIGTERM) and serving again in {time.time() - at:.1f} s", time.time()
+
+    async def _postgres_restart(self) -> tuple[str, float]:
+        at = time.time()
+        await asyncio.to_thread(self.cluster.db.stop)
+        await asyncio.to_thread(self.cluster.db.start, self.cluster.ports["postgres"])
+        return f"PostgreSQL stopped (fast) and started again in {time.time() - at:.1f} s", time.time()
+
+    async def _prometheus_down(self) -> tuple[str, float]:
+        await asyncio.to_thread(self.prometheus.stop)
+        await asyncio.sleep(PROMETHEUS_DOWN_S)
+        await asyncio.to_thread(self.prometheus.start)
+        return f"Prometheus stopped for {format_duration(PROMETHEUS_DOWN_S)}, then ready again", time.time()
+
+    # ---- the histories ---------------------------------------------------------------------------
+    async def traces(self) -> list[RunTrace]:
+        gate = asyncio.Semaphore(8)
+
+        async def one(outcome: Outcome) -> RunTrace:
+            async with gate:
+                history = await self.client.get_workflow_handle(outcome.workflow_id, run_id=outcome.run_id).fetch_history()
+            return trace_of(outcome, history.events, open_until=time.time() if outcome.state in ("held", "unfinished") else None)
+
+        return list(await asyncio.gather(*(one(o) for o in self.outcomes)))
+
+
+def trace_of(outcome: Outcome, events: Any, open_until: float | None) -> RunTrace:
+    """A run's history reduced to its event times and its activities' (scheduled, closed) times: actions,
+    and gate reads apart (a read waits for its sample, up to the gate's interval). core.wait is left out:
+    its latency is the wait it was asked for."""
+    trace = RunTrace(outcome.workflow_id, outcome.run_id, [], open_until=open_until)
+    scheduled: dict[int, tuple[float, str]] = {}
+    for event in events:
+        at = event.event_time.ToNanoseconds() / 1e9
+        trace.events.append(at)
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = at, event.activity_task_scheduled_event_attributes.activity_type.name
+        elif event.event_type in _CLOSED:
+            start, kind = scheduled.pop(getattr(event, _CLOSED[event.event_type]).scheduled_event_id, (None, ""))
+            if start is None or kind == "core.wait":
+                continue
+            (trace.reads if kind.startswith("telemetry.read") else trace.activities).append((start, at))
+    return trace
+
+
+def _pcts(values: list[float]) -> str:
+    if not values:
+        return "no steps"
+    return (f"p50 {percentile(values, 50) * 1000:7.0f} ms  p95 {percentile(values, 95) * 1000:7.0f} ms  "
+            f"p99 {percentile(values, 99) * 1000:7.0f} ms  ({len(values)} steps)")
+
+
+def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
+    """Print the table; True when every goal holds."""
+    outcomes = soak.outcomes
+    states = Counter(o.state for o in outcomes)
+    finished = sum(n for s, n in states.items() if s not in ("held", "unfinished"))
+    check = check_journal(read_journal(journal))
+    print(f"\nruns started {len(outcomes)}, finished {finished} ({', '.join(f'{s} {n}' for s, n in sorted(states.items()))})")
+    for state in ("failed", "aborted", "rolled_back", "held", "unfinished"):
+        for reason, n in Counter(o.reason for o in outcomes if o.state == state).most_common():
+            print(f"  {state:11} x{n:<3} {reason[:300] or '(no reason given)'}")
+    if soak.start_errors:
+        print(f"starts refused (asked again a second later): {sum(soak.start_errors.values())}")
+        for reason, n in soak.start_errors.most_common(5):
+            print(f"  x{n:<3} {reason}")
+    print(f"journal: {check.summary()}")
+    for repeat in check.repeated:
+        print(f"  ran twice: {repeat}")
+    quiet_end = soak.began + soak.baseline
+    print("step latency (an activity scheduled to closed; core.wait left out):")
+    for what, reads in (("actions", False), ("gate reads", True)):
+        print(f"  {what:10} baseline, no faults ({format_duration(soak.baseline)}): "
+              f"{_pcts(latencies_between(traces, soak.began, quiet_end, reads=reads))}")
+        print(f"  {what:10} under faults:               {_pcts(latencies_between(traces, quiet_end, math.inf, reads=reads))}")
+    print(f"  longest a run stood still in the baseline: {baseline_gap(traces, soak.began, quiet_end):.1f} s")
+    print(f"{'fault at':>9}  {'fault':17} {'runs':>4}  {'stood still':>11}  {'recovery':>8}  what happened")
+    stalls: list[Stall] = []
+    for fault in soak.faults:
+        stall = stall_around(traces, fault)
+        stalls.append(stall)
+        print(f"{fault.start - soak.began:8.1f}s  {fault.name:17} {stall.runs:4d}  {stall.still_s:10.1f}s  "
+              f"{stall.recovery_s:7.1f}s  {fault.detail}")
+    lost = [o for o in outcomes if o.state == "unfinished"]
+    reasonless = [o for o in outcomes if o.state in ("failed", "held") and not o.reason]
+    slow = [f.name for f, s in zip(soak.faults, stalls, strict=True) if s.recovery_s >= RECOVERY_GOAL_S]
+    goals = {"no run lost": not lost, "no step twice": not check.repeated,
+             "every run finished or held with a reason": not reasonless,
+             f"recovery from each fault under {format_duration(RECOVERY_GOAL_S)}": not slow}
+    print("goal: " + "; ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in goals.items())
+          + (f" (slow: {', '.join(slow)})" if slow else ""))
+    return all(goals.values())
+
+
+def _targets(count: int, prometheus: str) -> list[dict[str, Any]]:
+    """Development targets whose telemetry is the bench's Prometheus, where the workers' catalog reads them."""
+    folder = use_development_targets()
+    targets = []
+    for i in range(count):
+        inventory = {"name": f"soak-{i:03d}", "development": True, "telemetry": {"prometheus": prometheus}}
+        (folder / f"{inventory['name']}.yaml").write_text(yaml.safe_dump(inventory))
+        targets.append(inventory)
+    return targets
+
+
+async def main(args: argparse.Namespace, work: Path) -> int:
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    say(f"soak: {args.targets} targets, {format_duration(args.minutes * 60)}, baseline "
+        f"{format_duration(args.baseline)}, {WORKERS} workers; load average {os.getloadavg()[0]:.2f}; state in {work}")
+    prometheus = Prometheus(work / "prometheus")
+    workers = [WorkerProcess("", QUEUE, work / "actions.jsonl", work / f"worker-{i}.log", {}) for i in range(WORKERS)]
+    try:
+        await asyncio.to_thread(prometheus.start)
+        up = time.monotonic()
+        async with Cluster(work / "cluster") as cluster:
+            say(f"cluster up in {time.monotonic() - up:.1f} s at {cluster.address}")
+            for worker in workers:
+                worker.address = cluster.address
+                await asyncio.to_thread(worker.start)
+            soak = Soak(await cluster.client(), cluster, workers, prometheus, _targets(args.targets, prometheus.url),
+                        seconds=args.minutes * 60, baseline=args.baseline, drain=args.drain_seconds, say=say)
+            try:
+                await soak.run()
+                traces = await soak.traces()
+            finally:
+                for worker in workers:
+                    await asyncio.to_thread(worker.stop)
+            ok = report(soak, traces, work / "actions.jsonl")
+            print(f"load average at the end {os.getloadavg()[0]:.2f} (1 min), {os.getloadavg()[1]:.2f} (5 min)")
+            return 0 if ok else 1
+    finally:
+        for worker in workers:  # a crash before the workers' own stop above
+            await asyncio.to_thread(worker.stop)
+        await asyncio.to_thread(prometheus.stop)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--targets", type=int, default=10, help="fleet targets, each running one run at a time")
+    parser.add_argument("--minutes", type=float, default=6, help="how long new runs are started")
+    parser.add_argument("--baseline", type=float, default=60, help="seconds with no faults at the start")
+    parser.add_argument("--drain-seconds", type=float, default=120, help="how long in-flight runs are waited for at the end")
+    parser.add_argument("--keep-dir", type=Path, help="state dir to keep (journal, logs, the cluster's database)")
+    args = parser.parse_args()
+    if args.targets < 1:
+        parser.error("--targets must be at least 1")
+    try:
+        fault_schedule(args.minutes * 60, args.baseline)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.keep_dir:
+        sys.exit(asyncio.run(main(args, args.keep_dir.resolve())))
+    # The cluster's database is a few hundred MB after a soak: removed with the rest.
+    with tempfile.TemporaryDirectory(prefix="coldstart-soak-") as tmp:
+        sys.exit(asyncio.run(main(args, Path(tmp))))

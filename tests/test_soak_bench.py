@@ -1,0 +1,89 @@
+"""bench/soak.py's own figures from synthetic histories: percentiles, latencies per phase, stalls around faults, the fault schedule."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from _soak_figures import (  # pyright: ignore[reportMissingImports] - bench/ is put on sys.path above
+    Fault,
+    RunTrace,
+    baseline_gap,
+    fault_schedule,
+    latencies_between,
+    percentile,
+    stall_around,
+)
+
+
+def test_percentile_is_nearest_rank_and_nan_for_nothing():
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 95) == 95.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_latencies_are_split_by_when_the_activity_was_scheduled():
+    trace = RunTrace("wf", "r", events=[], activities=[(10.0, 10.2), (59.9, 61.0), (60.0, 75.0)],
+                     reads=[(5.0, 7.0), (80.0, 80.5)])
+    assert latencies_between([trace], 0, 60) == pytest.approx([0.2, 1.1])
+    assert latencies_between([trace], 60, math.inf) == pytest.approx([15.0])
+    assert latencies_between([trace], 0, 60, reads=True) == pytest.approx([2.0])
+    assert latencies_between([trace], 60, math.inf, reads=True) == pytest.approx([0.5])
+
+
+def test_the_gap_across_a_fault_and_the_wait_after_it():
+    # A run moving every second, silent from 100 to 112 while the server restarts from 101 to 106.
+    moving = RunTrace("soak-a", "1", events=[97, 98, 99, 100, 112, 113])
+    # A run that moved right after the restart ended.
+    quick = RunTrace("soak-b", "1", events=[95, 100.5, 107, 108])
+    # Runs that ended before the fault, or started after it, are not counted.
+    before = RunTrace("soak-c", "1", events=[10, 20])
+    after = RunTrace("soak-d", "1", events=[200, 210])
+    stall = stall_around([moving, quick, before, after], Fault("temporal-restart", 101, 106))
+    assert stall.runs == 2
+    assert (stall.still_s, stall.still_run) == (12, "soak-a")
+    assert (stall.recovery_s, stall.recovery_run) == (6, "soak-a")
+
+
+def test_an_open_run_that_never_moved_again_stood_still_until_it_was_read():
+    held = RunTrace("soak-h", "1", events=[50, 51], open_until=300)
+    stall = stall_around([held], Fault("worker-kill", 60, 60))
+    assert stall.still_s == 249
+    assert stall.recovery_s == 240  # its only later "event" is the reading itself: it never recovered before it
+
+
+def test_an_instant_fault_counts_the_gap_that_spans_it():
+    run = RunTrace("soak-k", "1", events=[58, 59, 66, 67])
+    stall = stall_around([run], Fault("worker-kill", 60, 60))
+    assert (stall.still_s, stall.recovery_s, stall.runs) == (7, 6, 1)
+
+
+def test_baseline_gap_looks_only_inside_the_window():
+    run = RunTrace("soak-q", "1", events=[0, 2, 2.5, 5, 70, 71])
+    assert baseline_gap([run], 0, 60) == 2.5
+
+
+def test_schedule_kills_every_minute_and_spreads_the_one_off_faults_between_kills():
+    schedule = fault_schedule(360, 60)
+    kills = [at for at, name in schedule if name == "worker-kill"]
+    once = [(at, name) for at, name in schedule if name != "worker-kill"]
+    assert kills == [60, 120, 180, 240, 300]
+    assert once == [(75, "temporal-restart"), (135, "postgres-restart"), (255, "prometheus-down")]
+    assert schedule == sorted(schedule)
+    assert not any(at < 60 for at, _ in schedule)  # the baseline stays quiet
+
+
+def test_schedule_refuses_a_soak_too_short_for_its_faults():
+    with pytest.raises(ValueError, match="room for 2 of the 3"):
+        fault_schedule(180, 60)
+    with pytest.raises(ValueError, match="no time for faults"):
+        fault_schedule(60, 60)
