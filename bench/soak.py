@@ -31,6 +31,7 @@ import contextlib
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,7 +186,8 @@ class Soak:
     async def _start(self, target: dict[str, Any], book: Path) -> Outcome | None:
         run = plan_run(book, registry=self.registry, inventory=target, initiator="soak")
         try:
-            handle = await start_run(self.client, run, QUEUE)
+            # Bounded: a start the server took but never answered is found by the next one (TargetBusy below).
+            handle = await asyncio.wait_for(start_run(self.client, run, QUEUE), 30)
             run_id = handle.result_run_id or ""
         except TargetBusy:
             # An earlier start went through though its answer was lost (the server restarting): that run is ours.
@@ -215,7 +217,8 @@ class Soak:
                 return
             for step in status.awaiting_approval:
                 with contextlib.suppress(Exception):  # already approved, or the worker restarting: next round
-                    await handle.execute_update("approve", ApproveRequest(step=step, approver="bob", comment="soak"))
+                    await asyncio.wait_for(handle.execute_update(
+                        "approve", ApproveRequest(step=step, approver="bob", comment="soak")), 10)
             await asyncio.sleep(0.5)
         outcome.state, outcome.reason = "unfinished", f"still running {format_duration(self.drain)} after the soak"
 
@@ -250,7 +253,11 @@ class Soak:
         at = time.time()
         await asyncio.to_thread(self.cluster.db.stop)
         await asyncio.to_thread(self.cluster.db.start, self.cluster.ports["postgres"])
-        return f"PostgreSQL stopped (fast) and started again in {time.time() - at:.1f} s", time.time()
+        back = time.time() - at
+        # The server rides it out; if it gave up, start_server brings it back (a no-op when it runs) and waits until it serves.
+        await self.cluster.start_server()
+        return (f"PostgreSQL stopped (fast) and started again in {back:.1f} s, the server serving "
+                f"{time.time() - at:.1f} s after the stop"), time.time()
 
     async def _prometheus_down(self) -> tuple[str, float]:
         await asyncio.to_thread(self.prometheus.stop)
@@ -352,6 +359,11 @@ def _targets(count: int, prometheus: str) -> list[dict[str, Any]]:
 async def main(args: argparse.Namespace, work: Path) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
+
+    # SIGTERM as Ctrl-C: the finally blocks below and the cluster's exit stop everything this bench started.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
 
     say(f"soak: {args.targets} targets, {format_duration(args.minutes * 60)}, baseline "
         f"{format_duration(args.baseline)}, {WORKERS} workers; load average {os.getloadavg()[0]:.2f}; state in {work}")
