@@ -170,14 +170,14 @@ class Soak:
     # ---- the fleet -------------------------------------------------------------------------------
     async def _drive(self, index: int, target: dict[str, Any], ends: float, gives_up: float) -> None:
         """One target: a run, then the next as soon as it ends, until the soak's time is up."""
-        for turn in range(10**9):
-            if time.monotonic() >= ends:
-                return
-            book = BOOKS[(index + turn) % len(BOOKS)]
-            outcome = await self._start(target, book)
+        turn = index
+        while time.monotonic() < ends:
+            # The same runbook until its start is taken: a lost answer's run is then found as that runbook's.
+            outcome = await self._start(target, BOOKS[turn % len(BOOKS)])
             if outcome is None:
                 await asyncio.sleep(1)  # the server refused the start (restarting): ask again
                 continue
+            turn += 1
             self.outcomes.append(outcome)
             await self._follow(outcome, gives_up)
             if outcome.state in ("held", "unfinished"):
@@ -185,18 +185,18 @@ class Soak:
 
     async def _start(self, target: dict[str, Any], book: Path) -> Outcome | None:
         run = plan_run(book, registry=self.registry, inventory=target, initiator="soak")
+        workflow_id = workflow_id_for(target["name"])
         try:
-            # Bounded: a start the server took but never answered is found by the next one (TargetBusy below).
-            handle = await asyncio.wait_for(start_run(self.client, run, QUEUE), 30)
-            run_id = handle.result_run_id or ""
-        except TargetBusy:
-            # An earlier start went through though its answer was lost (the server restarting): that run is ours.
-            described = await self.client.get_workflow_handle(workflow_id_for(target["name"])).describe()
-            run_id = described.run_id or ""
+            try:
+                # Bounded: a start the server took but never answered is found by the next one (TargetBusy below).
+                run_id = (await asyncio.wait_for(start_run(self.client, run, QUEUE), 30)).result_run_id or ""
+            except TargetBusy:
+                # An earlier start went through though its answer was lost (the server restarting): that run is ours.
+                run_id = (await self.client.get_workflow_handle(workflow_id).describe()).run_id or ""
         except Exception as exc:  # noqa: BLE001 - counted by reason; the driver asks again
             self.start_errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
             return None
-        return Outcome(target["name"], run.runbook.metadata.name, workflow_id_for(target["name"]), run_id)
+        return Outcome(target["name"], run.runbook.metadata.name, workflow_id, run_id)
 
     async def _follow(self, outcome: Outcome, gives_up: float) -> None:
         """Read the run's status from the server until it ends or holds; approve what waits for approval."""
@@ -233,7 +233,7 @@ class Soak:
             except Exception as exc:  # noqa: BLE001 - a fault that could not be cleared is a finding, not a crash
                 detail, end = f"could not be cleared: {type(exc).__name__}: {exc}", time.time()
             self.faults.append(Fault(name, at, end, detail))
-            self.say(f"{at - self.began:6.1f}s {name}: {detail}")
+            self.say(f"{at - self.began:6.1f}s {name}: {detail} ({len(self.outcomes)} runs started so far)")
 
     async def _worker_kill(self) -> tuple[str, float]:
         worker = self.workers[self._kills % len(self.workers)]
