@@ -24,6 +24,7 @@ __all__ = [
     "FAILURES_KEPT",
     "FANOUT_CHILD_THRESHOLD",
     "RESULTS_BUDGET",
+    "RESUME_BUDGET",
     "FanOutWorkflow",
     "reads_results",
     "run_fan_out",
@@ -35,8 +36,11 @@ __all__ = [
 FANOUT_CHILD_THRESHOLD = 100
 # The most items one child runs: about 4 events each, so its history stays near 2,000 events.
 BATCH_ITEMS = 500
-# Per-item outputs one child hands back, in bytes of JSON (Temporal warns at 512 KiB a payload).
+# Per-item outputs one child hands back, and the items one child is given, in bytes of JSON (Temporal warns
+# at 512 KiB a payload).
 RESULTS_BUDGET = 256 * 1024
+# The most a continued run's input may carry (Temporal warns at 512 KiB a payload).
+RESUME_BUDGET = 448 * 1024
 FAILURES_KEPT = 50
 FAILURE_CHARS = 500
 # A batch's first size when its results are kept and no batch has yet shown how large they are.
@@ -122,13 +126,15 @@ StartBatch = Callable[[FanOutInput, int], Awaitable[FanOutResult]]
 
 async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
     """Run the items in batches, each by `start(batch input, batch number)` (a child workflow), two at a time
-    sharing the step's concurrency, and merge their summaries. Per-item results are gathered only when
-    `inp.keep_results`: each batch then holds as many items as keep its results within RESULTS_BUDGET."""
+    sharing the step's concurrency, and merge their summaries. A batch's items stay within RESULTS_BUDGET; per-item
+    results are gathered only when `inp.keep_results`, and each batch then holds as many items as keep its
+    results within the budget too, judged from the batches before it."""
     spec = inp.spec
     total = len(inp.items)
     allowed = spec.allowed_failures(total)
     lanes = min(2, spec.max_concurrency)
     merged = FanOutResult(total=total, succeeded=0, failed=0, results=[None] * total if inp.keep_results else None)
+    sizes = [_size(item) + 1 for item in inp.items]
     seen = {"items": 0, "bytes": 0}
     cut: list[str] = []
     state = {"next": 0, "batch": 0}
@@ -144,7 +150,12 @@ async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
     async def lane() -> None:
         while state["next"] < total and merged.failed <= allowed:
             first = state["next"]
-            items = inp.items[first:first + batch_size()]
+            end, held = first, 0
+            # The batch's items are its input payload: cut it at the budget too (one item at least).
+            while end < total and end - first < batch_size() and (end == first or held + sizes[end] <= RESULTS_BUDGET):
+                held += sizes[end]
+                end += 1
+            items = inp.items[first:end]
             state["next"] = first + len(items)
             state["batch"] += 1
             batch = inp.model_copy(update={

@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.controls import OperatorControls
     from workflows.fanout import (
         FANOUT_CHILD_THRESHOLD,
+        RESUME_BUDGET,
         FanOutWorkflow,
         reads_results,
         run_fan_out,
@@ -323,7 +324,15 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             controls=self._controls,
             used_tokens=self._used_tokens,
         )
-        workflow.continue_as_new(self._inp.model_copy(update={"resume": resume}))
+        carried = self._inp.model_copy(update={"resume": resume})
+        size = len(carried.model_dump_json())
+        # A fan-out's per-item results kept for a later step can make the new run's input too large to start:
+        # the run goes on in this history (Temporal's hard limit is 50 MB) rather than stop.
+        if size > RESUME_BUDGET and workflow.patched("resume-within-budget"):
+            workflow.logger.warning("not continuing as new: its input would be too large",
+                                    extra={"bytes": size, "budget": RESUME_BUDGET})
+            return
+        workflow.continue_as_new(carried)
 
     async def _capture_identity_keys(self) -> None:
         """The keys that sign operators' identity tokens, read once so validators can check tokens offline."""

@@ -1,0 +1,166 @@
+"""A fan-out of thousands with large per-item outputs keeps every payload small and its undo exact; a huge failure keeps its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from pydantic import BaseModel
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from activities.binding import action
+from activities.failure_bounds import MESSAGE_CHARS
+from activities.registry import Registry
+from activities.retry import Retry
+from runtime.payload_sizes import run_payloads
+from runtime.worker import build_worker
+from tests import support
+from workflows.fanout import RESULTS_BUDGET, reads_results
+
+fakes = Registry()
+ITEMS = int(os.environ.get("FANOUT_TEST_ITEMS", "3000"))
+FAILING = set(range(7, ITEMS, 300))  # 10 items: within the step's 1 %
+WARN = 512 * 1024
+
+
+class ChangeInput(BaseModel):
+    path: str
+    label: str
+    index: int
+
+
+class Restore(BaseModel):
+    path: str
+    label: str
+
+
+class ChangeOutput(BaseModel):
+    label: str
+    original: str
+    restore: Restore
+
+
+@action("test.big_change", registry=fakes, mutating=True, retry=Retry(max_attempts=1))
+def big_change(inp: ChangeInput) -> ChangeOutput:
+    """Change one item and say what it was, at length (1.5 KB an item: 4.5 MB for the step)."""
+    if inp.index in FAILING:
+        raise ApplicationError(f"injected failure for {inp.label}", non_retryable=True)
+    with open(inp.path, "a") as handle:
+        handle.write(f"{inp.label}\n")
+    return ChangeOutput(label=inp.label, original="x" * 1500, restore=Restore(path=inp.path + ".undo", label=inp.label))
+
+
+@action("test.big_undo", registry=fakes, mutating=True, retry=Retry(max_attempts=1))
+def big_undo(inp: Restore) -> Restore:
+    with open(inp.path, "a") as handle:
+        handle.write(f"{inp.label}\n")
+    return inp
+
+
+class HugeInput(BaseModel):
+    label: str
+
+
+@action("test.huge_failure", registry=fakes, mutating=True, retry=Retry(max_attempts=1))
+def huge_failure(inp: HugeInput) -> HugeInput:
+    """Fail as a client library might: the whole 5 MB response body in the message, and again in details."""
+    body = "<html>" + "y" * (5 * 1024 * 1024) + "</html>"
+    raise ApplicationError(f"{inp.label}: vault answered 503: {body}", {"body": body}, non_retryable=True)
+
+
+def _worker(client, task_queue):
+    return build_worker(client, task_queue, registry=support.registry().merged(fakes), executor=ThreadPoolExecutor(50),
+                        max_concurrent_activities=50, sandboxed=True, catalog=support.CATALOG)
+
+
+async def test_thousands_of_large_outputs_stay_small_and_the_undo_is_exact(env, task_queue, tmp_path):
+    out = tmp_path / "changed.txt"
+    labels = [f"item{i:05d}" for i in range(ITEMS)]
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: big-outputs}}
+        target: t
+        params:
+          items: {{type: list}}
+        steps:
+          - id: change
+            for_each:
+              items: ${{{{ params.items }}}}
+              action: test.big_change
+              with: {{path: "{out}", label: "${{{{ item.label }}}}", index: "${{{{ item.index }}}}"}}
+              max_concurrency: 50
+              error_threshold: "1%"
+          - id: undo
+            for_each:
+              items: ${{{{ steps.change.outputs.results }}}}
+              as: changed
+              action: test.big_undo
+              with: {{path: "${{{{ changed.restore.path }}}}", label: "${{{{ changed.restore.label }}}}"}}
+              max_concurrency: 50
+              error_threshold: "1%"
+    """)
+    params = {"items": [{"label": label, "index": i} for i, label in enumerate(labels)]}
+    async with _worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue, params=params, reg=fakes)
+        await handle.result()
+        status = await support.status(handle)
+        sizes = await run_payloads(env.client, handle.id)
+    change, undo = status.steps[0].outputs, status.steps[1].outputs
+    assert (change["succeeded"], change["failed"]) == (ITEMS - len(FAILING), len(FAILING))
+    assert [r for r in change["done"]] == [[a, b] for a, b in _gaps(ITEMS, FAILING)]
+    assert "results" not in change and "not shown" in change["results_kept"]  # 4.5 MB: not in the status
+    assert "results" not in undo  # no later step reads them: the batches never handed them back
+    # The undo reached exactly the items that changed, each once; the failed ones are its failures.
+    changed = (tmp_path / "changed.txt").read_text().split()
+    undone = (tmp_path / "changed.txt.undo").read_text().split()
+    assert sorted(undone) == sorted(changed) == [labels[i] for i in range(ITEMS) if i not in FAILING]
+    assert undo["failed"] == len(FAILING)
+    assert sizes.workflows > ITEMS // 500 and not sizes.over(WARN), sizes.largest
+    assert sizes.largest[0] < RESULTS_BUDGET + 64 * 1024, sizes.largest
+
+
+def _gaps(total: int, holes: set[int]) -> list[tuple[int, int]]:
+    ranges, start = [], 0
+    for hole in sorted(holes):
+        if hole > start:
+            ranges.append((start, hole - 1))
+        start = hole + 1
+    return [*ranges, (start, total - 1)] if start < total else ranges
+
+
+async def test_a_five_megabyte_failure_is_recorded_with_its_reason(env, task_queue, tmp_path):
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: huge-failure}
+        target: t
+        steps:
+          - id: read-secret
+            action: test.huge_failure
+            with: {label: consul-token}
+            on_failure: abort
+    """)
+    async with _worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue, reg=fakes)
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        status = await support.status(handle)
+        sizes = await run_payloads(env.client, handle.id)
+    [message] = sizes.failures
+    assert message.startswith("consul-token: vault answered 503: <html>yyy")
+    assert f"[{5 * 1024 * 1024 + len('<html></html>') - MESSAGE_CHARS + len('consul-token: vault answered 503: ')} more characters cut]" in message
+    assert "exceeds size limit" not in json.dumps(status.model_dump(mode="json"))
+    assert "consul-token: vault answered 503" in (status.steps[0].error or "")
+    assert not sizes.over(WARN), sizes.largest
+
+
+def test_results_are_kept_only_when_a_later_step_reads_more_than_the_counts(tmp_path):
+    from workflows.spec import ActionStep
+
+    def step(ref: str) -> ActionStep:
+        return ActionStep.model_validate({"id": "later", "action": "core.note", "with": {"message": ref}})
+
+    assert reads_results([step("${{ steps.fan.outputs.results }}")], "fan")
+    assert reads_results([step("${{ steps.fan.outputs }}")], "fan")
+    assert not reads_results([step("${{ steps.fan.outputs.succeeded }} of ${{ steps.fan.outputs.total }}")], "fan")
+    assert not reads_results([step("${{ steps.fan-out.outputs.results }}")], "fan")
