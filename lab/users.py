@@ -97,8 +97,10 @@ def job_spec(user: LabUser, *, datacenter: str = NOMAD_DC, python: str = sys.exe
     """The service's Nomad job (API JSON): the server task, and the service block owning the HTTP check."""
     return {
         "ID": user.name, "Name": user.name, "Type": "service", "Datacenters": [datacenter],
-        # Short deployments: the lab's tasks are healthy as soon as they run and their check passes.
-        "Update": {"MinHealthyTime": 5 * NS_PER_S},
+        # Short deployments: a task is healthy once it has run for 5 s. With Nomad's default (checks), a
+        # deployment would last until Consul first ran the 60 s check, at a random offset within its interval
+        # (up to a minute), and every change to the job waits out the one before it.
+        "Update": {"MinHealthyTime": 5 * NS_PER_S, "HealthCheck": "task_states"},
         "TaskGroups": [{
             "Name": GROUP, "Count": user.count,
             "Networks": [{"DynamicPorts": [{"Label": PORT_LABEL}]}],
