@@ -273,14 +273,41 @@ def _cut(text: str | None) -> str | None:
     return text if text is None or len(text) <= _MEMO_TEXT else text[: _MEMO_TEXT - 1] + "…"
 
 
-def status_memo(status: RunStatus) -> dict[str, Any]:
-    """The memo entries that describe `status`: the run's, and one per step (no outputs, last reading only)."""
+# What a step's memo entry is made of, compared instead of dumping the step again (a run of 200 steps
+# dumped 40,000 of them): every field but `outputs`, lists by their items (appended, never edited), the
+# readings by the last one. A field added to StepState must be added here (checked below).
+def _step_fingerprint(step: StepState) -> tuple:
+    return (step.title, step.status, step.started_at, step.ended_at, step.attempts, step.error, step.percent,
+            step.last_good, step.awaiting, step.skip_requested_by, step.gate_gives_up_at,
+            step.readings[-1] if step.readings else None, tuple(step.approvals), tuple(step.ramp_decisions))
+
+
+_FINGERPRINTED = {"id", "kind", "title", "status", "started_at", "ended_at", "attempts", "error", "percent", "last_good",
+                  "awaiting", "skip_requested_by", "gate_gives_up_at", "readings", "approvals", "ramp_decisions"}
+assert set(StepState.model_fields) == _FINGERPRINTED | {"outputs"}, "StepState changed: update _step_fingerprint"
+
+
+def _step_entry(step: StepState, position: int) -> dict[str, Any]:
+    entry = step.model_dump(mode="json", exclude={"outputs", "readings"})
+    entry.update(error=_cut(step.error), awaiting=_cut(step.awaiting),
+                 readings=[{**reading.model_dump(mode="json"), "error": _cut(reading.error)} for reading in step.readings[-1:]])
+    return {"position": position, **entry}
+
+
+def status_memo(status: RunStatus, cache: dict[str, tuple[tuple, dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The memo entries that describe `status`: the run's, and one per step (no outputs, last reading only).
+    `cache` (step key -> (fingerprint, entry)) keeps each step's entry until the step changes."""
     entries: dict[str, Any] = {MEMO_RUN: {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}}
     for position, step in enumerate(status.steps):
-        entry = step.model_dump(mode="json", exclude={"outputs", "readings"})
-        entry.update(error=_cut(step.error), awaiting=_cut(step.awaiting),
-                     readings=[{**reading.model_dump(mode="json"), "error": _cut(reading.error)} for reading in step.readings[-1:]])
-        entries[MEMO_STEP + step.id] = {"position": position, **entry}
+        key = MEMO_STEP + step.id
+        if cache is None:
+            entries[key] = _step_entry(step, position)
+            continue
+        fingerprint = (position, step.id, step.kind, _step_fingerprint(step))
+        kept = cache.get(key)
+        if kept is None or kept[0] != fingerprint:
+            kept = cache[key] = (fingerprint, _step_entry(step, position))
+        entries[key] = kept[1]
     return entries
 
 
@@ -292,12 +319,15 @@ class StatusMemo:
         self._budget = budget
         self._sent: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
+        self._entries: dict[str, tuple[tuple, dict[str, Any]]] = {}
         self.full = False
 
     def changes(self, status: RunStatus) -> dict[str, Any]:
         if self.full:
             return {}
-        changed = {key: entry for key, entry in status_memo(status).items() if self._sent.get(key) != entry}
+        # An entry from the cache is the very object sent last time: `is` settles most comparisons.
+        changed = {key: entry for key, entry in status_memo(status, self._entries).items()
+                   if (sent := self._sent.get(key)) is not entry and sent != entry}
         sizes = {key: len(json.dumps(entry, separators=(",", ":"))) for key, entry in changed.items()}
         if sum({**self._sizes, **sizes}.values()) > self._budget:
             self.full = True
