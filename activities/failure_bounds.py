@@ -1,21 +1,27 @@
-"""Activity failures of bounded size: a huge message or details is cut, with a note of how much, so the history keeps the reason."""
+"""Activity failures of bounded size: a huge message, cause chain or details is cut, with a note of how much, so the history keeps the reason."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import traceback
 from typing import Any
 
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-__all__ = ["DETAILS_BYTES", "MESSAGE_CHARS", "FailureBoundsInterceptor", "bound_failure", "bounded"]
+__all__ = ["DETAILS_BYTES", "FAILURE_BYTES", "MESSAGE_CHARS", "FailureBoundsInterceptor", "bound_failure", "bounded"]
 
-# Temporal replaces a failure over 2 MB with "Failure exceeds size limit.": an operator would lose the reason.
-MESSAGE_CHARS = 4000
+# The server keeps a retried activity's last failure only within 4 KB (limit.mutableStateActivityFailureSize):
+# past it the failure reads "Failure exceeds size limit." and the reason is lost. A message, its causes and
+# their stack traces over FAILURE_BYTES are rebuilt short.
+FAILURE_BYTES = 3000
+MESSAGE_CHARS = 1000
+_CAUSE_CHARS = 500
+_CAUSES_KEPT = 2
+# Details are kept whole up to this much when the failure is final (not retried), to 1 KiB when it is retried.
 DETAILS_BYTES = 64 * 1024
-# Causes kept under the top failure: each carries its own message (and stack trace) into the history.
-_CAUSES_KEPT = 3
+_RETRIED_DETAILS_BYTES = 1024
 
 
 def bounded(text: str, limit: int) -> str:
@@ -25,43 +31,57 @@ def bounded(text: str, limit: int) -> str:
     return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
 
 
-def _details_size(details: Any) -> int:
+def _json_size(details: Any) -> int:
     try:
         return len(json.dumps(details, default=str))
     except (TypeError, ValueError):
         return len(str(details))
 
 
-def _too_large(exc: BaseException) -> bool:
+def _chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
     current: BaseException | None = exc
-    for _ in range(_CAUSES_KEPT + 1):
-        if current is None:
-            return False
-        if len(str(current)) > MESSAGE_CHARS:
-            return True
-        if isinstance(current, ApplicationError) and _details_size(current.details) > DETAILS_BYTES:
-            return True
+    while current is not None and len(chain) < 20:
+        chain.append(current)
         current = current.__cause__ or current.__context__
-    return False
+    return chain
+
+
+def _encoded_size(exc: BaseException) -> int:
+    """About what the failure takes in the history: every message and stack trace of the chain, and the details."""
+    size = 0
+    for link in _chain(exc):
+        size += len(str(link)) + len("".join(traceback.format_tb(link.__traceback__)))
+        if isinstance(link, ApplicationError):
+            size += _json_size(link.details)
+    return size
+
+
+def _bounded_link(link: BaseException, limit: int) -> ApplicationError:
+    message = bounded(str(link), limit)
+    if not isinstance(link, ApplicationError):
+        return ApplicationError(message, type=type(link).__name__)
+    details: tuple[Any, ...] = tuple(link.details)
+    size = _json_size(details)
+    budget = DETAILS_BYTES if link.non_retryable else _RETRIED_DETAILS_BYTES
+    if size > budget:
+        details = (f"details cut: {size} bytes, over the {budget} kept",)
+    return ApplicationError(message, *details, type=link.type, non_retryable=link.non_retryable,
+                            next_retry_delay=link.next_retry_delay, category=link.category)
 
 
 def bound_failure(exc: BaseException) -> ApplicationError:
-    """An ApplicationError saying what `exc` says, within the bounds: its type, retryability and delay kept,
-    its message and its causes' messages cut, its details dropped (with a note) when over DETAILS_BYTES."""
-    causes: list[str] = []
-    current = exc.__cause__ or exc.__context__
-    while current is not None and len(causes) < _CAUSES_KEPT:
-        causes.append(bounded(f"{type(current).__name__}: {current}", MESSAGE_CHARS // 4))
-        current = current.__cause__ or current.__context__
-    message = bounded(str(exc), MESSAGE_CHARS) + "".join(f"; caused by {cause}" for cause in causes)
-    if isinstance(exc, ApplicationError):
-        details: tuple[Any, ...] = tuple(exc.details)
-        size = _details_size(details)
-        if size > DETAILS_BYTES:
-            details = (f"details cut: {size} bytes, over the {DETAILS_BYTES} kept",)
-        return ApplicationError(message, *details, type=exc.type, non_retryable=exc.non_retryable,
-                                next_retry_delay=exc.next_retry_delay, category=exc.category)
-    return ApplicationError(message, type=type(exc).__name__)
+    """`exc` and its first causes rebuilt within the bounds: each one's type, retryability and delay kept, its
+    message cut, its stack trace dropped, its details dropped (with a note) when over their budget. The chain
+    stays a chain, so the workflow still reads the innermost cause's message as the reason."""
+    links = _chain(exc)[:1 + _CAUSES_KEPT]
+    rebuilt: ApplicationError | None = None
+    for link in reversed(links):
+        current = _bounded_link(link, MESSAGE_CHARS if link is exc else _CAUSE_CHARS)
+        current.__cause__ = rebuilt
+        rebuilt = current
+    assert rebuilt is not None
+    return rebuilt
 
 
 class FailureBoundsInterceptor(Interceptor):
@@ -78,6 +98,7 @@ class _BoundsInbound(ActivityInboundInterceptor):
         except (CancelledError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            if not _too_large(exc):
+            if _encoded_size(exc) <= FAILURE_BYTES:
                 raise
-            raise bound_failure(exc) from None
+            short = bound_failure(exc)
+            raise short from short.__cause__  # the rebuilt chain, not the original one as its context

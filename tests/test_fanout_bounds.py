@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 from pydantic import BaseModel
@@ -71,6 +72,16 @@ def huge_failure(inp: HugeInput) -> HugeInput:
     raise ApplicationError(f"{inp.label}: vault answered 503: {body}", {"body": body}, non_retryable=True)
 
 
+@action("test.refused_at_length", registry=fakes, mutating=True,
+        retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=100)))
+def refused_at_length(inp: HugeInput) -> HugeInput:
+    """Fail as requests does when a server is down, under a wrapper that quotes a 1 MB page."""
+    try:
+        raise ConnectionRefusedError(f"[Errno 111] {inp.label}: connection refused")
+    except ConnectionRefusedError as exc:
+        raise RuntimeError("vault said: " + "z" * (1024 * 1024)) from exc
+
+
 def _worker(client, task_queue):
     return build_worker(client, task_queue, registry=support.registry().merged(fakes), executor=ThreadPoolExecutor(50),
                         max_concurrent_activities=50, sandboxed=True, catalog=support.CATALOG)
@@ -130,22 +141,26 @@ def _gaps(total: int, holes: set[int]) -> list[tuple[int, int]]:
     return [*ranges, (start, total - 1)] if start < total else ranges
 
 
-async def test_a_five_megabyte_failure_is_recorded_with_its_reason(env, task_queue, tmp_path):
-    book = support.write_runbook(tmp_path, """
-        metadata: {name: huge-failure}
+async def _failed_step(env, task_queue, tmp_path, action: str, label: str):
+    """Run one step of `action` that fails the run; its status, its history and the payloads of both."""
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: failing}}
         target: t
         steps:
           - id: read-secret
-            action: test.huge_failure
-            with: {label: consul-token}
+            action: {action}
+            with: {{label: {label}}}
             on_failure: abort
     """)
     async with _worker(env.client, task_queue):
         handle = await support.start(env.client, book, task_queue, reg=fakes)
         with pytest.raises(WorkflowFailureError):
             await handle.result()
-        status = await support.status(handle)
-        sizes = await run_payloads(env.client, handle.id)
+        return await support.status(handle), await handle.fetch_history(), await run_payloads(env.client, handle.id)
+
+
+async def test_a_five_megabyte_failure_is_recorded_with_its_reason(env, task_queue, tmp_path):
+    status, _, sizes = await _failed_step(env, task_queue, tmp_path, "test.huge_failure", "consul-token")
     [message] = sizes.failures
     assert message.startswith("consul-token: vault answered 503: <html>yyy")
     assert f"[{5 * 1024 * 1024 + len('<html></html>') - MESSAGE_CHARS + len('consul-token: vault answered 503: ')} more characters cut]" in message
@@ -164,3 +179,13 @@ def test_results_are_kept_only_when_a_later_step_reads_more_than_the_counts(tmp_
     assert reads_results([step("${{ steps.fan.outputs }}")], "fan")
     assert not reads_results([step("${{ steps.fan.outputs.succeeded }} of ${{ steps.fan.outputs.total }}")], "fan")
     assert not reads_results([step("${{ steps.fan-out.outputs.results }}")], "fan")
+
+
+async def test_a_retried_failure_keeps_its_cause_within_the_servers_4_kb(env, task_queue, tmp_path):
+    status, history, _ = await _failed_step(env, task_queue, tmp_path, "test.refused_at_length", "vault.internal")
+    [failed] = [e.activity_task_failed_event_attributes.failure for e in history.events if e.HasField("activity_task_failed_event_attributes")]
+    assert failed.message.startswith("vault said: zzz") and "more characters cut" in failed.message
+    assert failed.cause.message == "[Errno 111] vault.internal: connection refused"
+    assert failed.ByteSize() < 4096, failed.ByteSize()
+    # The step's error is the innermost cause, as for any failure.
+    assert status.steps[0].error and "vault.internal: connection refused" in status.steps[0].error
