@@ -43,7 +43,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
     current: BaseException | None = exc
     while current is not None and len(chain) < 20:
         chain.append(current)
-        current = current.__cause__ or current.__context__
+        # As Temporal's failure converter: the cause, else the context unless `raise ... from None` hid it.
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     return chain
 
 

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from activities.binding import action
-from activities.failure_bounds import MESSAGE_CHARS
+from activities.failure_bounds import MESSAGE_CHARS, bound_failure
 from activities.registry import Registry
 from activities.retry import Retry
 from runtime.payload_sizes import run_payloads
@@ -189,3 +189,15 @@ async def test_a_retried_failure_keeps_its_cause_within_the_servers_4_kb(env, ta
     assert failed.ByteSize() < 4096, failed.ByteSize()
     # The step's error is the innermost cause, as for any failure.
     assert status.steps[0].error and "vault.internal: connection refused" in status.steps[0].error
+
+
+def test_a_cut_failure_keeps_what_raise_from_none_hid_hidden():
+    try:
+        try:
+            raise FileNotFoundError("no inventory file")
+        except FileNotFoundError:
+            raise ValueError("target 'x' is not in the catalog: " + "w" * 5000) from None
+    except ValueError as exc:
+        short = bound_failure(exc)
+    assert short.__cause__ is None and short.type == "ValueError"
+    assert short.message.startswith("target 'x' is not in the catalog: www") and "more characters cut" in short.message
