@@ -73,7 +73,7 @@ def huge_failure(inp: HugeInput) -> HugeInput:
 
 
 @action("test.refused_at_length", registry=fakes, mutating=True,
-        retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=100)))
+        retry=Retry(max_attempts=2, initial_interval=timedelta(seconds=2)))
 def refused_at_length(inp: HugeInput) -> HugeInput:
     """Fail as requests does when a server is down, under a wrapper that quotes a 1 MB page."""
     try:
@@ -141,8 +141,9 @@ def _gaps(total: int, holes: set[int]) -> list[tuple[int, int]]:
     return [*ranges, (start, total - 1)] if start < total else ranges
 
 
-async def _failed_step(env, task_queue, tmp_path, action: str, label: str):
-    """Run one step of `action` that fails the run; its status, its history and the payloads of both."""
+async def _failed_step(env, task_queue, tmp_path, action: str, label: str, during=None):
+    """Run one step of `action` that fails the run; its status, its history and the payloads of both.
+    during(handle): awaited before the run's end."""
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: failing}}
         target: t
@@ -154,6 +155,8 @@ async def _failed_step(env, task_queue, tmp_path, action: str, label: str):
     """)
     async with _worker(env.client, task_queue):
         handle = await support.start(env.client, book, task_queue, reg=fakes)
+        if during is not None:
+            await during(handle)
         with pytest.raises(WorkflowFailureError):
             await handle.result()
         return await support.status(handle), await handle.fetch_history(), await run_payloads(env.client, handle.id)
@@ -182,7 +185,17 @@ def test_results_are_kept_only_when_a_later_step_reads_more_than_the_counts(tmp_
 
 
 async def test_a_retried_failure_keeps_its_cause_within_the_servers_4_kb(env, task_queue, tmp_path):
-    status, history, _ = await _failed_step(env, task_queue, tmp_path, "test.refused_at_length", "vault.internal")
+    kept: list[str] = []
+
+    async def between_attempts(handle) -> bool:
+        """What the server keeps of the first attempt's failure while the second waits (4 KB at most)."""
+        pending = (await handle.describe()).raw_description.pending_activities
+        kept[:] = [p.last_failure.message for p in pending if p.HasField("last_failure")]
+        return bool(kept)
+
+    status, history, _ = await _failed_step(env, task_queue, tmp_path, "test.refused_at_length", "vault.internal",
+                                            during=lambda handle: support.wait_for(lambda: between_attempts(handle)))
+    assert kept[0].startswith("vault said: zzz"), kept[0][:100]
     [failed] = [e.activity_task_failed_event_attributes.failure for e in history.events if e.HasField("activity_task_failed_event_attributes")]
     assert failed.message.startswith("vault said: zzz") and "more characters cut" in failed.message
     assert failed.cause.message == "[Errno 111] vault.internal: connection refused"
