@@ -137,7 +137,7 @@ async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
     sizes = [_size(item) + 1 for item in inp.items]
     seen = {"items": 0, "bytes": 0}
     cut: list[str] = []
-    state = {"next": 0, "batch": 0}
+    state = {"next": 0, "batch": 0, "stopped": 0}
 
     def batch_size() -> int:
         if not inp.keep_results:
@@ -148,7 +148,7 @@ async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
         return max(1, min(BATCH_ITEMS, RESULTS_BUDGET // 2 // per_item))
 
     async def lane() -> None:
-        while state["next"] < total and merged.failed <= allowed:
+        while state["next"] < total and merged.failed <= allowed and not state["stopped"]:
             first = state["next"]
             end, held = first, 0
             # The batch's items are its input payload: cut it at the budget too (one item at least).
@@ -162,7 +162,11 @@ async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
                 "items": items, "offset": inp.offset + first, "allowed": allowed - merged.failed,
                 "concurrency": max(1, spec.max_concurrency // lanes),
             })
-            result = await start(batch, state["batch"])
+            try:
+                result = await start(batch, state["batch"])
+            except BaseException:
+                state["stopped"] = 1  # the step has failed: the other lane launches no further batch
+                raise
             merged.succeeded += result.succeeded
             merged.failed += result.failed
             merged.failures = (merged.failures + result.failures)[:FAILURES_KEPT]
