@@ -289,7 +289,7 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
         outcome="succeeded" if verified else status.state,
         wall_seconds=wall,
         run_seconds=((status.ended_at or datetime.now(UTC)) - status.started_at).total_seconds(),
-        configured_wait_seconds=_configured_waits(run),
+        configured_wait_seconds=_configured_waits(run, {s.id: s for s in status.steps}),
         phases=phases,
         gates=gates,
         ramp=ramp,
@@ -302,14 +302,20 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
     )
 
 
-def _configured_waits(run: Any) -> float:
-    """The sum of the waits the runbook asks for (waits, bakes, ramp bakes), for the overhead ratio."""
+def _configured_waits(run: Any, states: dict[str, Any] | None = None) -> float:
+    """The sum of the waits the runbook asks for (waits, bakes, ramp bakes), for the overhead ratio. An
+    adaptive ramp's steps are known only once it ran: one bake per percentage it set (its first, and one
+    per decision), from the run's state."""
     from workflows.spec import ParallelStep, RampStep
 
     total = 0.0
     for step in run.runbook.steps:
         if isinstance(step, RampStep):
-            total += step.ramp.bake.total_seconds() * len(step.ramp.schedule())
+            state = (states or {}).get(step.id)
+            steps = len(step.ramp.schedule())
+            if step.ramp.adaptive is not None and state is not None and state.ramp_decisions:
+                steps = 1 + sum(d.next != d.at for d in state.ramp_decisions)
+            total += step.ramp.bake.total_seconds() * steps
         elif isinstance(step, ParallelStep):
             total += max((_own_wait(s) for s in step.parallel), default=0.0)
         else:
