@@ -272,7 +272,9 @@ class Soak:
         async def one(outcome: Outcome) -> RunTrace:
             async with gate:
                 history = await self.client.get_workflow_handle(outcome.workflow_id, run_id=outcome.run_id).fetch_history()
-            return trace_of(outcome, history.events, open_until=time.time() if outcome.state in ("held", "unfinished") else None)
+            # A held run stands still by design from its hold (waiting for an operator): only an unfinished
+            # one counts as still until now.
+            return trace_of(outcome, history.events, open_until=time.time() if outcome.state == "unfinished" else None)
 
         return list(await asyncio.gather(*(one(o) for o in self.outcomes)))
 

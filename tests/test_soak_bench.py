@@ -55,10 +55,16 @@ def test_the_gap_across_a_fault_and_the_wait_after_it():
 
 
 def test_an_open_run_that_never_moved_again_stood_still_until_it_was_read():
-    held = RunTrace("soak-h", "1", events=[50, 51], open_until=300)
-    stall = stall_around([held], Fault("worker-kill", 60, 60))
+    stuck = RunTrace("soak-u", "1", events=[50, 51], open_until=300)
+    stall = stall_around([stuck], Fault("worker-kill", 60, 60))
     assert stall.still_s == 249
     assert stall.recovery_s == 240  # its only later "event" is the reading itself: it never recovered before it
+
+
+def test_a_run_that_ended_or_held_before_the_fault_is_not_counted():
+    held = RunTrace("soak-h", "1", events=[50, 51])  # no open_until: it waits for an operator from its hold
+    stall = stall_around([held], Fault("worker-kill", 60, 60))
+    assert (stall.runs, stall.still_s, stall.recovery_s) == (0, 0, 0)
 
 
 def test_an_instant_fault_counts_the_gap_that_spans_it():
