@@ -369,9 +369,9 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
         assert attributes.task_queue.name == readings_queue(task_queue)
         assert attributes.priority.priority_key == READING_PRIORITY
         assert attributes.priority.fairness_key == handle.id
-        # Long enough for three full batches at a twentieth of the pace; a lost worker found in 30 s.
+        # Long enough for three full batches at a twentieth of the pace; a lost worker found in 10 s.
         assert attributes.start_to_close_timeout.ToTimedelta() == READ_MANY_TIMEOUT == timedelta(seconds=180)
-        assert attributes.heartbeat_timeout.ToTimedelta() == timedelta(seconds=30)
+        assert attributes.heartbeat_timeout.ToTimedelta() == timedelta(seconds=10)
         reads = json.loads(attributes.input.payloads[0].data)["reads"]
         assert [(r["step"], r["gate"]) for r in reads] == [(f"g{i}", f"up{i}") for i in range(6)]
         waits.append({r.get("not_before") is not None for r in reads})

@@ -34,10 +34,12 @@ MAX_READS_PER_BATCH = 20
 
 
 # read_many's start-to-close timeout: three full batches in flight read at a twentieth of 10 a second
-# (while steps run) take 120 s. Its heartbeat, sent while the batch waits, still finds a lost worker
-# in READ_MANY_HEARTBEAT.
+# (while steps run) take 120 s. Its heartbeat, sent every third of READ_MANY_HEARTBEAT while the batch
+# waits, finds a lost worker within it: the gate then reads again at its next interval. 30 s stalled every
+# run with a read in flight on a SIGKILLed worker for 30 s (bench/soak.py), and gave up gates whose timeout
+# was 30 s.
 READ_MANY_TIMEOUT = timedelta(seconds=180)
-READ_MANY_HEARTBEAT = timedelta(seconds=30)
+READ_MANY_HEARTBEAT = timedelta(seconds=10)
 
 
 # The actions gates read through: read_many takes the reads a run asked for together (batched
