@@ -13,7 +13,7 @@ from lab.hashistack import Backends, ConsulAgent, NomadAgent, VaultServer
 from lab.hosts.processes import start_daemon, wait_for_port
 from lab.hosts.shell import LabError
 from lab.hosts.state import DaemonRecord
-from lab.services import PY, Secrets, consul_argv, consul_client_dirs, nomad_argv
+from lab.services import PY, Secrets, consul_agent_dir, consul_argv, consul_client_dirs, nomad_argv
 from lab.settings import CACHE_HOSTS, CONSUL_CLIENT_HOSTS, CONSUL_HOSTS, LabConfig
 
 __all__ = [
@@ -35,11 +35,6 @@ NOMAD_CLIENTS = [*((h, "dc1", "cache") for h in CACHE_HOSTS), ("internal", "serv
 # Consul client agents: where Nomad registers the internal services and their checks, and the game edge's.
 WORKER_POLICY = "coldstart-worker"
 _WORKER_RULES = 'path "secret/data/coldstart/*" {\n  capabilities = ["read"]\n}\n'
-
-
-def consul_agent_dir(cfg: LabConfig, host: str) -> Path:
-    """The agent's config directory (-config-dir), where drop-ins such as the streaming setting go."""
-    return cfg.path("consul", host, "config.d")
 
 
 def consul_restart_argv(cfg: LabConfig, host: str) -> list[str]:

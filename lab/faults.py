@@ -23,6 +23,7 @@ from redis.retry import Retry
 from lab import cgroups
 from lab.agents import CONSUL_CLIENT_HOSTS
 from lab.edge import SCHEDULING_KEY
+from lab.fault_record import fault_file, forget, recorded, remember
 from lab.hosts.processes import pid_alive, start_daemon, stop_daemon
 from lab.hosts.shell import LabError
 from lab.hosts.state import load_state
@@ -85,16 +86,6 @@ def _consul_host_of(cfg: LabConfig, address: str) -> str:
     raise LabError(f"Consul leader {address!r} is not one of the lab's servers")
 
 
-def _fault_file(cfg: LabConfig) -> Path:
-    return cfg.path("faults.json")
-
-
-def _remember(cfg: LabConfig, name: str, value: Any) -> None:
-    path = _fault_file(cfg)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[name] = value
-    path.write_text(json.dumps(data))
-
 
 def consul_contention(cfg: LabConfig, **_: Any) -> Any:
     """Heavy load on Consul: KV apply p50 climbs (coldstart:consul_kvs_apply_p50_ms).
@@ -109,7 +100,7 @@ def consul_contention(cfg: LabConfig, **_: Any) -> Any:
     rps = cfg.internal_rps * CONTENTION_FACTOR
     pids = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=rps, duration=cfg.load_duration_s,
                         clients=cfg.players_clients, watchers=CONTENTION_WATCHERS)
-    _remember(cfg, "contention", {"internal_rps": rps, "watchers": CONTENTION_WATCHERS})
+    remember(cfg, "contention", {"internal_rps": rps, "watchers": CONTENTION_WATCHERS})
     return {"internal_rps": rps, "baseline_rps": cfg.internal_rps, "watchers": CONTENTION_WATCHERS, "pids": pids}
 
 
@@ -133,7 +124,7 @@ def consul_streaming(cfg: LabConfig, **_: Any) -> Any:
                 "--churn", str(STREAMING_CHURN), "--duration", str(cfg.load_duration_s)]
         pids[host] = start_daemon(cfg.spec, host, WATCHERS, argv).pid
     shape = {"services": STREAMING_SERVICES, "watchers": STREAMING_WATCHERS, "churn_per_s": STREAMING_CHURN}
-    _remember(cfg, "streaming", shape)
+    remember(cfg, "streaming", shape)
     return {**shape, "agents": list(CONSUL_CLIENT_HOSTS), "pids": pids}
 
 
@@ -286,17 +277,16 @@ def service_down(cfg: LabConfig, *, target: str | None = None, **_: Any) -> Any:
     if name is None:
         if sh(_vault_rule(cfg, "-C"), check=False).returncode != 0:
             sh(_vault_rule(cfg, "-I"))
-        _remember(cfg, f"down:{target}", {"host": host, "firewall": True})
+        remember(cfg, f"down:{target}", {"host": host, "firewall": True})
         return {"target": target, "how": "port closed (TCP reset)", "port": cfg.ports.vault_http}
     record = load_state(cfg.state_dir).daemons.get(f"{host}/{name}")
-    path = _fault_file(cfg)
-    remembered = (json.loads(path.read_text()) if path.exists() else {}).get(f"down:{target}")
+    remembered = recorded(cfg).get(f"down:{target}")
     if record is None:
         if remembered:
             return {"target": target, "how": "already stopped"}
         raise LabError(f"no {name} daemon recorded on {host}")
     # Remember how to start it again before stopping it: a crash in between still leaves the recipe.
-    _remember(cfg, f"down:{target}", {"host": host, "name": name, "argv": record.argv})
+    remember(cfg, f"down:{target}", {"host": host, "name": name, "argv": record.argv})
     stopped = stop_daemon(cfg.spec, host, name)
     return {"target": target, "how": "process stopped", "pid": record.pid, "was_running": stopped}
 
@@ -308,9 +298,7 @@ def service_up(cfg: LabConfig, *, target: str | None = None, timeout: float = 30
     from lab.hosts.shell import sh
 
     host, name = _down_target(target)
-    path = _fault_file(cfg)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    down = data.pop(f"down:{target}", None)
+    down = recorded(cfg).get(f"down:{target}")
     if name is None:
         removed = 0
         while sh(_vault_rule(cfg, "-D"), check=False).returncode == 0:
@@ -327,8 +315,7 @@ def service_up(cfg: LabConfig, *, target: str | None = None, timeout: float = 30
             poll_until("prometheus", lambda: httpx.get(f"{cfg.prometheus_url}/-/ready", timeout=1).status_code == 200,
                        timeout, record)
         out = {"target": target, "pid": record.pid}
-    if path.exists():
-        path.write_text(json.dumps(data))
+    forget(cfg, f"down:{target}")
     return out
 
 
@@ -345,7 +332,7 @@ def players_dns_lost(cfg: LabConfig, **_: Any) -> Any:
 
     if sh(_players_dns_rule(cfg, "-C"), check=False).returncode != 0:
         sh(_players_dns_rule(cfg, "-I"))
-    _remember(cfg, "players-dns-lost", True)
+    remember(cfg, "players-dns-lost", True)
     return {"dropped": f"udp {cfg.ip('players')} -> {cfg.dns_server}"}
 
 
@@ -357,18 +344,16 @@ def clear(cfg: LabConfig, **_: Any) -> Any:
 
     while sh(_players_dns_rule(cfg, "-D"), check=False).returncode == 0:
         out["players_dns"] = "restored"
-    path = _fault_file(cfg)
-    for key in [k for k in (json.loads(path.read_text()) if path.exists() else {}) if k.startswith("down:")]:
+    for key in [k for k in recorded(cfg) if k.startswith("down:")]:
         out[key.replace("down:", "up:")] = service_up(cfg, target=key.split(":", 1)[1])
     if _real(cfg, "consul"):
         out["unthrottled"] = [g for g in cgroups.groups(f"coldstart-{cfg.prefix}-")
                               if cgroups.throttle(g, [], None)]
         out["streaming_watchers"] = [h for h in CONSUL_CLIENT_HOSTS if stop_daemon(cfg.spec, h, WATCHERS)]
-        path = _fault_file(cfg)
-        if path.exists() and "contention" in json.loads(path.read_text()):
+        if "contention" in recorded(cfg):
             out["load"] = restart_load(cfg, players_rps=cfg.players_rps, internal_rps=cfg.internal_rps,
                                        duration=cfg.load_duration_s, clients=cfg.players_clients)
-        path.unlink(missing_ok=True)
+        fault_file(cfg).unlink(missing_ok=True)
     else:
         out["consul"] = _post(f"{cfg.consul_url}/_lab/faults", {"fault": "clear"}, _consul_headers(cfg))
     if _real(cfg, "nomad"):

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from lab.fault_record import forget, recorded, remember
 from lab.hosts.shell import LabError
 from lab.services import Secrets
 from lab.settings import CACHE_HOSTS, LabConfig
@@ -30,23 +31,6 @@ __all__ = ["READINESS_FAULTS", "clear_readiness_faults"]
 TSIG_PATH = "coldstart/dns-tsig"  # lab.lifecycle's KV_SECRETS["dns_tsig"]
 CONSUL_SD_JOB = "services-from-consul"
 DRAINED_NODE = CACHE_HOSTS[1]
-
-
-def _faults(cfg: LabConfig) -> dict[str, Any]:
-    path = cfg.path("faults.json")
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _remember(cfg: LabConfig, name: str, value: Any) -> None:
-    data = _faults(cfg)
-    data[name] = value
-    cfg.path("faults.json").write_text(json.dumps(data))
-
-
-def _forget(cfg: LabConfig, name: str) -> None:
-    data = _faults(cfg)
-    if data.pop(name, None) is not None:
-        cfg.path("faults.json").write_text(json.dumps(data))
 
 
 # ---- the snapshot store ----------------------------------------------------------------------------
@@ -77,7 +61,7 @@ def _sums(members: dict[str, bytes]) -> bytes:
 def _replace_snapshots(cfg: LabConfig, fault: str, make: Any) -> dict[str, Any]:
     """Move the store's snapshots aside and put one faulty archive, made from the newest, in their place."""
     store, aside = cfg.path("snapshots"), _aside(cfg)
-    if fault in _faults(cfg):
+    if fault in recorded(cfg):
         return {"already": fault}
     originals = sorted(store.glob("*.snap"))
     if not originals:
@@ -88,7 +72,7 @@ def _replace_snapshots(cfg: LabConfig, fault: str, make: Any) -> dict[str, Any]:
         path.rename(aside / path.name)
     faulty = store / f"{fault}.snap"
     _write_archive(faulty, make(members))
-    _remember(cfg, fault, faulty.name)
+    remember(cfg, fault, faulty.name)
     return {"moved_aside": [p.name for p in originals], "in_their_place": faulty.name}
 
 
@@ -96,10 +80,10 @@ def _restore_snapshots(cfg: LabConfig) -> list[str]:
     store, aside = cfg.path("snapshots"), _aside(cfg)
     restored: list[str] = []
     for fault in ("snapshot-stale", "snapshot-corrupt"):
-        name = _faults(cfg).get(fault)
+        name = recorded(cfg).get(fault)
         if name:
             (store / name).unlink(missing_ok=True)
-            _forget(cfg, fault)
+            forget(cfg, fault)
     if aside.is_dir():
         for path in sorted(aside.glob("*.snap")):
             path.rename(store / path.name)
@@ -140,25 +124,25 @@ def _vault(cfg: LabConfig, method: str, path: str, body: dict | None = None) -> 
 def tsig_wrong(cfg: LabConfig, **_: Any) -> Any:
     """The TSIG key in Vault no longer matches the DNS server's (a rotation done on one side only): a new KV
     version with a random secret. `clear` writes the previous version back; no secret is kept on disk."""
-    if "tsig-wrong" in _faults(cfg):
+    if "tsig-wrong" in recorded(cfg):
         return {"already": "tsig-wrong"}
     reply = _vault(cfg, "GET", f"secret/data/{TSIG_PATH}")
     reply.raise_for_status()
     data, version = reply.json()["data"]["data"], reply.json()["data"]["metadata"]["version"]
     wrong = {**data, "secret": base64.b64encode(secrets.token_bytes(32)).decode()}
     _vault(cfg, "POST", f"secret/data/{TSIG_PATH}", {"data": wrong}).raise_for_status()
-    _remember(cfg, "tsig-wrong", version)
+    remember(cfg, "tsig-wrong", version)
     return {"vault": f"secret/{TSIG_PATH}", "good_version": version}
 
 
 def _tsig_restore(cfg: LabConfig) -> str | None:
-    version = _faults(cfg).get("tsig-wrong")
+    version = recorded(cfg).get("tsig-wrong")
     if version is None:
         return None
     reply = _vault(cfg, "GET", f"secret/data/{TSIG_PATH}?version={version}")
     reply.raise_for_status()
     _vault(cfg, "POST", f"secret/data/{TSIG_PATH}", {"data": reply.json()["data"]["data"]}).raise_for_status()
-    _forget(cfg, "tsig-wrong")
+    forget(cfg, "tsig-wrong")
     return f"version {version} written back"
 
 
@@ -169,12 +153,12 @@ def vault_sealed(cfg: LabConfig, **_: Any) -> Any:
     reply = _vault(cfg, "PUT", "sys/seal")
     if reply.status_code not in (200, 204):
         raise LabError(f"Vault refused to seal ({reply.status_code}): {reply.text.strip()}")
-    _remember(cfg, "vault-sealed", True)
+    remember(cfg, "vault-sealed", True)
     return {"vault": f"{cfg.vault_url} sealed"}
 
 
 def _unseal(cfg: LabConfig) -> str | None:
-    if not _faults(cfg).get("vault-sealed"):
+    if not recorded(cfg).get("vault-sealed"):
         return None
     key = Secrets(cfg).read("vault-unseal-key")
     reply = httpx.put(f"{cfg.vault_url}/v1/sys/unseal", json={"key": key}, timeout=10)
@@ -186,17 +170,11 @@ def _unseal(cfg: LabConfig) -> str | None:
         if time.monotonic() > deadline:
             raise LabError(f"Vault at {cfg.vault_url} unsealed but not active after 30s")
         time.sleep(0.1)
-    _forget(cfg, "vault-sealed")
+    forget(cfg, "vault-sealed")
     return "unsealed"
 
 
 # ---- Prometheus ------------------------------------------------------------------------------------
-def _reload_prometheus(cfg: LabConfig) -> None:
-    reply = httpx.post(f"{cfg.prometheus_url}/-/reload", timeout=10)
-    if reply.status_code != 200:
-        raise LabError(f"Prometheus refused the reload ({reply.status_code}): {reply.text.strip()}")
-
-
 def prometheus_consul_sd(cfg: LabConfig, **_: Any) -> Any:
     """Someone adds a scrape job that finds its targets through Consul's DNS interface: the gates' telemetry
     now depends on what the runbook recovers. The live config changes (written and reloaded), not only a
@@ -210,22 +188,24 @@ def prometheus_consul_sd(cfg: LabConfig, **_: Any) -> Any:
         jobs.append({"job_name": CONSUL_SD_JOB,
                      "dns_sd_configs": [{"names": ["game.service.consul"], "type": "A", "port": 8080}]})
         conf.write_text(yaml.safe_dump(config, sort_keys=False))
+        from lab.telemetry_stack import reload_prometheus
+
         try:
-            _reload_prometheus(cfg)
-        except (LabError, httpx.HTTPError):
+            reload_prometheus(cfg)
+        except LabError:
             conf.write_text(before)
             raise
-    _remember(cfg, "prometheus-consul-sd", True)
+    remember(cfg, "prometheus-consul-sd", True)
     return {"job": CONSUL_SD_JOB, "reloaded": cfg.prometheus_url}
 
 
 def _prometheus_restore(cfg: LabConfig) -> str | None:
-    if not _faults(cfg).get("prometheus-consul-sd"):
+    if not recorded(cfg).get("prometheus-consul-sd"):
         return None
     from lab.telemetry_stack import deploy_in_place, lab_backends
 
     deploy_in_place(cfg, lab_backends(cfg))  # the lab's own rendering, as `lab telemetry` deploys it
-    _forget(cfg, "prometheus-consul-sd")
+    forget(cfg, "prometheus-consul-sd")
     return "re-rendered and reloaded"
 
 
@@ -262,16 +242,16 @@ def nomad_node_drained(cfg: LabConfig, *, target: str | None = None, **_: Any) -
     spec = {"DrainSpec": {"Deadline": 3600 * 10**9, "IgnoreSystemJobs": True},
             "Meta": {"message": "coldstart lab fault nomad-node-drained"}}
     _nomad(cfg, "POST", f"node/{_node_id(cfg, node)}/drain", spec)
-    _remember(cfg, "nomad-node-drained", node)
+    remember(cfg, "nomad-node-drained", node)
     return {"draining": node}
 
 
 def _undrain(cfg: LabConfig) -> str | None:
-    node = _faults(cfg).get("nomad-node-drained")
+    node = recorded(cfg).get("nomad-node-drained")
     if not node:
         return None
     _nomad(cfg, "POST", f"node/{_node_id(cfg, node)}/drain", {"DrainSpec": None, "MarkEligible": True})
-    _forget(cfg, "nomad-node-drained")
+    forget(cfg, "nomad-node-drained")
     return f"{node} eligible"
 
 

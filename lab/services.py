@@ -69,9 +69,14 @@ def consul_argv(cfg: LabConfig, sec: Secrets) -> list[str]:
     return argv
 
 
+def consul_agent_dir(cfg: LabConfig, host: str) -> Path:
+    """The agent's config directory (-config-dir), where drop-ins such as the streaming setting go."""
+    return cfg.path("consul", host, "config.d")
+
+
 def consul_client_dirs(cfg: LabConfig) -> dict[str, Path]:
-    """Each client agent host's config directory (-config-dir on real agents; read by the stand-in too)."""
-    return {host: cfg.path("consul", host, "config.d") for host in CONSUL_CLIENT_HOSTS}
+    """Each client agent host's config directory (real agents; the stand-in reads them too)."""
+    return {host: consul_agent_dir(cfg, host) for host in CONSUL_CLIENT_HOSTS}
 
 
 def standin_reload_argv(cfg: LabConfig, sec: Secrets) -> list[str]:

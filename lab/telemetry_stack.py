@@ -72,13 +72,18 @@ def render_in_place(cfg: LabConfig, sec: Secrets, found: Backends) -> Path:
 def deploy_in_place(cfg: LabConfig, found: Backends) -> dict[str, Any]:
     """`lab telemetry`: re-render the files in place and ask Prometheus to reload them."""
     conf = render_in_place(cfg, Secrets(cfg), found)
+    reload_prometheus(cfg)
+    return {"config": str(conf), "reloaded": cfg.prometheus_url}
+
+
+def reload_prometheus(cfg: LabConfig) -> None:
+    """Ask the lab's Prometheus to reload its files; LabError saying why when it does not."""
     try:
         r = httpx.post(f"{cfg.prometheus_url}/-/reload", timeout=10)
     except httpx.HTTPError as exc:
         raise LabError(f"Prometheus at {cfg.prometheus_url} did not answer the reload: {exc}") from None
     if r.status_code != 200:
         raise LabError(f"Prometheus refused the reload ({r.status_code}): {r.text.strip()}")
-    return {"config": str(conf), "reloaded": cfg.prometheus_url}
 
 
 def lab_backends(cfg: LabConfig) -> Backends:

@@ -48,10 +48,10 @@ def metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
 
 
 # A step's part of the status signature (and, once the memo keeps gate deadlines, its gate's deadline too).
-_SIGNED = attrgetter("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by")
+_SIGNED_FIELDS = ("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by")
+_SIGNED = attrgetter(*_SIGNED_FIELDS)
+_SIGNED_WITH_DEADLINE = attrgetter(*_SIGNED_FIELDS, "gate_gives_up_at")
 _LAST_READING = attrgetter("gate", "value", "passed", "error")
-_SIGNED_WITH_DEADLINE = attrgetter("status", "attempts", "error", "percent", "last_good", "awaiting",
-                                   "skip_requested_by", "gate_gives_up_at")
 
 
 class RunVisibility(RunFields):

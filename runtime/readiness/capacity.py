@@ -109,8 +109,9 @@ def _rooms(client: Any, job: dict[str, Any]) -> tuple[list[NodeRoom], int, dict[
     rooms = []
     why: dict[str, str] = {}
     for node in nodes:
-        why[node.get("Name") or node["ID"]] = _why_no_room(node)
-        if why[node.get("Name") or node["ID"]]:
+        name = node.get("Name") or node["ID"]
+        why[name] = _why_no_room(node)
+        if why[name]:
             continue
         if not any(fnmatch(node.get("Datacenter", ""), dc) for dc in datacenters):
             continue
@@ -124,7 +125,7 @@ def _rooms(client: Any, job: dict[str, Any]) -> tuple[list[NodeRoom], int, dict[
             for task in ((alloc.get("AllocatedResources") or {}).get("Tasks") or {}).values():
                 cpu -= int((task.get("Cpu") or {}).get("CpuShares") or 0)
                 memory -= int((task.get("Memory") or {}).get("MemoryMB") or 0)
-        rooms.append(NodeRoom(node.get("Name") or node["ID"], cpu, memory))
+        rooms.append(NodeRoom(name, cpu, memory))
     return rooms, len(nodes), why
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
-from pathlib import Path
 
 import httpx
 from temporalio.exceptions import ApplicationError
@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from activities.contracts.targets import VaultSecretRef
 from activities.secrets import read_kv_secret
 from runtime.readiness.model import Verdict, not_ready, ready
+from runtime.readiness.vault_login import AppRoleRefused, approle_login
 
 __all__ = ["approle_verdict", "endpoint_verdict", "secret_verdict"]
 
@@ -53,28 +54,10 @@ async def secret_verdict(ref: VaultSecretRef) -> Verdict:
 async def approle_verdict(address: str, role_id_file: str, secret_id_file: str, *, timeout: float = 5.0) -> Verdict:
     """The worker's AppRole logs in; the token it gets is revoked at once."""
     try:
-        role_id = Path(role_id_file).read_text().strip()
-        secret_id = Path(secret_id_file).read_text().strip()
-    except OSError as exc:
-        return not_ready(f"cannot read the AppRole credentials: {exc.filename}: {exc.strerror}")
-    base = address.rstrip("/")
-    try:
         async with httpx.AsyncClient(timeout=timeout) as http:
-            reply = await http.post(f"{base}/v1/auth/approle/login", json={"role_id": role_id, "secret_id": secret_id})
-            if reply.status_code != 200:
-                errors = "; ".join(str(e) for e in (_json(reply).get("errors") or [])) or f"HTTP {reply.status_code}"
-                return not_ready(f"the AppRole login at {address} is refused: {errors}")
-            token = (_json(reply).get("auth") or {}).get("client_token")
-            if token:
-                await http.post(f"{base}/v1/auth/token/revoke-self", headers={"X-Vault-Token": token})
-    except httpx.TransportError as exc:
-        return not_ready(f"Vault at {address} is not reachable: {type(exc).__name__}")
+            token = await approle_login(http, address, role_id_file, secret_id_file)
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{address.rstrip('/')}/v1/auth/token/revoke-self", headers={"X-Vault-Token": token})
+    except AppRoleRefused as exc:
+        return not_ready(str(exc))
     return ready(f"the AppRole logs in to {address}")
-
-
-def _json(reply: httpx.Response) -> dict:
-    try:
-        body = reply.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}

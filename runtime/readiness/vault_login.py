@@ -11,7 +11,7 @@ import httpx
 
 from activities.inventory import Inventory
 
-__all__ = ["worker_vault_token"]
+__all__ = ["AppRoleRefused", "approle_login", "worker_vault_token"]
 
 _TOKEN_ENV = "VAULT_TOKEN"
 
@@ -30,8 +30,10 @@ async def worker_vault_token(target: dict, *, timeout: float = 5.0) -> AsyncIter
         yield "no Vault login"
         return
     address = login.address.rstrip("/")
-    token = await _approle_token(address, login.approle_role_id_file, login.approle_secret_id_file, timeout)
-    if token is None:
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as http:
+            token = await approle_login(http, address, login.approle_role_id_file, login.approle_secret_id_file)
+    except AppRoleRefused:
         yield "no Vault login"
         return
     os.environ[_TOKEN_ENV] = token
@@ -45,22 +47,35 @@ async def worker_vault_token(target: dict, *, timeout: float = 5.0) -> AsyncIter
                 await http.post(f"{address}/v1/auth/token/revoke-self", headers={"X-Vault-Token": token})
 
 
-async def _approle_token(address: str, role_id_file: str, secret_id_file: str, timeout: float) -> str | None:
+class AppRoleRefused(Exception):
+    """The AppRole did not log in; the message says why, never with a secret."""
+
+
+async def approle_login(http: httpx.AsyncClient, address: str, role_id_file: str, secret_id_file: str) -> str:
+    """The token the AppRole logs in with (the caller revokes it); AppRoleRefused saying why it did not."""
     try:
         role_id = Path(role_id_file).read_text().strip()
         secret_id = Path(secret_id_file).read_text().strip()
-    except OSError:
-        return None
+    except OSError as exc:
+        raise AppRoleRefused(f"cannot read the AppRole credentials: {exc.filename}: {exc.strerror}") from None
     try:
-        async with httpx.AsyncClient(timeout=timeout) as http:
-            reply = await http.post(f"{address}/v1/auth/approle/login",
-                                    json={"role_id": role_id, "secret_id": secret_id})
-    except httpx.HTTPError:
-        return None
+        reply = await http.post(f"{address.rstrip('/')}/v1/auth/approle/login",
+                                json={"role_id": role_id, "secret_id": secret_id})
+    except httpx.TransportError as exc:
+        raise AppRoleRefused(f"Vault at {address} is not reachable: {type(exc).__name__}") from None
+    body = _json(reply)
     if reply.status_code != 200:
-        return None
+        errors = "; ".join(str(e) for e in (body.get("errors") or [])) or f"HTTP {reply.status_code}"
+        raise AppRoleRefused(f"the AppRole login at {address} is refused: {errors}")
+    token = (body.get("auth") or {}).get("client_token")
+    if not isinstance(token, str) or not token:
+        raise AppRoleRefused(f"the AppRole login at {address} returned no token")
+    return token
+
+
+def _json(reply: httpx.Response) -> dict:
     try:
-        token = ((reply.json() or {}).get("auth") or {}).get("client_token")
+        body = reply.json()
     except ValueError:
-        return None
-    return token if isinstance(token, str) and token else None
+        return {}
+    return body if isinstance(body, dict) else {}
