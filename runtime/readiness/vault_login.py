@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from activities.errors import Refused
 from activities.inventory import Inventory
 
 __all__ = ["AppRoleRefused", "approle_login", "worker_vault_token"]
@@ -47,7 +48,7 @@ async def worker_vault_token(target: dict, *, timeout: float = 5.0) -> AsyncIter
                 await http.post(f"{address}/v1/auth/token/revoke-self", headers={"X-Vault-Token": token})
 
 
-class AppRoleRefused(Exception):
+class AppRoleRefused(Refused):
     """The AppRole did not log in; the message says why, never with a secret."""
 
 
