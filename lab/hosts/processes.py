@@ -9,7 +9,7 @@ from pathlib import Path
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from lab.hosts.spec import LabSpec
-from lab.hosts.state import DaemonRecord, load_state, save_state
+from lab.hosts.state import DaemonRecord, load_state, updating_state
 from runtime.processes import adopt, kill_pid, pid_alive, process_starttime
 
 __all__ = [
@@ -45,39 +45,40 @@ def start_daemon(spec: LabSpec, host: str, name: str, argv: list[str], *, host_s
     if host not in spec.hosts:
         raise KeyError(f"unknown lab host {host!r}")
     key = f"{host}/{name}"
-    state = load_state(spec.state_dir)
-    old = state.daemons.get(key)
-    if old and pid_alive(old.pid, old.starttime):
-        return old  # idempotent: the same daemon is already running
     log_dir = Path(spec.state_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{host}-{name}.log"
-    with open(log, "ab") as sink:
-        # `ip netns exec` and nsenter exec argv in place, so the Popen PID is the daemon's PID.
-        enter = ["nsenter", f"--net=/run/netns/{spec.netns(host)}"] if host_sysfs else [
-            "ip", "netns", "exec", spec.netns(host)]
-        proc = subprocess.Popen(
-            [*enter, *argv],
-            stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C meant for the test runner must not hit daemons
-        )
-    adopt(proc)
-    starttime = process_starttime(proc.pid) or 0
-    record = DaemonRecord(host=host, name=name, pid=proc.pid, starttime=starttime, argv=argv, log=str(log))
-    state.daemons[key] = record
-    save_state(spec.state_dir, state)
+    with updating_state(spec.state_dir) as state:
+        old = state.daemons.get(key)
+        if old and pid_alive(old.pid, old.starttime):
+            return old  # idempotent: the same daemon is already running
+        with open(log, "ab") as sink:
+            # `ip netns exec` and nsenter exec argv in place, so the Popen PID is the daemon's PID.
+            enter = ["nsenter", f"--net=/run/netns/{spec.netns(host)}"] if host_sysfs else [
+                "ip", "netns", "exec", spec.netns(host)]
+            proc = subprocess.Popen(
+                [*enter, *argv],
+                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C meant for the test runner must not hit daemons
+            )
+        adopt(proc)
+        starttime = process_starttime(proc.pid) or 0
+        record = DaemonRecord(host=host, name=name, pid=proc.pid, starttime=starttime, argv=argv, log=str(log))
+        state.daemons[key] = record
     return record
 
 
 def stop_daemon(spec: LabSpec, host: str, name: str) -> bool:
     """Stop a recorded daemon by PID; True if it was running."""
     key = f"{host}/{name}"
-    state = load_state(spec.state_dir)
-    record = state.daemons.pop(key, None)
+    record = load_state(spec.state_dir).daemons.get(key)
     if record is None:
         return False
+    # Killed outside the lock (it may take seconds), forgotten under it, and only if nobody restarted it since.
     was_running = kill_pid(record.pid, record.starttime)
-    save_state(spec.state_dir, state)
+    with updating_state(spec.state_dir) as state:
+        if (now := state.daemons.get(key)) is not None and now.pid == record.pid:
+            del state.daemons[key]
     return was_running
 
 

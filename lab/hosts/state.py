@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-__all__ = ["DaemonRecord", "LabState", "load_state", "save_state", "state_path"]
+__all__ = ["DaemonRecord", "LabState", "load_state", "save_state", "state_path", "updating_state"]
 
 STATE_FILE = "lab.json"
 
@@ -58,6 +61,18 @@ def load_state(state_dir: Path) -> LabState:
 def save_state(state_dir: Path, state: LabState) -> None:
     path = state_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two writers never share a half-written file
     tmp.write_text(json.dumps(state.model_dump(), indent=2))
     os.replace(tmp, path)  # atomic: a crash leaves the old or the new file, never half of one
+
+
+@contextmanager
+def updating_state(state_dir: Path) -> Iterator[LabState]:
+    """Load, let the caller change, save: under a lock, so two restarts at once never lose each other's record."""
+    lock = Path(state_dir) / (STATE_FILE + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        state = load_state(state_dir)
+        yield state
+        save_state(state_dir, state)

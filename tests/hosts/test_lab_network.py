@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from lab.hosts import create, destroy, leftovers, list_netns, start_daemon
-from lab.hosts.processes import pid_alive
+from lab.hosts import create, destroy, leftovers, list_netns, start_daemon, stop_daemon
+from lab.hosts.processes import pid_alive, restart_daemon
 from lab.hosts.shell import ip_json, iptables
 from lab.hosts.state import load_state, state_path
 from tests.hosts.labkit import lab_spec, require_lab
@@ -33,6 +34,25 @@ def test_destroy_after_crash_sweeps_by_prefix(tmp_path: Path) -> None:
         assert not pid_alive(sleeper.pid, sleeper.starttime)
     finally:
         destroy(spec)
+
+
+def test_restarts_at_once_keep_every_record(lab) -> None:
+    # Agents restarted in one wave each run `lab.daemon_restart`; none may lose the others' new PIDs,
+    # or the next restart kills a dead PID and starts a second daemon beside the live one.
+    names = [f"sleeper{i}" for i in range(6)]
+    for name in names:
+        start_daemon(lab, "nomad", name, ["sleep", "300"])
+    new = []
+    for _ in range(3):
+        with ThreadPoolExecutor(len(names)) as pool:
+            new = list(pool.map(lambda n: restart_daemon(lab, "nomad", n), names))
+        recorded = load_state(lab.state_dir).daemons
+        assert [recorded[f"nomad/{n}"].pid for n in names] == [r.pid for r in new]
+        assert all(pid_alive(r.pid, r.starttime) for r in new)
+    for name in names:
+        stop_daemon(lab, "nomad", name)
+    assert not any(f"nomad/{n}" in load_state(lab.state_dir).daemons for n in names)
+    assert not any(pid_alive(r.pid, r.starttime) for r in new)
 
 
 def test_destroy_leaves_nothing(lab) -> None:  # runs last: it tears the shared module lab down
