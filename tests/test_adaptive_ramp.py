@@ -57,6 +57,47 @@ def test_headroom_and_the_next_step():
     assert decide(spec, at=90, stop=100, step=30, readings={"db-load": [_reading(10)]}, took=timedelta(0)).next == 100
 
 
+def test_a_gate_trending_past_its_threshold_holds_the_ramp():
+    spec = AdaptiveSpec(min_step=5, max_step=30, increase=10, backoff=0.5, headroom=0.2)
+    falling = {"hit-ratio": [_reading(0.95, ">=", 0.8, offset=0), _reading(0.85, ">=", 0.8, offset=4)]}
+    # Both readings pass, but one more bake at this rate ends under 0.8: stay, read again.
+    held = decide(spec, at=60, stop=100, step=30, readings=falling, took=timedelta(seconds=10), may_hold=True)
+    assert (held.at, held.next, held.step) == (60, 60, 15)
+    assert held.headroom["hit-ratio"] == pytest.approx(0.0625 - 0.125)
+    assert "hit-ratio trends past its threshold" in held.reason and "hold at 60%" in held.reason
+    # Without leave to hold (a history from before holds, or holds used up): the smallest step forward.
+    on = decide(spec, at=60, stop=100, step=30, readings=falling, took=timedelta(seconds=10))
+    assert (on.next, on.step) == (75, 15) and "x0.5" in on.reason
+    # A trend away from the threshold never holds.
+    rising = {"hit-ratio": [_reading(0.85, ">=", 0.8, offset=0), _reading(0.95, ">=", 0.8, offset=4)]}
+    assert decide(spec, at=60, stop=100, step=30, readings=rising, took=timedelta(seconds=10), may_hold=True).next > 60
+
+
+async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task_queue, tmp_path):
+    prom = await support.ScriptedPrometheus().start()
+    prom.default = 10.0
+    # At 30 %: the gate's two readings pass but climb fast (20, 70); held, the next two are flat (75, 75).
+    prom.script('db_load{percent="30"}', 20, 70, 75, 75)
+    book = support.write_runbook(tmp_path, _BOOK.format(
+        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}"))
+    try:
+        async with support.worker(env.client, task_queue):
+            handle = await support.start(env.client, book, task_queue,
+                                         target={"name": f"ramp-{task_queue[-8:]}", "telemetry": {"prometheus": prom.url}})
+            await handle.result()
+            status = await support.status(handle)
+    finally:
+        await prom.stop()
+    [players] = status.steps
+    said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
+    # 10 -> 30; at 30 the trend projects past 100 within a bake: hold (step 20 -> 10); flat again: 30 -> 40, then on.
+    assert said == [(10, 30, 20), (30, 30, 10), (30, 40, 10), (40, 60, 20), (60, 90, 30), (90, 100, 30)], said
+    assert "hold at 30%" in players.ramp_decisions[1].reason
+    assert players.ramp_decisions[2].headroom == {"db-load": pytest.approx(0.25)}
+    assert status.state == "succeeded" and players.percent == 100
+    assert prom.values['db_load{percent="30"}'] == [75]  # the hold read the gate twice more
+
+
 def test_an_adaptive_ramp_is_checked(tmp_path):
     book = support.write_runbook(tmp_path, _BOOK.format(adaptive="adaptive: {min_step: 40, max_step: 20}"))
     with pytest.raises(RunbookInvalid) as refused:

@@ -29,11 +29,18 @@ def headroom(readings: Sequence[GateReading]) -> float | None:
 
 
 def decide(spec: AdaptiveSpec, *, at: int, stop: int, step: int, readings: Mapping[str, Sequence[GateReading]],
-           took: timedelta) -> RampDecision:
-    """The next percentage after the gates passed at `at`, having taken `took` since it was set."""
+           took: timedelta, may_hold: bool = False) -> RampDecision:
+    """The next percentage after the gates passed at `at`, having taken `took` since it was set. With `may_hold`,
+    a gate trending past its threshold within a bake (headroom below 0) keeps the ramp at `at` (next == at)."""
     rooms = {name: headroom(values) for name, values in readings.items()}
     known = [room for room in rooms.values() if room is not None]
     least = min(known) if known else None
+    if least is not None and least < 0 and may_hold and at < stop:
+        size = max(spec.min_step, int(step * spec.backoff))
+        worst = min((name for name, room in rooms.items() if room is not None), key=lambda n: rooms[n] or 0.0)
+        return RampDecision(at=at, next=at, step=size, headroom=rooms,
+                            reason=f"headroom {least:.2f}: {worst} trends past its threshold within a bake: hold at "
+                                   f"{at}%, read again; step {step} -> {size} (x{spec.backoff:g})")
     if least is None:
         size, reason = step, "no gate gave a value to measure headroom by: same step"
     elif least < spec.headroom:

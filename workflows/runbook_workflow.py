@@ -826,7 +826,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         last_good = state.last_good if state.last_good is not None else spec.baseline
         size = spec.step
         percent = spec.start if last_good < spec.start else min(spec.stop, last_good + size)
-        backoffs = 0
+        backoffs = holds = 0
         while True:
             try:
                 set_at = await self._ramp_to(step, state, action, percent, last_good)
@@ -853,9 +853,35 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 if reading.percent == percent and reading.at >= set_at:
                     here.setdefault(reading.gate, []).append(reading)
             decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
-                                        took=workflow.now() - set_at)
+                                        took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
+            # Asked only when the policy would hold, so histories from before holds existed replay unchanged.
+            while decision.next == percent and workflow.patched("ramp-hold"):
+                state.ramp_decisions.append(decision)
+                holds += 1
+                here = await self._hold_readings(step, state, percent, last_good)
+                decision = decide_next_step(policy, at=percent, stop=spec.stop, step=decision.step, readings=here,
+                                            took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
+            if decision.next == percent:  # a history from before holds: the policy's step as it was then
+                decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
+                                            took=workflow.now() - set_at)
+            holds = 0
             state.ramp_decisions.append(decision)
             size, percent = decision.step, decision.next
+
+    async def _hold_readings(self, step: RampStep, state: StepState, percent: int,
+                             previous: int) -> dict[str, list[GateReading]]:
+        """A hold: each gate read now and again after a bake, so the next decision sees the trend over the bake."""
+        here: dict[str, list[GateReading]] = {}
+        context = self._ramp_context(percent, previous)
+        gates = [(self._resolved_gate(gate, context), gate.name or f"gate{g + 1}") for g, gate in enumerate(step.ramp.gates)]
+        for when in ("start", "end"):
+            if when == "end":
+                await self._sleep(step.ramp.bake, timer_summary(step.id, f"hold at {percent}%"))
+            for reading in await asyncio.gather(*(self._read(step.id, gate, name, percent) for gate, name in gates)):
+                _keep_reading(state, reading)
+                here.setdefault(reading.gate, []).append(reading)
+            self._publish(step.id)
+        return here
 
     async def _confirm_fallback(self, step: RampStep, percent: int, failed: int) -> str:
         """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""

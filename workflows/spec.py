@@ -155,8 +155,10 @@ class WaitStep(_StepBase):
 class AdaptiveSpec(StrictModel):
     """Opt-in: each next step from the gates' headroom (workflows/ramp_policy.py): the step grows by `increase`
     while every gate keeps at least twice `headroom` (a share of its threshold, trend included), shrinks by
-    `backoff` when one has less than `headroom`, and stays between `min_step` and `max_step`. A failed gate
-    steps back to the last good percentage, shrinks the step and tries again, up to `max_backoffs` times."""
+    `backoff` when one has less than `headroom`, and stays between `min_step` and `max_step`. While a gate's
+    trend would carry it past its threshold within one bake (headroom below 0), the ramp holds where it is and
+    reads again after a bake, up to `max_holds` times in a row. A failed gate steps back to the last good
+    percentage, shrinks the step and tries again, up to `max_backoffs` times."""
 
     min_step: Annotated[int, Field(ge=1, le=100)] = 5
     max_step: Annotated[int, Field(ge=1, le=100)] = 30
@@ -166,6 +168,7 @@ class AdaptiveSpec(StrictModel):
     max_rate: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="a boot-rate limit: at most this many percentage points a minute")
     max_backoffs: Annotated[int, Field(ge=0, le=20)] = 3
+    max_holds: Annotated[int, Field(ge=0, le=100)] = 10
 
     @model_validator(mode="after")
     def _bounds(self) -> AdaptiveSpec:
