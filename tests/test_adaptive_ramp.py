@@ -78,23 +78,13 @@ async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task
     prom.default = 10.0
     # At 30 %: the gate's two readings pass but climb fast (20, 70); held, the next two are flat (75, 75).
     prom.script('db_load{percent="30"}', 20, 70, 75, 75)
-    book = support.write_runbook(tmp_path, _BOOK.format(
-        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}"))
-    try:
-        async with support.worker(env.client, task_queue):
-            handle = await support.start(env.client, book, task_queue,
-                                         target={"name": f"ramp-{task_queue[-8:]}", "telemetry": {"prometheus": prom.url}})
-            await handle.result()
-            status = await support.status(handle)
-    finally:
-        await prom.stop()
-    [players] = status.steps
+    [players] = (await _ramp_run(env, task_queue, tmp_path, prom)).steps
     said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
     # 10 -> 30; at 30 the trend projects past 100 within a bake: hold (step 20 -> 10); flat again: 30 -> 40, then on.
     assert said == [(10, 30, 20), (30, 30, 10), (30, 40, 10), (40, 60, 20), (60, 90, 30), (90, 100, 30)], said
     assert "hold at 30%" in players.ramp_decisions[1].reason
     assert players.ramp_decisions[2].headroom == {"db-load": pytest.approx(0.25)}
-    assert status.state == "succeeded" and players.percent == 100
+    assert players.status == "succeeded" and players.percent == 100
     assert prom.values['db_load{percent="30"}'] == [75]  # the hold read the gate twice more
 
 
@@ -110,23 +100,13 @@ async def test_the_ramp_grows_while_there_is_room_and_backs_off_when_a_gate_fail
     prom.default = 10.0  # plenty of room under 100 ...
     prom.script('db_load{percent="60"}', 150)  # ... but 60 % overloads the database ...
     prom.script('db_load{percent="45"}', 85)  # ... and 45 % leaves little room
-    book = support.write_runbook(tmp_path, _BOOK.format(
-        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}"))
-    inventory = {"name": f"ramp-{task_queue[-8:]}", "telemetry": {"prometheus": prom.url}}
-    try:
-        async with support.worker(env.client, task_queue):
-            handle = await support.start(env.client, book, task_queue, target=inventory)
-            await handle.result()
-            status = await support.status(handle)
-    finally:
-        await prom.stop()
-    [players] = status.steps
+    [players] = (await _ramp_run(env, task_queue, tmp_path, prom)).steps
     said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
     # 10 -> 30 (+10: step 20) -> 60 (+10: step 30); 60 fails: back to 30, step 15 -> 45; little room at 45:
     # step 7 -> 52; room again: 17 -> 69, 27 -> 96, then the rest.
     assert said == [(10, 30, 20), (30, 60, 30), (60, 45, 15), (45, 52, 7), (52, 69, 17), (69, 96, 27),
                     (96, 100, 30)], said
-    assert players.percent == 100 and players.last_good == 100 and status.state == "succeeded"
+    assert players.percent == 100 and players.last_good == 100 and players.status == "succeeded"
     assert "a gate failed at 60%: back to 30%" in players.ramp_decisions[2].reason
     assert players.ramp_decisions[3].headroom == {"db-load": pytest.approx(0.15)}
     # Eight percentages set instead of the fixed ramp's ten, one of them refused and stepped back from.
@@ -155,3 +135,17 @@ async def test_the_timeline_explains_each_step(env, task_queue, tmp_path):
                  if e["event"] == "ramp decision"]
     assert [d[0] for d in decisions] == ["10% -> 60%", "60% -> 100%"], decisions
     assert decisions[0][1].startswith("headroom 0.90 at least 0.4: step 10 -> 50"), decisions
+
+
+async def _ramp_run(env, task_queue, tmp_path, prom):
+    """The adaptive ramp (min 5, max 30, +10, x0.5, headroom 0.2) against the scripted Prometheus, to its end."""
+    book = support.write_runbook(tmp_path, _BOOK.format(
+        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}"))
+    inventory = {"name": f"ramp-{task_queue[-8:]}", "telemetry": {"prometheus": prom.url}}
+    try:
+        async with support.worker(env.client, task_queue):
+            handle = await support.start(env.client, book, task_queue, target=inventory)
+            await handle.result()
+            return await support.status(handle)
+    finally:
+        await prom.stop()
