@@ -76,16 +76,19 @@ def test_a_gate_trending_past_its_threshold_holds_the_ramp():
 async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task_queue, tmp_path):
     prom = await support.ScriptedPrometheus().start()
     prom.default = 10.0
-    # At 30 %: the gate's two readings pass but climb fast (20, 70); held, the next two are flat (75, 75).
-    prom.script('db_load{percent="30"}', 20, 70, 75, 75)
+    # At 30 %: the gate's two readings pass but climb fast (20, 70). Held: 75, then 120 after the bake, which
+    # fails, so the gate is waited for (90, 90). Held again: flat at 90, little room: the smallest step.
+    prom.script('db_load{percent="30"}', 20, 70, 75, 120, 90, 90, 90, 90)
     [players] = (await _ramp_run(env, task_queue, tmp_path, prom)).steps
     said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
-    # 10 -> 30; at 30 the trend projects past 100 within a bake: hold (step 20 -> 10); flat again: 30 -> 40, then on.
-    assert said == [(10, 30, 20), (30, 30, 10), (30, 40, 10), (40, 60, 20), (60, 90, 30), (90, 100, 30)], said
-    assert "hold at 30%" in players.ramp_decisions[1].reason
-    assert players.ramp_decisions[2].headroom == {"db-load": pytest.approx(0.25)}
+    assert said == [(10, 30, 20), (30, 30, 10), (30, 30, 5), (30, 35, 5), (35, 50, 15), (50, 75, 25),
+                    (75, 100, 30)], said
+    assert "hold at 30%" in players.ramp_decisions[1].reason and "hold at 30%" in players.ramp_decisions[2].reason
+    assert players.ramp_decisions[2].headroom == {"db-load": pytest.approx(-0.2 - 0.45)}
+    assert players.ramp_decisions[3].headroom == {"db-load": pytest.approx(0.1)}
     assert players.status == "succeeded" and players.percent == 100
-    assert prom.values['db_load{percent="30"}'] == [75]  # the hold read the gate twice more
+    at_30 = [r.value for r in players.readings if r.percent == 30]
+    assert at_30[-8:] == [20, 70, 75, 120, 90, 90, 90, 90], at_30  # the failing end of the hold was waited out
 
 
 def test_an_adaptive_ramp_is_checked(tmp_path):

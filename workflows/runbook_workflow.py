@@ -870,17 +870,25 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     async def _hold_readings(self, step: RampStep, state: StepState, percent: int,
                              previous: int) -> dict[str, list[GateReading]]:
-        """A hold: each gate read now and again after a bake, so the next decision sees the trend over the bake."""
+        """A hold: each gate read now and again after a bake, so the next decision sees the trend over the bake.
+        A gate failing at the end is waited for as at any step (its timeout fails the step): a ramp never moves
+        on from a percentage whose gates do not pass."""
         here: dict[str, list[GateReading]] = {}
         context = self._ramp_context(percent, previous)
-        gates = [(self._resolved_gate(gate, context), gate.name or f"gate{g + 1}") for g, gate in enumerate(step.ramp.gates)]
+        gates = [(gate, gate.name or f"gate{g + 1}") for g, gate in enumerate(step.ramp.gates)]
+        readings: list[GateReading] = []
         for when in ("start", "end"):
             if when == "end":
                 await self._sleep(step.ramp.bake, timer_summary(step.id, f"hold at {percent}%"))
-            for reading in await asyncio.gather(*(self._read(step.id, gate, name, percent) for gate, name in gates)):
+            readings = await asyncio.gather(*(self._read(step.id, self._resolved_gate(gate, context), name, percent)
+                                              for gate, name in gates))
+            for reading in readings:
                 _keep_reading(state, reading)
                 here.setdefault(reading.gate, []).append(reading)
             self._publish(step.id)
+        for (gate, name), reading in zip(gates, readings, strict=True):
+            if not reading.passed:
+                await self._gate(step.id, gate, name, percent, ramp=context)
         return here
 
     async def _confirm_fallback(self, step: RampStep, percent: int, failed: int) -> str:
