@@ -95,9 +95,11 @@ async def _measure(result: Result, status: Any, prometheus: str) -> None:
     readings = players.readings
     result.readings = len(readings)
     result.failed_readings = sum(not r.passed for r in readings)
-    # A violation is a health gate (not the convergence gate) read outside its threshold; a step "into" one is a
+    # A violation is a health gate (not the convergence gate) read with a value outside its threshold; a step "into" one is a
     # percentage the ramp stepped to, other than its first (a cold start) and the one the bench flushed at.
-    result.health_failed = [(r.gate, r.percent) for r in readings if not r.passed and r.gate != CONVERGENCE_GATE]
+    # A reading with no value (an empty window, an unreachable Prometheus) fails its gate but measures nothing.
+    result.health_failed = [(r.gate, r.percent) for r in readings
+                            if not r.passed and r.gate != CONVERGENCE_GATE and r.value is not None and r.error is None]
     first = result.percents[0] if result.percents else None
     result.stepped_into = sorted({p for _, p in result.health_failed
                                   if p is not None and p not in (first, result.flushed_at)})

@@ -4,7 +4,9 @@ Like against like: both workflows run on workers with the same runner (unsandbox
 runs the interpreter), the same activity executor and the same limits; the two sides alternate which
 goes first, over several rounds (`--rounds N`, 5 by default). Prints the median and p99 per-step
 time of each side in every round, then the median over rounds and the spread (min-max) of the round
-medians. Goal: interpreter median <= 10 ms a step and <= 1.5x the bare activity. Per-step time is
+medians. A third side, bare+visible, upserts per step what the interpreter keeps for operators (the current-step
+search attribute and a memo entry), so the breakdown separates the server's cost of that view from the
+interpreter's own. Goal: interpreter median <= 1.2x the bare activity. Per-step time is
 the gap between consecutive activity completions in each run's history (server timestamps), so
 client start-up is not counted.
 """
@@ -51,8 +53,9 @@ async def _interpreter(env, registry, book: Path, round_no: int) -> list[float]:
     return _gaps(await handle.fetch_history())
 
 
-async def _bare(env, round_no: int) -> list[float]:
-    handle = await env.client.start_workflow(BareActivities.run, STEPS, id=f"bare-{round_no}", task_queue="bench-bare")
+async def _bare(env, round_no: int, visible: bool = False) -> list[float]:
+    handle = await env.client.start_workflow(BareActivities.run, args=[STEPS, visible],
+                                             id=f"bare-{'visible-' if visible else ''}{round_no}", task_queue="bench-bare")
     await handle.result()
     return _gaps(await handle.fetch_history())
 
@@ -71,7 +74,7 @@ async def main(rounds: int) -> None:
     book = work / "overhead.yaml"
     steps = "\n".join(f"  - id: s{i}\n    action: core.wait\n    with: {{seconds: 0}}" for i in range(STEPS))
     book.write_text(f"metadata: {{name: overhead}}\ntarget: bench\nsteps:\n{steps}\n")
-    medians: dict[str, list[float]] = {"interpreter": [], "bare": []}
+    medians: dict[str, list[float]] = {"interpreter": [], "bare": [], "bare+visible": []}
     try:
         registry = load_registry()
         # The same runner, executor size and activity limit as build_worker gives the interpreter.
@@ -81,30 +84,35 @@ async def main(rounds: int) -> None:
             workflow_runner=UNSANDBOXED_RUNNER,
         ):
             for r in range(rounds):
-                order = ["interpreter", "bare"] if r % 2 == 0 else ["bare", "interpreter"]
+                order = ["interpreter", "bare", "bare+visible"]
+                order = order[r % 3:] + order[:r % 3]  # each side goes first in turn
                 for side in order:
                     started = time.monotonic()
-                    gaps = await (_interpreter(env, registry, book, r) if side == "interpreter" else _bare(env, r))
+                    gaps = await (_interpreter(env, registry, book, r) if side == "interpreter"
+                                  else _bare(env, r, visible=side == "bare+visible"))
                     wall = time.monotonic() - started
                     medians[side].append(statistics.median(gaps))
-                    print(f"round {r + 1} {side:11s}: median {medians[side][-1]:6.2f} ms/step, "
+                    print(f"round {r + 1} {side:12s}: median {medians[side][-1]:6.2f} ms/step, "
                           f"p99 {_p99(gaps):6.2f} ms/step, wall {wall:5.2f} s"
                           f"{' (first)' if side == order[0] else ''}", flush=True)
     finally:
         await env.shutdown()
     im, bm = statistics.median(medians["interpreter"]), statistics.median(medians["bare"])
+    vm = statistics.median(medians["bare+visible"])
     print(f"steps: {STEPS} sequential do-nothing steps (core.wait 0 s) a run, {rounds} rounds alternating which "
           "side goes first, both unsandboxed on the local dev server")
     for side, values in medians.items():
         print(f"{side}: median of round medians {statistics.median(values):.2f} ms/step, "
               f"spread {min(values):.2f}-{max(values):.2f}")
-    print(f"ratio (median): {im / bm:.2f}x  goal: <= 10 ms and <= 1.5x -> "
-          f"{'met' if im <= 10 and im / bm <= 1.5 else 'NOT met'}")
+    print(f"breakdown of a step (medians): bare activity {bm:.2f} ms; the operator's view (a search attribute "
+          f"and a memo entry upserted) {vm - bm:+.2f} ms; the interpreter's own {im - vm:+.2f} ms")
+    print(f"ratio (median): {im / bm:.2f}x of a bare activity, {im / vm:.2f}x of one that keeps the same view  "
+          f"goal: <= 1.2x of a bare activity -> {'met' if im / bm <= 1.2 else 'NOT met'}")
 
 
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     asyncio.run(main(parser.parse_args().rounds))

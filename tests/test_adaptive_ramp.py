@@ -60,11 +60,16 @@ def test_headroom_and_the_next_step():
 def test_a_gate_trending_past_its_threshold_holds_the_ramp():
     spec = AdaptiveSpec(min_step=5, max_step=30, increase=10, backoff=0.5, headroom=0.2)
     falling = {"hit-ratio": [_reading(0.95, ">=", 0.8, offset=0), _reading(0.85, ">=", 0.8, offset=4)]}
-    # Both readings pass, but one more bake at this rate ends under 0.8: stay, read again.
+    # Both readings pass, but the ratio is near 0.8 and still falling: stay, read again.
     held = decide(spec, at=60, stop=100, step=30, readings=falling, took=timedelta(seconds=10), may_hold=True)
     assert (held.at, held.next, held.step) == (60, 60, 15)
     assert held.headroom["hit-ratio"] == pytest.approx(0.0625 - 0.125)
-    assert "hit-ratio trends past its threshold" in held.reason and "hold at 60%" in held.reason
+    assert "hit-ratio still moving toward its threshold" in held.reason and "hold at 60%" in held.reason
+    # Near the threshold but steady: a smaller step, no hold; moving toward it with room to spare: no hold.
+    steady = {"hit-ratio": [_reading(0.85, ">=", 0.8, offset=0), _reading(0.85, ">=", 0.8, offset=4)]}
+    assert decide(spec, at=60, stop=100, step=30, readings=steady, took=timedelta(seconds=10), may_hold=True).next == 75
+    roomy = {"db-load": [_reading(10, offset=0), _reading(30, offset=4)]}
+    assert decide(spec, at=60, stop=100, step=30, readings=roomy, took=timedelta(seconds=10), may_hold=True).next == 90
     # Without leave to hold (a history from before holds, or holds used up): the smallest step forward.
     on = decide(spec, at=60, stop=100, step=30, readings=falling, took=timedelta(seconds=10))
     assert (on.next, on.step) == (75, 15) and "x0.5" in on.reason

@@ -11,10 +11,9 @@ from workflows.spec import AdaptiveSpec
 __all__ = ["RampDecision", "decide", "headroom"]
 
 
-def headroom(readings: Sequence[GateReading]) -> float | None:
-    """A gate's room before its threshold, as a share of the threshold, from its readings at one percentage:
-    the last value's, or less if the readings trend toward the threshold (projected one bake ahead). None
-    without a numeric reading."""
+def _room_and_trend(readings: Sequence[GateReading]) -> tuple[float, float] | None:
+    """A gate's room before its threshold (the last value's, as a share of the threshold) and how far its
+    readings moved toward it from the first (negative: away). None without a numeric reading."""
     values = [(r.value, r.comparator, r.threshold) for r in readings if r.value is not None and r.error is None
               and r.comparator is not None and r.threshold is not None]
     if not values:
@@ -25,22 +24,37 @@ def headroom(readings: Sequence[GateReading]) -> float | None:
     # Room on the passing side: below a `<` threshold, above a `>` one.
     room = (threshold - last) / scale if comparator in ("<", "<=") else (last - threshold) / scale
     trend = (last - first) / scale if comparator in ("<", "<=") else (first - last) / scale
-    return room - max(0.0, trend) if len(values) > 1 else room
+    return room, trend
+
+
+def headroom(readings: Sequence[GateReading]) -> float | None:
+    """A gate's room before its threshold, as a share of the threshold, from its readings at one percentage:
+    the last value's, or less if the readings trend toward the threshold (projected one bake ahead). None
+    without a numeric reading."""
+    measured = _room_and_trend(readings)
+    if measured is None:
+        return None
+    room, trend = measured
+    return room - max(0.0, trend)
 
 
 def decide(spec: AdaptiveSpec, *, at: int, stop: int, step: int, readings: Mapping[str, Sequence[GateReading]],
            took: timedelta, may_hold: bool = False) -> RampDecision:
     """The next percentage after the gates passed at `at`, having taken `took` since it was set. With `may_hold`,
-    a gate trending past its threshold within a bake (headroom below 0) keeps the ramp at `at` (next == at)."""
+    a gate near its threshold (headroom under `spec.headroom`) and still moving toward it keeps the ramp at `at`
+    (next == at): a cohort just admitted, or a cache just emptied, is still pushing that gate."""
     rooms = {name: headroom(values) for name, values in readings.items()}
     known = [room for room in rooms.values() if room is not None]
     least = min(known) if known else None
-    if least is not None and least < 0 and may_hold and at < stop:
+    worst = min((name for name, room in rooms.items() if room is not None), key=lambda n: rooms[n] or 0.0,
+                default=None)
+    measured = _room_and_trend(readings[worst]) if worst is not None else None
+    worsening = measured is not None and measured[1] > 0
+    if least is not None and least < spec.headroom and worsening and may_hold and at < stop:
         size = max(spec.min_step, int(step * spec.backoff))
-        worst = min((name for name, room in rooms.items() if room is not None), key=lambda n: rooms[n] or 0.0)
         return RampDecision(at=at, next=at, step=size, headroom=rooms,
-                            reason=f"headroom {least:.2f}: {worst} trends past its threshold within a bake: hold at "
-                                   f"{at}%, read again; step {step} -> {size} (x{spec.backoff:g})")
+                            reason=f"headroom {least:.2f} under {spec.headroom:g} and {worst} still moving toward "
+                                   f"its threshold: hold at {at}%, read again; step {step} -> {size} (x{spec.backoff:g})")
     if least is None:
         size, reason = step, "no gate gave a value to measure headroom by: same step"
     elif least < spec.headroom:

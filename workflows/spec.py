@@ -155,9 +155,9 @@ class WaitStep(_StepBase):
 class AdaptiveSpec(StrictModel):
     """Opt-in: each next step from the gates' headroom (workflows/ramp_policy.py): the step grows by `increase`
     while every gate keeps at least twice `headroom` (a share of its threshold, trend included), shrinks by
-    `backoff` when one has less than `headroom`, and stays between `min_step` and `max_step`. While a gate's
-    trend would carry it past its threshold within one bake (headroom below 0), the ramp holds where it is and
-    reads again after a bake, up to `max_holds` times in a row. A failed gate steps back to the last good
+    `backoff` when one has less than `headroom`, and stays between `min_step` and `max_step`. While that gate
+    is still moving toward its threshold, the ramp holds where it is and reads again after a bake, up to
+    `max_holds` times in a row. A failed gate steps back to the last good
     percentage, shrinks the step and tries again, up to `max_backoffs` times."""
 
     min_step: Annotated[int, Field(ge=1, le=100)] = 5
