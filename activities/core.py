@@ -36,10 +36,13 @@ __all__ = ["http_check", "note", "prometheus_query", "wait"]
 
 @implements(WAIT)
 async def wait(inp: WaitInput) -> WaitOutput:
-    details = activity.info().heartbeat_details
+    info = activity.info()
+    details = info.heartbeat_details
     done = float(details[0]) if details else 0.0
+    # Beating slower than the heartbeat timeout would have the server give the wait away while it runs.
+    every = min(inp.heartbeat_every, info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else inp.heartbeat_every
     while done < inp.seconds:
-        step = min(inp.heartbeat_every, inp.seconds - done)
+        step = min(every, inp.seconds - done)
         await asyncio.sleep(step)
         done += step
         activity.heartbeat(done)
