@@ -101,7 +101,8 @@ def baseline_gap(traces: Iterable[RunTrace], start: float, end: float) -> float:
 
 
 def fault_schedule(seconds: float, baseline: float, *, kill_every: float = 60.0,
-                   once: Sequence[str] = ("temporal-restart", "postgres-restart", "prometheus-down")) -> list[tuple[float, str]]:
+                   once: Sequence[str] = ("temporal-restart", "postgres-restart", "prometheus-down", "dns-down"),
+                   ) -> list[tuple[float, str]]:
     """(offset in seconds, fault) sorted by offset: a worker SIGKILL every `kill_every` after the quiet
     baseline, and each of `once` once, a quarter of the way between two kills (a 30 s outage then clears a
     quarter before the next kill), spread evenly over the faulted phase so no two faults share a window."""

@@ -1,4 +1,4 @@
-"""A soak on the PostgreSQL cluster: fleet targets running runbooks back to back for minutes while workers, the server, PostgreSQL and Prometheus fail on a schedule.
+"""A soak on the PostgreSQL cluster: fleet targets running runbooks back to back for minutes while workers, the server, PostgreSQL, Prometheus and DNS fail on a schedule.
 
     .venv/bin/python bench/soak.py [--targets 10] [--minutes 6] [--keep-dir DIR]
     .venv/bin/python bench/soak.py --targets 50 --minutes 15          # the full setting (more than 2 cores)
@@ -12,9 +12,10 @@ approves the demo's `go` as an operator would; a run that holds stays held and i
 
 Faults (bench/_soak_figures.fault_schedule): none during the first --baseline seconds; then a worker
 SIGKILLed every minute (and started again at once), and once each, between two kills: the Temporal server
-restarted (SIGTERM, start), PostgreSQL restarted (fast shutdown, start) and Prometheus stopped for 30 s.
-No DNS fault: the only actions that query a DNS server (dns.steer.*) need a PowerDNS with a TSIG'd zone
-of Lua records, which the lab brings up and a development target does not have.
+restarted (SIGTERM, start), PostgreSQL restarted (fast shutdown, start), Prometheus stopped for 30 s and
+the DNS server stopped for 30 s. The DNS server is Debian's PowerDNS with the lab's TSIG'd zone of Lua
+steering records (lab/dns), on loopback; every target's `dns` entry points at it, and the drain runbook
+reads its steering record (dns.steer.get, by AXFR) in every run.
 
 Printed: runs started, finished, failed (with reasons), held (with reasons), unfinished; steps run twice
 (activities.journal.check_journal over the workers' journal); p50/p95/p99 of step latency (an activity's
@@ -64,6 +65,9 @@ from temporalio.client import Client, WorkflowHandle
 from activities.catalog import load_registry
 from activities.journal import check_journal, read_journal
 from activities.retry import format_duration
+from lab.dns import PdnsProcess, PdnsSettings, free_dns_port, prepare
+from lab.dns import start as start_pdns
+from lab.dns import stop as stop_pdns
 from lab.drills.harness import WorkerProcess
 from runtime.cluster import Cluster
 from runtime.polling import read_kept_status
@@ -76,6 +80,7 @@ QUEUE = "soak"
 WORKERS = 3
 BOOKS = (ROOT / "runbooks" / "demo.yaml", ROOT / "bench" / "soak-drain.yaml")
 PROMETHEUS_DOWN_S = 30.0
+DNS_DOWN_S = 30.0
 RECOVERY_GOAL_S = 15.0
 _CLOSED = {
     EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
@@ -132,6 +137,35 @@ class Prometheus:
         self.process = None
 
 
+class PowerDns:
+    """Debian's PowerDNS serving the lab's steering zone on loopback, on a fixed port so it comes back where the targets point."""
+
+    def __init__(self, work: Path):
+        self.lab = prepare(work, PdnsSettings(port=free_dns_port()))
+        self.process: PdnsProcess | None = None
+
+    def start(self) -> None:
+        if shutil.which("pdns_server", path="/usr/sbin:/usr/bin") is None:
+            raise SystemExit("pdns_server is not installed (Debian: apt-get install pdns-server pdns-backend-sqlite3)")
+        self.process = start_pdns(self.lab)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_pdns(self.process)
+            self.process = None
+
+    def steering(self) -> dict[str, Any]:
+        """A target's `dns` entry (activities.inventory.DnsSteering) for this server's steering record."""
+        settings = self.lab.settings
+        return {
+            "zone": settings.zone, "name": settings.steering_names[0], "servers": [settings.address],
+            "game_ip": settings.game_ip, "maint_ip": settings.maint_ip, "tsig_key_name": settings.key_name,
+            # The soak runs no Vault: its runs only read the record (AXFR, no key), so nothing follows this
+            # reference, and the key stays in the server's own state dir (mode 0700).
+            "tsig_secret": {"address": "http://vault.invalid:8200", "path": "coldstart/dns-tsig", "field": "secret"},
+        }
+
+
 @dataclass
 class Outcome:
     target: str
@@ -146,8 +180,8 @@ class Soak:
     """The fleet's drivers, the fault schedule and what they recorded."""
 
     def __init__(self, client: Client, cluster: Cluster, workers: list[WorkerProcess], prometheus: Prometheus,
-                 targets: list[dict[str, Any]], *, seconds: float, baseline: float, drain: float, say):
-        self.client, self.cluster, self.workers, self.prometheus = client, cluster, workers, prometheus
+                 dns: PowerDns, targets: list[dict[str, Any]], *, seconds: float, baseline: float, drain: float, say):
+        self.client, self.cluster, self.workers, self.prometheus, self.dns = client, cluster, workers, prometheus, dns
         self.targets, self.seconds, self.baseline, self.drain, self.say = targets, seconds, baseline, drain, say
         self.registry = load_registry()
         self.outcomes: list[Outcome] = []
@@ -265,6 +299,12 @@ class Soak:
         await asyncio.to_thread(self.prometheus.start)
         return f"Prometheus stopped for {format_duration(PROMETHEUS_DOWN_S)}, then ready again", time.time()
 
+    async def _dns_down(self) -> tuple[str, float]:
+        await asyncio.to_thread(self.dns.stop)
+        await asyncio.sleep(DNS_DOWN_S)
+        await asyncio.to_thread(self.dns.start)
+        return f"PowerDNS stopped for {format_duration(DNS_DOWN_S)}, then answering again", time.time()
+
     # ---- the histories ---------------------------------------------------------------------------
     async def traces(self) -> list[RunTrace]:
         gate = asyncio.Semaphore(8)
@@ -347,12 +387,13 @@ def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
     return all(goals.values())
 
 
-def _targets(count: int, prometheus: str) -> list[dict[str, Any]]:
-    """Development targets whose telemetry is the bench's Prometheus, where the workers' catalog reads them."""
+def _targets(count: int, prometheus: str, dns: dict[str, Any]) -> list[dict[str, Any]]:
+    """Development targets whose telemetry is the bench's Prometheus and whose steered name is on its PowerDNS,
+    where the workers' catalog reads them."""
     folder = use_development_targets()
     targets = []
     for i in range(count):
-        inventory = {"name": f"soak-{i:03d}", "development": True, "telemetry": {"prometheus": prometheus}}
+        inventory = {"name": f"soak-{i:03d}", "development": True, "telemetry": {"prometheus": prometheus}, "dns": dns}
         (folder / f"{inventory['name']}.yaml").write_text(yaml.safe_dump(inventory))
         targets.append(inventory)
     return targets
@@ -370,16 +411,19 @@ async def main(args: argparse.Namespace, work: Path) -> int:
     say(f"soak: {args.targets} targets, {format_duration(args.minutes * 60)}, baseline "
         f"{format_duration(args.baseline)}, {WORKERS} workers; load average {os.getloadavg()[0]:.2f}; state in {work}")
     prometheus = Prometheus(work / "prometheus")
+    dns = PowerDns(work / "dns")
     workers = [WorkerProcess("", QUEUE, work / "actions.jsonl", work / f"worker-{i}.log", {}) for i in range(WORKERS)]
     try:
         await asyncio.to_thread(prometheus.start)
+        await asyncio.to_thread(dns.start)
         up = time.monotonic()
         async with Cluster(work / "cluster") as cluster:
             say(f"cluster up in {time.monotonic() - up:.1f} s at {cluster.address}")
             for worker in workers:
                 worker.address = cluster.address
                 await asyncio.to_thread(worker.start)
-            soak = Soak(await cluster.client(), cluster, workers, prometheus, _targets(args.targets, prometheus.url),
+            soak = Soak(await cluster.client(), cluster, workers, prometheus, dns,
+                        _targets(args.targets, prometheus.url, dns.steering()),
                         seconds=args.minutes * 60, baseline=args.baseline, drain=args.drain_seconds, say=say)
             try:
                 await soak.run()
@@ -394,6 +438,7 @@ async def main(args: argparse.Namespace, work: Path) -> int:
         for worker in workers:  # a crash before the workers' own stop above
             await asyncio.to_thread(worker.stop)
         await asyncio.to_thread(prometheus.stop)
+        await asyncio.to_thread(dns.stop)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""bench/soak.py's own figures from synthetic histories: percentiles, latencies per phase, stalls around faults, the fault schedule."""
+"""bench/soak.py's own figures from synthetic histories (percentiles, latencies per phase, stalls around faults, the fault schedule) and its drain runbook."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from activities.catalog import load_registry
+from activities.retry import Retry
+from workflows.loader import RunbookInvalid, plan_run
+from workflows.spec import ActionStep, OnFailure
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
 
 from _soak_figures import (  # pyright: ignore[reportMissingImports] - bench/ is put on sys.path above
     Fault,
@@ -83,13 +89,51 @@ def test_schedule_kills_every_minute_and_spreads_the_one_off_faults_between_kill
     kills = [at for at, name in schedule if name == "worker-kill"]
     once = [(at, name) for at, name in schedule if name != "worker-kill"]
     assert kills == [60, 120, 180, 240, 300]
-    assert once == [(75, "temporal-restart"), (135, "postgres-restart"), (255, "prometheus-down")]
+    assert once == [(75, "temporal-restart"), (135, "postgres-restart"), (195, "prometheus-down"), (255, "dns-down")]
     assert schedule == sorted(schedule)
     assert not any(at < 60 for at, _ in schedule)  # the baseline stays quiet
 
 
+def test_the_full_setting_spreads_the_outages_a_quarter_after_a_kill():
+    schedule = fault_schedule(900, 60)
+    assert [at for at, name in schedule if name == "worker-kill"] == [60 + 60 * i for i in range(14)]
+    assert [(at, name) for at, name in schedule if name != "worker-kill"] == [
+        (75, "temporal-restart"), (255, "postgres-restart"), (495, "prometheus-down"), (675, "dns-down")]
+
+
+def test_a_30s_outage_clears_before_the_next_kill_and_its_stall_is_its_own():
+    # The DNS server down from 255 to 285: a run retrying its read from 256 moves again at 287; the kill
+    # at 300 is outside the outage's window, so a gap that starts after it is not the outage's.
+    retrying = RunTrace("soak-r", "1", events=[250, 254, 256, 287, 288, 301, 320])
+    stall = stall_around([retrying], Fault("dns-down", 255, 285))
+    assert (stall.still_s, stall.recovery_s, stall.runs) == (31, 2, 1)
+
+
 def test_schedule_refuses_a_soak_too_short_for_its_faults():
-    with pytest.raises(ValueError, match="room for 2 of the 3"):
+    with pytest.raises(ValueError, match="room for 3 of the 4"):
+        fault_schedule(240, 60)
+    with pytest.raises(ValueError, match="room for 2 of the 4"):
         fault_schedule(180, 60)
     with pytest.raises(ValueError, match="no time for faults"):
         fault_schedule(60, 60)
+
+
+def _soak_target(**extra) -> dict:
+    return {"name": "soak-000", "development": True, "telemetry": {"prometheus": "http://127.0.0.1:9090"}, **extra}
+
+
+def test_the_drain_runbook_reads_the_steering_record_and_waits_out_a_30s_dns_outage():
+    dns = {"zone": "play.coldstart.lab.", "name": "play", "servers": ["127.0.0.1:5353"], "game_ip": "10.20.0.10",
+           "maint_ip": "10.20.0.99", "tsig_key_name": "coldstart-steer.",
+           "tsig_secret": {"address": "http://vault.invalid:8200", "path": "coldstart/dns-tsig", "field": "secret"}}
+    run = plan_run(BENCH / "soak-drain.yaml", registry=load_registry(), inventory=_soak_target(dns=dns), initiator="t")
+    step = next(s for s in run.runbook.steps if s.id == "steering")
+    assert isinstance(step, ActionStep) and step.action == "dns.steer.get"
+    assert step.on_failure == OnFailure.retry  # else the action's own policy applies (about 15 s in all)
+    retry = step.retry or Retry()
+    waited = sum(retry.delay(attempt).total_seconds() for attempt in range(1, retry.max_attempts))
+    assert 30 < waited < 60  # outlasts the soak's 30 s outage, then a read every 5 s at most
+    assert retry.max_interval.total_seconds() <= 5
+    assert step.timeout is not None and step.timeout.total_seconds() <= 10  # a lost attempt moves on within the goal
+    with pytest.raises(RunbookInvalid, match="target has no 'dns'"):
+        plan_run(BENCH / "soak-drain.yaml", registry=load_registry(), inventory=_soak_target(), initiator="t")
