@@ -29,6 +29,7 @@ from activities.contracts.core import (
     WaitInput,
     WaitOutput,
 )
+from activities.heartbeats import beating
 from activities.prometheus import PrometheusError, instant_query, single_value
 
 __all__ = ["http_check", "note", "prometheus_query", "wait"]
@@ -96,7 +97,8 @@ async def http_check(inp: HttpCheckInput) -> HttpCheckOutput:
 @implements(PROMETHEUS_QUERY)
 async def prometheus_query(inp: PrometheusQueryInput) -> PrometheusQueryOutput:
     try:
-        data = await instant_query(inp.endpoint, inp.query, timeout=inp.timeout_seconds)
+        async with beating():
+            data = await instant_query(inp.endpoint, inp.query, timeout=inp.timeout_seconds)
         value = single_value(data)
     except PrometheusError as exc:
         raise ApplicationError(str(exc)) from None

@@ -22,6 +22,7 @@ from activities.contracts.telemetry import (
     ReadInput,
     ReadManyInput,
 )
+from activities.heartbeats import beating
 from activities.pacing import FairPace
 from activities.prometheus import PrometheusError, instant_query, single_value
 
@@ -64,23 +65,9 @@ async def read_many(inp: ReadManyInput) -> Readings:
         await pace.slot(key)
         return await _sample(one)
 
-    beating = asyncio.create_task(_heartbeat_while_waiting())
-    try:
-        return Readings(readings=list(await asyncio.gather(*(paced(one) for one in inp.reads))))
-    finally:
-        beating.cancel()
-
-
-async def _heartbeat_while_waiting() -> None:
     # A batch may wait a minute or two for its slots: its heartbeats tell the server the worker is alive.
-    # None before the first interval, so a batch read at once (most are) costs the server no heartbeat.
-    timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
-    if not timeout:
-        return
-    every = timeout.total_seconds() / 3
-    while True:
-        await asyncio.sleep(every)
-        activity.heartbeat()
+    async with beating():
+        return Readings(readings=list(await asyncio.gather(*(paced(one) for one in inp.reads))))
 
 
 def wait_before(not_before: datetime, now: datetime) -> float:

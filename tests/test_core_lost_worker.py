@@ -1,0 +1,82 @@
+"""The core actions and a lost worker: a wait or a query heartbeats often enough for its heartbeat timeout, and each is given to another worker within bench/soak.py's 15 s recovery goal."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.contracts.core import NOTE, PROMETHEUS_QUERY, WAIT, PrometheusQueryInput, WaitInput
+from activities.core import prometheus_query, wait
+
+RECOVERY_GOAL = timedelta(seconds=15)
+
+
+def _env(heartbeat_timeout: timedelta | None, details: list[float] | None = None) -> tuple[ActivityEnvironment, list[float]]:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=heartbeat_timeout, heartbeat_details=details or [])
+    beats: list[float] = []
+    env.on_heartbeat = lambda *details: beats.append(asyncio.get_running_loop().time())
+    return env, beats
+
+
+@pytest.fixture
+async def slow_prometheus() -> AsyncIterator[tuple[str, list[float]]]:
+    """A Prometheus stand-in answering `up` = 1 after the delay put in its list (seconds)."""
+    delay = [0.0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(delay[0])
+        body = json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                         "result": [{"metric": {}, "value": [0, "1"]}]}}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}", delay
+
+
+async def test_a_wait_beats_within_a_third_of_its_heartbeat_timeout_even_when_asked_to_beat_less():
+    env, beats = _env(timedelta(seconds=0.3))
+    started = asyncio.get_running_loop().time()
+    out = await env.run(wait, WaitInput(seconds=0.5, heartbeat_every=60))
+    assert out.waited_seconds == 0.5
+    gaps = [b - a for a, b in zip([started, *beats], beats, strict=False)]
+    assert len(beats) >= 5 and max(gaps) < 0.3, gaps  # 0.1 s apart (a third of 0.3 s), not 60 s
+
+
+async def test_without_a_heartbeat_timeout_the_wait_beats_as_asked_and_resumes_from_its_last_beat():
+    env, beats = _env(None, details=[0.2])
+    out = await env.run(wait, WaitInput(seconds=0.4, heartbeat_every=0.1))
+    assert out.waited_seconds == 0.4  # 0.2 s were done before this attempt
+    assert len(beats) == 2
+
+
+async def test_a_slow_query_heartbeats_while_it_waits_and_a_quick_one_does_not(slow_prometheus):
+    url, delay = slow_prometheus
+    env, beats = _env(timedelta(seconds=0.3))
+    delay[0] = 0.5
+    assert (await env.run(prometheus_query, PrometheusQueryInput(endpoint=url, query="up"))).value == 1
+    assert len(beats) >= 3, beats  # every 0.1 s of the 0.5 s wait
+    env, beats = _env(timedelta(seconds=0.3))
+    delay[0] = 0.0
+    assert (await env.run(prometheus_query, PrometheusQueryInput(endpoint=url, query="up"))).value == 1
+    assert beats == []  # answered before the first third: no heartbeat for the server
+
+
+@pytest.mark.parametrize("spec", [WAIT, PROMETHEUS_QUERY, NOTE], ids=lambda spec: spec.name)
+def test_a_lost_workers_attempt_is_given_to_another_within_the_soaks_recovery_goal(spec):
+    # The server notices a lost attempt at its heartbeat timeout (else its start-to-close one) and runs
+    # the next after the first retry interval.
+    noticed = spec.heartbeat or spec.timeout
+    assert noticed + spec.retry.delay(1) < RECOVERY_GOAL
