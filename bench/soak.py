@@ -369,16 +369,18 @@ def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
               f"{_pcts(latencies_between(traces, soak.began, quiet_end, reads=reads))}")
         print(f"  {what:10} under faults:               {_pcts(latencies_between(traces, quiet_end, math.inf, reads=reads))}")
     print(f"  longest a run stood still in the baseline: {baseline_gap(traces, soak.began, quiet_end):.1f} s")
-    print(f"{'fault at':>9}  {'fault':17} {'runs':>4}  {'stood still':>11}  {'recovery':>8}  what happened")
+    goal = f"< {format_duration(RECOVERY_GOAL_S)}"
+    print(f"{'fault at':>9}  {'fault':17} {'runs':>4}  {'stood still':>11}  {'recovery':>8}  {goal:>5}  what happened")
     stalls: list[Stall] = []
     for fault in soak.faults:
         stall = stall_around(traces, fault)
         stalls.append(stall)
         print(f"{fault.start - soak.began:8.1f}s  {fault.name:17} {stall.runs:4d}  {stall.still_s:10.1f}s  "
-              f"{stall.recovery_s:7.1f}s  {fault.detail}")
+              f"{stall.recovery_s:7.1f}s  {'yes' if stall.recovery_s < RECOVERY_GOAL_S else 'NO':>5}  {fault.detail}")
     lost = [o for o in outcomes if o.state == "unfinished"]
     reasonless = [o for o in outcomes if o.state in ("failed", "held") and not o.reason]
-    slow = [f.name for f, s in zip(soak.faults, stalls, strict=True) if s.recovery_s >= RECOVERY_GOAL_S]
+    slow = [f"{f.name} at {f.start - soak.began:.0f} s" for f, s in zip(soak.faults, stalls, strict=True)
+            if s.recovery_s >= RECOVERY_GOAL_S]
     goals = {"no run lost": not lost, "no step twice": not check.repeated,
              "every run finished or held with a reason": not reasonless,
              f"recovery from each fault under {format_duration(RECOVERY_GOAL_S)}": not slow}
