@@ -76,10 +76,13 @@ def kept(path: Path, target: str, *, runbook: str | None = None, limit: int = 50
 
 def print_scorecard(console: Console, card: Scorecard) -> None:
     """One run's scorecard: each phase's objective, time measured, and what the time went to."""
-    # Borderless, so the eight columns fit a terminal of 80.
-    table = Table("phase", "objective", "took", "", "operators", "gates", "bakes", "working", box=box.SIMPLE,
-                  title_justify="left", title=f"scorecard: {card.runbook} on {card.target} ({card.outcome}, runbook {_short_digest(card)})")
-    for row in scorecard_rows(card):
+    # Borderless, so the eight columns fit a terminal of 80; phase names whole (the other columns give way).
+    rows = scorecard_rows(card)
+    longest = max((len(row[0]) for row in rows), default=5)
+    table = Table(Column("phase", no_wrap=True, min_width=longest), "objective", "took", "", "operators", "gates",
+                  "bakes", "working", box=box.SIMPLE, pad_edge=False, title_justify="left",
+                  title=f"scorecard: {card.runbook} on {card.target} ({card.outcome}, runbook {_short_digest(card)})")
+    for row in rows:
         table.add_row(*row)
     console.print(table)
 
