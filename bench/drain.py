@@ -1,10 +1,12 @@
 """Drain a preempted host: 200 containers killed by their PID-namespace inits vs a graceful stop of each,
 in one lab, and the notice-to-drained time through the alert trigger and the runbook.
 
-    .venv/bin/python bench/drain.py [--containers 200] [--drain-s 2] [--grace-s 10] [--keep-dir DIR]
+    .venv/bin/python bench/drain.py [--containers 200] [--runs 10] [--drain-s 2] [--grace-s 10] [--keep-dir DIR]
 
-Needs root (the lab). Goals: the kill path under 1 s for 200 containers (seed 001: `docker kill`
-took 20 to 37 s), notice to drained under 5 s. The graceful path sends SIGTERM to every container
+Needs root (the lab). Goals, at p95 over --runs rounds: the kill of 200 containers under 0.1 s (seed 001:
+`docker kill` took 20 to 37 s), notice to drained under 2 s. A round whose set-up fails (containers that do
+not answer on a loaded machine, a lab daemon restarting) is reported with its reason and not measured; the
+bench goes on with the next one. The graceful path sends SIGTERM to every container
 at once, waits up to --grace-s for each to exit (each session drains for --drain-s), SIGKILLs what
 is left, then drops the store entries; its sessions stay stuck until then. The stuck-session
 histogram is the session router's, before and after each path.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import tempfile
 import time
@@ -21,10 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
-from lab.drills.drain import DrainDrill, Histogram
+from lab.drills.drain import DrainDrill, DrainReport, Histogram
 
 
 def _histogram_table(title: str, columns: dict[str, Histogram]) -> Table:
@@ -53,7 +57,18 @@ async def main(args: argparse.Namespace, root: Path) -> int:
         after_graceful = await drill.histogram()
         log(f"graceful: {graceful}")
         # Kill path: the notice, the alert, the trigger, the runbook (cordon, kill inits, release, gates).
-        report = await drill.round(notice_s=args.notice_s)
+        reports: list[DrainReport] = []
+        unmeasured: list[str] = []
+        for n in range(1, args.runs + 1):
+            try:
+                reports.append(await drill.round(notice_s=args.notice_s))
+            except (TimeoutError, RuntimeError, httpx.HTTPError) as exc:
+                unmeasured.append(f"round {n}: {exc}")
+                log(f"round {n} not measured: {exc}")
+    if not reports:
+        console.print(f"no round measured: {'; '.join(unmeasured)}")
+        return 1
+    report = reports[-1]
     table = Table(title=f"{args.containers} containers on one host (lab, 2 cores)")
     table.add_column("path")
     table.add_column("stop all (s)", justify="right")
@@ -64,30 +79,51 @@ async def main(args: argparse.Namespace, root: Path) -> int:
     table.add_row(f"graceful (SIGTERM, ≤{args.grace_s:g} s, SIGKILL; drain {args.drain_s:g} s)",
                   f"{graceful['seconds']:.3f}", f"{graceful['released_after_seconds']:.3f}", "-", "-",
                   f"{graceful['stopped']} stopped, {graceful['timed_out']} SIGKILLed after the grace")
-    table.add_row("PID-namespace init kill (runbook)", f"{report.kill_seconds:.3f}" if report.kill_seconds else "?",
-                  f"{report.notice_to_released_s}", f"{report.notice_to_run_started_s}",
-                  f"{report.notice_to_drained_s}",
-                  f"{report.state}: {report.killed} killed, {report.released} released, "
-                  f"{report.containers_left} containers and {report.entries_left} entries left, "
-                  f"{len(report.repeats)} steps repeated")
+    for n, r in enumerate(reports, 1):
+        table.add_row(f"PID-namespace init kill (runbook), round {n}",
+                      f"{r.kill_seconds:.3f}" if r.kill_seconds else "?", f"{r.notice_to_released_s}",
+                      f"{r.notice_to_run_started_s}", f"{r.notice_to_drained_s}",
+                      f"{r.state}: {r.killed} killed, {r.released} released, {r.containers_left} containers and "
+                      f"{r.entries_left} entries left, {len(r.repeats)} steps repeated")
     console.print(table)
-    console.print(_histogram_table("stuck sessions: the session router's histogram, episodes ended in each phase", {
-        # A repl's entry is claimed before its container answers: every start is a short stuck episode.
-        "container starts": before_graceful,
-        "graceful stop": after_graceful.minus(before_graceful),
-        "kill via runbook": report.histogram_after.minus(report.histogram_before),
-        "after (cumulative)": report.histogram_after,
-    }))
-    ok = (report.state == "succeeded" and report.kill_seconds is not None and report.kill_seconds < 1.0
-          and report.notice_to_drained_s is not None and report.notice_to_drained_s < 5.0 and not report.repeats)
-    console.print(f"goals: kill < 1 s and notice→drained < 5 s: {'met' if ok else 'NOT met'}; "
-                  f"total {time.monotonic() - started:.1f} s (lab up/down included)")
+    for line in unmeasured:
+        console.print(f"not measured: {line}")
+    runbook_before, runbook_after = report.histogram_before, report.histogram_after
+    if runbook_before is not None and runbook_after is not None:
+        console.print(_histogram_table("stuck sessions: the session router's histogram, episodes ended in each phase "
+                                       "(the kill: the last round)", {
+            # A repl's entry is claimed before its container answers: every start is a short stuck episode.
+            "container starts": before_graceful,
+            "graceful stop": after_graceful.minus(before_graceful),
+            "kill via runbook": runbook_after.minus(runbook_before),
+            "after (cumulative)": runbook_after,
+        }))
+    kills = [r.kill_seconds for r in reports if r.kill_seconds is not None]
+    drained = [r.notice_to_drained_s for r in reports if r.notice_to_drained_s is not None]
+    failed = [r for r in reports if r.state != "succeeded" or r.repeats]
+    for name, values in (("kill (s)", kills), ("notice→drained (s)", drained)):
+        if values:
+            console.print(f"{name}: p50 {_percentile(values, 50):.3f}, p95 {_percentile(values, 95):.3f}, "
+                          f"max {max(values):.3f} over {len(values)} rounds")
+    ok = (not failed and not unmeasured and len(kills) == len(drained) == args.runs
+          and _percentile(kills, 95) < 0.1 and _percentile(drained, 95) < 2.0)
+    console.print(f"goals (p95 over {args.runs} rounds): kill < 0.1 s and notice→drained < 2 s: "
+                  f"{'met' if ok else 'NOT met'}; {len(reports)} rounds measured, {len(failed)} not drained or with a "
+                  f"step repeated, {len(unmeasured)} not measured; total {time.monotonic() - started:.1f} s "
+                  "(lab up/down included)")
     return 0 if ok else 1
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: p95 of 10 rounds is the slowest of them."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containers", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=10, help="rounds of notice, kill and drain (the goals are p95s)")
     parser.add_argument("--drain-s", type=float, default=2.0, help="what each session's own graceful shutdown takes")
     parser.add_argument("--grace-s", type=float, default=10.0, help="the graceful stop's timeout (docker stop's default)")
     parser.add_argument("--notice-s", type=float, default=30.0)
