@@ -31,6 +31,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.contracts.telemetry import READ_MANY_ACTION
 from activities.errors import ColdstartError, LocatedErrors
+from activities.failure_bounds import FailureBoundsInterceptor
 from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
 from activities.policy import TargetPolicy
 from activities.registry import Registry
@@ -293,12 +294,14 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
     queue = f"cases-{uuid.uuid4().hex[:12]}"
     answers = _Answers(book, case)
     fake = _fakes(answers, plan, signer)
-    # The workflows unsandboxed, as production runs them (runtime/worker.py), under the same history tags. A
-    # build id given, as production gives one: the SDK's default hashes every loaded module's code per worker.
+    # The workflows unsandboxed, as production runs them (runtime/worker.py), under the same interceptors (a
+    # failure cut to size, history tags). A build id given, as production gives one: the SDK's default hashes
+    # every loaded module's code per worker.
+    interceptors = [FailureBoundsInterceptor(), HistoryTagInterceptor()]
     runs = Worker(env.client, task_queue=queue, workflows=[RunbookWorkflow, FanOutWorkflow], activities=[fake],
-                  interceptors=[HistoryTagInterceptor()], workflow_runner=UnsandboxedWorkflowRunner(),
-                  build_id=_BUILD_ID)
-    readings = Worker(env.client, task_queue=readings_queue(queue), activities=[fake], build_id=_BUILD_ID)
+                  interceptors=interceptors, workflow_runner=UnsandboxedWorkflowRunner(), build_id=_BUILD_ID)
+    readings = Worker(env.client, task_queue=readings_queue(queue), activities=[fake], interceptors=interceptors,
+                      build_id=_BUILD_ID)
     differences: list[str] = []
     async with runs, readings:
         handle = await start_run(env.client, plan, queue)

@@ -121,6 +121,22 @@ def test_cases_pass_and_fail_on_the_path_the_run_takes(tmp_path):
     assert lines[-1].startswith("4 passed, 2 failed: "), lines[-1]
 
 
+def test_a_huge_action_error_is_cut_to_size_as_production_cuts_it(tmp_path):
+    # The case runner's workers bound failures like the controller's (activities/failure_bounds.py): the
+    # run's error carries the start of the message, not 200 KB of it.
+    huge = "disk full " * 5_000  # 50 KB: under the cases file's line limit, over the failure's bound
+    runbook, cases = write(tmp_path, f"""\
+    cases:
+      - name: the change fails loudly
+        actions: {{core.note: [{{error: "{huge}"}}]}}
+        expect: {{state: failed, failed: [change], error: "more characters cut"}}
+    """)
+    done = coldstart_test(runbook, cases)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("PASS  the change fails loudly"), done.stdout
+    assert len(done.stdout) < 2_000, len(done.stdout)
+
+
 def test_one_case_by_name(tmp_path):
     runbook, cases = write(tmp_path, """\
     cases:
