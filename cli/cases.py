@@ -30,11 +30,12 @@ def test_runbook(runbook: Path, cases: Path | None, *, only: str | None, out: Co
     without the test server."""
     if not runbook.is_file():
         raise RunbookInvalid([f"{runbook}:1:1: cannot read: no such file"])
-    book = load_cases(cases or cases_file_for(runbook))
+    contracts = load_contracts()
+    book = load_cases(cases or cases_file_for(runbook), contracts)
     started = time.monotonic()
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)
-    results = asyncio.run(run_cases(runbook, book, registry=load_contracts(),
+    results = asyncio.run(run_cases(runbook, book, registry=contracts,
                                     targets_dir=Path(os.environ.get("COLDSTART_TARGETS", "targets")), only=only))
     for result in results:
         out.print(result.line(), markup=False, highlight=False, soft_wrap=True)

@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from activities.errors import LocatedErrors
 from activities.inventory import Inventory
+from activities.registry import Registry
 from activities.retry import Duration
 from activities.strict import StrictModel
 from workflows.loader import LocatedSource, locate_pydantic_errors, parse_located_yaml
@@ -197,8 +198,9 @@ def cases_file_for(runbook: Path) -> Path:
     return runbook.parent / "cases" / runbook.name
 
 
-def load_cases(path: str | Path) -> CaseBook:
-    """Read and validate a cases file; CasesInvalid with every problem located in the file."""
+def load_cases(path: str | Path, contracts: Registry | None = None) -> CaseBook:
+    """Read and validate a cases file; CasesInvalid with every problem located in the file. With `contracts`,
+    each scripted action must be one of them and each output it scripts one that action returns, of its type."""
     file = str(path)
     source = LocatedSource(file=file)
     try:
@@ -213,7 +215,48 @@ def load_cases(path: str | Path) -> CaseBook:
     if not isinstance(source.data, dict):
         raise CasesInvalid([f"{file}:1:1: a cases file is a mapping with version, target and cases"])
     try:
-        return CaseBook.model_validate(source.data)
+        book = CaseBook.model_validate(source.data)
     except ValidationError as exc:
         locate_pydantic_errors(exc, source, (), source.data)
         raise CasesInvalid(source.formatted()) from None
+    if contracts is not None:
+        _check_against(contracts, source)
+        if source.errors:
+            raise CasesInvalid(source.formatted())
+    return book
+
+
+def _check_against(contracts: Registry, source: LocatedSource) -> None:
+    """Scripted outputs an action could never return would test a path production never takes."""
+    data = source.data
+    holders: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    holders += [(("cases", i), case) for i, case in enumerate(data.get("cases") or [])]
+    for base, holder in holders:
+        actions = holder.get("actions") if isinstance(holder, dict) else None
+        for name, answers in (actions or {}).items():
+            spec = contracts.get(name)
+            if spec is None:
+                source.error((*base, "actions", name), f"unknown action {name!r}", key=True)
+                continue
+            if spec.output_model is None:
+                continue
+            listed = answers if isinstance(answers, list) else [answers]
+            for j, answer in enumerate(listed):
+                if not isinstance(answer, dict) or answer.get("outputs") is None:
+                    continue
+                at = (*base, "actions", name, *((j,) if isinstance(answers, list) else ()), "outputs")
+                outputs = answer["outputs"]
+                declared = {f.alias or n for n, f in spec.output_model.model_fields.items()}
+                for field in (sorted(set(outputs) - declared) if isinstance(outputs, dict) else []):
+                    source.error((*at, field), f"{field!r} is not an output of {name} (it returns: "
+                                               f"{', '.join(sorted(declared))})", key=True)
+                try:
+                    spec.output_model.model_validate(outputs)
+                except ValidationError as exc:
+                    # A case scripts only the outputs the runbook reads: a field left out is fine, a field the
+                    # action never returns, or of another type, is not.
+                    for err in exc.errors(include_url=False):
+                        if err["type"] == "missing":
+                            continue
+                        field = ".".join(str(part) for part in err["loc"]) or "outputs"
+                        source.error((*at, *err["loc"]), f"{name} cannot return this: {field}: {err['msg']}")

@@ -137,6 +137,25 @@ def test_a_huge_action_error_is_cut_to_size_as_production_cuts_it(tmp_path):
     assert len(done.stdout) < 2_000, len(done.stdout)
 
 
+def test_scripted_outputs_an_action_never_returns_are_refused_located(tmp_path):
+    runbook, cases = write(tmp_path, """\
+    actions:
+      core.note: {outputs: {key: k, written: maybe}}
+      core.notes: {outputs: {}}
+    cases:
+      - {name: only, actions: {core.note: [{outputs: {key: k}}, {outputs: {colour: blue}}]},
+         expect: {state: awaiting_approval}}
+    """)
+    done = coldstart_test(runbook, cases)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    file = str(cases)
+    assert done.stderr.splitlines() == [
+        f"{file}:5:42: core.note cannot return this: written: Input should be a valid boolean, unable to interpret input",
+        f"{file}:6:3: unknown action 'core.notes'",
+        f"{file}:8:72: 'colour' is not an output of core.note (it returns: journal, key, written)",
+    ], done.stderr
+
+
 def test_one_case_by_name(tmp_path):
     runbook, cases = write(tmp_path, """\
     cases:
