@@ -10,7 +10,7 @@ from pathlib import Path
 from lab.hosts.processes import kill_pid, process_starttime
 from lab.hosts.shell import LabError, ip, ip_json, iptables, sh
 from lab.hosts.spec import LabSpec
-from lab.hosts.state import LabState, load_state, save_state, state_path
+from lab.hosts.state import LabState, forget_state, load_state, save_state
 
 __all__ = ["create", "destroy", "leftovers", "list_netns"]
 
@@ -198,7 +198,7 @@ def destroy(spec: LabSpec) -> list[str]:
         except OSError:
             pass
     shutil.rmtree(Path(spec.state_dir) / "ssh", ignore_errors=True)
-    state_path(spec.state_dir).unlink(missing_ok=True)
+    forget_state(spec.state_dir)
     return removed
 
 

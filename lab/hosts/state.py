@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-__all__ = ["DaemonRecord", "LabState", "load_state", "save_state", "state_path", "updating_state"]
+__all__ = ["DaemonRecord", "LabState", "forget_state", "load_state", "save_state", "state_path", "updating_state"]
 
 STATE_FILE = "lab.json"
 
@@ -66,10 +66,20 @@ def save_state(state_dir: Path, state: LabState) -> None:
     os.replace(tmp, path)  # atomic: a crash leaves the old or the new file, never half of one
 
 
+def _lock_path(state_dir: Path) -> Path:
+    return Path(state_dir) / (STATE_FILE + ".lock")
+
+
+def forget_state(state_dir: Path) -> None:
+    """The lab is gone: its state file and the lock beside it."""
+    state_path(state_dir).unlink(missing_ok=True)
+    _lock_path(state_dir).unlink(missing_ok=True)
+
+
 @contextmanager
 def updating_state(state_dir: Path) -> Iterator[LabState]:
     """Load, let the caller change, save: under a lock, so two restarts at once never lose each other's record."""
-    lock = Path(state_dir) / (STATE_FILE + ".lock")
+    lock = _lock_path(state_dir)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
