@@ -240,16 +240,16 @@ def _check_against(contracts: Registry, source: LocatedSource) -> None:
                 continue
             if spec.output_model is None:
                 continue
+            declared = {f.alias or n for n, f in spec.output_model.model_fields.items()}
             listed = answers if isinstance(answers, list) else [answers]
             for j, answer in enumerate(listed):
                 if not isinstance(answer, dict) or answer.get("outputs") is None:
                     continue
                 at = (*base, "actions", name, *((j,) if isinstance(answers, list) else ()), "outputs")
                 outputs = answer["outputs"]
-                declared = {f.alias or n for n, f in spec.output_model.model_fields.items()}
-                for field in (sorted(set(outputs) - declared) if isinstance(outputs, dict) else []):
-                    source.error((*at, field), f"{field!r} is not an output of {name} (it returns: "
-                                               f"{', '.join(sorted(declared))})", key=True)
+                for unknown in (sorted(set(outputs) - declared) if isinstance(outputs, dict) else []):
+                    source.error((*at, unknown), f"{unknown!r} is not an output of {name} (it returns: "
+                                                 f"{', '.join(sorted(declared))})", key=True)
                 try:
                     spec.output_model.model_validate(outputs)
                 except ValidationError as exc:

@@ -31,11 +31,11 @@ def headroom(readings: Sequence[GateReading]) -> float | None:
     """A gate's room before its threshold, as a share of the threshold, from its readings at one percentage:
     the last value's, or less if the readings trend toward the threshold (projected one bake ahead). None
     without a numeric reading."""
-    measured = _room_and_trend(readings)
-    if measured is None:
-        return None
-    room, trend = measured
-    return room - max(0.0, trend)
+    return _headroom_of(_room_and_trend(readings))
+
+
+def _headroom_of(measured: tuple[float, float] | None) -> float | None:
+    return None if measured is None else measured[0] - max(0.0, measured[1])
 
 
 def decide(spec: AdaptiveSpec, *, at: int, stop: int, step: int, readings: Mapping[str, Sequence[GateReading]],
@@ -43,13 +43,12 @@ def decide(spec: AdaptiveSpec, *, at: int, stop: int, step: int, readings: Mappi
     """The next percentage after the gates passed at `at`, having taken `took` since it was set. With `may_hold`,
     a gate near its threshold (headroom under `spec.headroom`) and still moving toward it keeps the ramp at `at`
     (next == at): a cohort just admitted, or a cache just emptied, is still pushing that gate."""
-    rooms = {name: headroom(values) for name, values in readings.items()}
-    known = [room for room in rooms.values() if room is not None]
-    least = min(known) if known else None
-    worst = min((name for name, room in rooms.items() if room is not None), key=lambda n: rooms[n] or 0.0,
-                default=None)
-    measured = _room_and_trend(readings[worst]) if worst is not None else None
-    worsening = measured is not None and measured[1] > 0
+    measured = {name: _room_and_trend(values) for name, values in readings.items()}
+    rooms = {name: _headroom_of(m) for name, m in measured.items()}
+    known = {name: room for name, room in rooms.items() if room is not None}
+    worst = min(known, key=known.__getitem__, default=None)
+    least = known[worst] if worst is not None else None
+    worsening = worst is not None and (measured[worst] or (0.0, 0.0))[1] > 0
     if least is not None and least < spec.headroom and worsening and may_hold and at < stop:
         size = max(spec.min_step, int(step * spec.backoff))
         return RampDecision(at=at, next=at, step=size, headroom=rooms,

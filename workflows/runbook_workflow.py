@@ -876,17 +876,19 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         here: dict[str, list[GateReading]] = {}
         context = self._ramp_context(percent, previous)
         gates = [(gate, gate.name or f"gate{g + 1}") for g, gate in enumerate(step.ramp.gates)]
-        readings: list[GateReading] = []
-        for when in ("start", "end"):
-            if when == "end":
-                await self._sleep(step.ramp.bake, timer_summary(step.id, f"hold at {percent}%"))
+
+        async def read_every_gate() -> list[GateReading]:
             readings = await asyncio.gather(*(self._read(step.id, self._resolved_gate(gate, context), name, percent)
                                               for gate, name in gates))
             for reading in readings:
                 _keep_reading(state, reading)
                 here.setdefault(reading.gate, []).append(reading)
             self._publish(step.id)
-        for (gate, name), reading in zip(gates, readings, strict=True):
+            return readings
+
+        await read_every_gate()
+        await self._sleep(step.ramp.bake, timer_summary(step.id, f"hold at {percent}%"))
+        for (gate, name), reading in zip(gates, await read_every_gate(), strict=True):
             if not reading.passed:
                 await self._gate(step.id, gate, name, percent, ramp=context)
         return here
