@@ -30,10 +30,12 @@ __all__ = ["kill_inits", "list_containers", "live_containers", "preemption_notic
 # Runs on the host with its own python3 (stdin, no file left behind). A container is a child cgroup of
 # the parent group; its init is the process whose last NSpid is 1 (PID 1 of a namespace below the
 # host's). SIGKILL to that init makes the kernel kill everything in its namespace: one signal per
-# container, all sent before any wait, instead of a runtime's stop per container. pidfd pins the
-# process between the check and the kill, so a recycled PID is never signalled.
+# container, instead of a runtime's stop per container. Every init is pinned by a pidfd and checked
+# before the first signal, so a recycled PID is never signalled and the burst itself is only the
+# signals. The burst runs at real-time priority where allowed: at normal priority each killed init
+# wakes on the other core and preempts the sender, stretching 200 signals over 0.1 to 0.2 s on 2 cores.
 _HOST_SCRIPT = r"""
-import json, os, signal, sys, time
+import json, os, resource, signal, sys, time
 mode, parent, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 base = os.path.join("/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/pids", parent)
@@ -75,22 +77,45 @@ def empty():
     except (OSError, ValueError):
         return None
 
+def pin(pid):
+    # A pidfd on the init, or None once it is gone or no longer an init; (None, pid) without pidfd support.
+    if not hasattr(os, "pidfd_open"):
+        return (None, pid) if is_init(pid) else None
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    if is_init(pid):
+        return (fd, pid)
+    os.close(fd)
+    return None
+
+def realtime(on):
+    try:
+        if on:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        else:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):
+        return False
+
 names = sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))) if os.path.isdir(base) else []
 found = {n: procs(n) for n in names}
 report = {"cgroup": base, "containers": {n: {"pids": len(p), "inits": [x for x in p if is_init(x)]} for n, p in found.items()}}
 if mode == "kill":
     own = 0 if v2 else own_tasks()
+    try:  # a pidfd per container, all open at once
+        resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    except (ValueError, OSError):
+        pass
+    pinned = [(name, p) for name, info in report["containers"].items() for pid in info["inits"] if (p := pin(pid))]
+    rt = realtime(True)
     started = time.monotonic()
     signalled = {}
-    for name, info in report["containers"].items():
-        for pid in info["inits"]:
+    try:
+        for name, (fd, pid) in pinned:
             try:
-                fd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-            except ProcessLookupError:
-                continue
-            try:
-                if not is_init(pid):
-                    continue
                 if fd is not None:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                 else:
@@ -98,9 +123,13 @@ if mode == "kill":
                 signalled.setdefault(name, []).append(pid)
             except ProcessLookupError:
                 pass
-            finally:
-                if fd is not None:
-                    os.close(fd)
+    finally:
+        sent = time.monotonic()
+        if rt:
+            realtime(False)
+        for _, (fd, _) in pinned:
+            if fd is not None:
+                os.close(fd)
     deadline = started + timeout
     # One read a round while the kernel tears the namespaces down (reading every container's cgroup.procs
     # each round took a core from it): v2's cgroup.events says whether any process is left below the
@@ -111,7 +140,8 @@ if mode == "kill":
             break
         time.sleep(0.001 if state is False else 0.005)
     left = {n: len(procs(n)) for n in names if procs(n)}
-    report.update(signalled=signalled, left=left, seconds=time.monotonic() - started)
+    report.update(signalled=signalled, left=left, seconds=time.monotonic() - started,
+                  signalled_seconds=sent - started, realtime=rt)
 print(json.dumps(report))
 """
 
@@ -230,4 +260,5 @@ async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
             {"killed": killed, "left": left}, type="ContainersLeft")
     return KillInitsOutput(host=inp.host, cgroup=report["cgroup"], killed=killed, killed_count=len(killed),
                            already_gone=gone_before,
-                           seconds=round(report["seconds"], 4))
+                           seconds=round(report["seconds"], 4),
+                           signalled_seconds=round(report["signalled_seconds"], 4), realtime=report["realtime"])

@@ -83,7 +83,10 @@ class KillInitsOutput(ContractModel):
     killed: list[str] = Field(description="containers whose init got SIGKILL in this attempt")
     killed_count: int = 0
     already_gone: list[str] = Field(description="containers with no process left before this attempt")
-    seconds: float = Field(description="from the first signal until every container was empty")
+    seconds: float = Field(description="from the first signal until every container was empty (the kernel has reclaimed them)")
+    signalled_seconds: float = Field(0.0, description="from the first signal to the last: every container's processes "
+                                     "are dead to user space from then on")
+    realtime: bool = Field(False, description="the signals were sent at real-time priority (not preempted by the dying)")
 
 
 class NoticeInput(NamedHost):

@@ -90,6 +90,9 @@ class DrainReport:
     notice_to_released_s: float | None = None
     notice_to_drained_s: float | None = None  # the run succeeded: gates passed on fresh samples
     kill_seconds: float | None = None  # the kill step's own figure: first signal to every cgroup empty
+    kill_signalled_seconds: float | None = None  # first signal to last: every container dead to user space
+    # Each step's start and end, seconds after the notice: where notice-to-drained goes.
+    step_times: dict[str, tuple[float, float]] = field(default_factory=dict)
     killed: int = 0
     released: int = 0
     containers_left: int = -1
@@ -277,10 +280,13 @@ class DrainDrill(LabHarness):
         if (kill := steps.get("kill")) and kill.ended_at and kill.status == "succeeded":
             report.notice_to_killed_s = round(kill.ended_at.timestamp() - noticed_at, 3)
             report.kill_seconds = kill.outputs.get("seconds")
+            report.kill_signalled_seconds = kill.outputs.get("signalled_seconds")
             report.killed = len(kill.outputs.get("killed", []))
         if (release := steps.get("release")) and release.ended_at and release.status == "succeeded":
             report.notice_to_released_s = round(release.ended_at.timestamp() - noticed_at, 3)
             report.released = len(release.outputs.get("released", []))
+        report.step_times = {s.id: (round(s.started_at.timestamp() - noticed_at, 3), round(s.ended_at.timestamp() - noticed_at, 3))
+                             for s in status.steps if s.started_at and s.ended_at}
         if status.state == "succeeded" and status.ended_at:
             report.notice_to_drained_s = round(status.ended_at.timestamp() - noticed_at, 3)
         # The stuck episodes end in the router once the entries are gone: give it a poll or two.

@@ -98,6 +98,9 @@ async def test_kill_inits_kills_each_namespace_with_one_signal_and_is_idempotent
     assert out.killed == sorted(listed.alive) and out.already_gone == []
     # The kill's speed is bench/drain.py's to measure; here only that it is reported, and far from a hang.
     assert 0 <= out.seconds < 10, out.seconds
+    # Every init was pinned and checked before the first signal: the burst is inside the whole kill.
+    assert 0 <= out.signalled_seconds <= out.seconds
+    assert out.realtime  # root here: the burst ran at real-time priority
     assert all(host.processes(n) == [] for n in listed.alive)
     for proc in host.procs.values():
         assert proc.wait(timeout=5) != 0  # unshare reports its child killed
