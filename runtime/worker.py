@@ -9,6 +9,7 @@ import signal
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from types import TracebackType
 from typing import Self
 
@@ -39,7 +40,12 @@ from workflows.notices import set_event_sink
 from workflows.readiness import ReadinessWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 
-__all__ = ["READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
+# The SDK forwards an activity's heartbeats at most once per min(0.8 x its heartbeat timeout, this): with the
+# default (60 s) a 10 s timeout reached the server every 8 s, 2 s of slack, and on a loaded machine a wait
+# whose worker was alive was handed to another (bench/soak.py saw one run twice). At 3 s the slack is 7 s.
+HEARTBEAT_FORWARD_EVERY = timedelta(seconds=3)
+
+__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -146,6 +152,7 @@ def build_worker(
         interceptors=[*interceptors, StepLoadInterceptor(load)],
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
         build_id=build_id,
+        max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
     )
     rate = readings_per_second or rate
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
@@ -161,6 +168,7 @@ def build_worker(
         max_activities_per_second=rate,
         interceptors=interceptors,
         build_id=build_id,
+        max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
     )
     return ControllerWorker(runs, readings)
 

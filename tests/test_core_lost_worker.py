@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from temporalio.testing import ActivityEnvironment
@@ -80,3 +80,38 @@ def test_a_lost_workers_attempt_is_given_to_another_within_the_soaks_recovery_go
     # the next after the first retry interval.
     noticed = spec.heartbeat or spec.timeout
     assert noticed + spec.retry.delay(1) < RECOVERY_GOAL
+
+
+async def test_the_controller_worker_forwards_a_waits_heartbeats_well_inside_its_timeout(env, tmp_path, task_queue):
+    """The server sees a 10 s heartbeat timeout's beats every few seconds, not every 8 s (the SDK's default
+    forwarding, 0.8 x the timeout), so a wait on a busy live worker keeps its slack and is not given away."""
+    from temporalio.api.enums.v1 import PendingActivityState
+
+    from runtime.worker import HEARTBEAT_FORWARD_EVERY
+    from tests import support
+
+    assert WAIT.heartbeat is not None and HEARTBEAT_FORWARD_EVERY < WAIT.heartbeat * 0.8
+    sdk_default_every = WAIT.heartbeat.total_seconds() * 0.8  # 8 s
+    book = support.write_runbook(tmp_path, """\
+        version: 1
+        metadata: {name: beats}
+        target: local
+        steps:
+          - id: settle
+            action: core.wait
+            with: {seconds: 9}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        beats: set[datetime] = set()  # the attempt's last heartbeat as the server holds it, sampled
+        while not (described := await handle.describe()).status or described.status.name == "RUNNING":
+            pending = described.raw_description.pending_activities
+            if pending and pending[0].state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED \
+                    and pending[0].HasField("last_heartbeat_time"):
+                beats.add(pending[0].last_heartbeat_time.ToDatetime())
+            await asyncio.sleep(0.5)
+        await handle.result()
+    # The wait beats every 2 s. Forwarded at most every 3 s, the server holds beats from 2, 5 and 8 s into the
+    # 9 s wait; forwarded every 8 s (the SDK's default for a 10 s timeout), only the one from 2 s: the next
+    # would come at 10 s, 2 s before the server gives the attempt away.
+    assert sdk_default_every == 8 and len(beats) >= 2, sorted(beats)
