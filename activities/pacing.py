@@ -16,21 +16,32 @@ class _Turns:
     def __init__(self) -> None:
         self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
         self.order: deque[str] = deque()
-        self.next_free = 0.0
+        self.last = float("-inf")  # when the last slot was given
         self.granting: asyncio.Task[None] | None = None
+
+
+# While every waiting key must still wait, how often their shares are asked again (a share rises as the
+# steps it yields to end).
+_RECHECK_S = 0.1
 
 
 class FairPace:
     """At most `per_second` slots a second, evenly spaced, given round-robin over keys (a run's id).
 
     A run that asks for fifty readings at once gets one slot in each turn, as does a run asking for
-    one, so a batch of readings cannot starve another run's gate. Each event loop paces on its own."""
+    one, so a batch of readings cannot starve another run's gate. Each event loop paces on its own.
 
-    def __init__(self, per_second: float, *, share: Callable[[], float] = lambda: 1.0) -> None:
+    share(key): the part of the pace the key may take now (the worker's StepLoad: a twentieth while the
+    worker runs other runs' steps). A slot goes to a key once 1 / (per_second x share) has passed since the
+    last slot; the first key in turn whose spacing has passed goes first, so a run whose readings need not
+    yield is not held behind one whose readings must. slowed() is called for each slot given at a share
+    below 1."""
+
+    def __init__(self, per_second: float, *, share: Callable[[str], float] = lambda _key: 1.0,
+                 slowed: Callable[[], None] = lambda: None) -> None:
         self.per_second = per_second
-        # The part of the pace readings may take right now, asked at each slot (the worker's StepLoad:
-        # a twentieth while it runs steps, so readings yield to them).
         self.share = share
+        self.slowed = slowed
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
 
     async def slot(self, key: str) -> None:
@@ -48,10 +59,14 @@ class FairPace:
 
     async def _grant(self, loop: asyncio.AbstractEventLoop, turns: _Turns) -> None:
         while turns.order:
-            wait = turns.next_free - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            key = turns.order.popleft()
+            now = loop.time()
+            shares = {key: self.share(key) for key in turns.order}
+            due = {key: turns.last + 1 / (self.per_second * share) for key, share in shares.items()}
+            key = next((key for key in turns.order if due[key] <= now), None)
+            if key is None:
+                await asyncio.sleep(min(min(due.values()) - now, _RECHECK_S))
+                continue
+            turns.order.remove(key)
             queue = turns.waiting[key]
             granted = queue.popleft()
             if queue:
@@ -61,4 +76,6 @@ class FairPace:
             if granted.done():  # cancelled while waiting: the slot goes to the next in turn
                 continue
             granted.set_result(None)
-            turns.next_free = max(loop.time(), turns.next_free) + 1 / (self.per_second * self.share())
+            turns.last = now
+            if shares[key] < 1.0:
+                self.slowed()

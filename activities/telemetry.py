@@ -34,12 +34,14 @@ _DEFAULT_PER_SECOND = 10.0
 _PACES: dict[str, FairPace] = {}
 
 
-def pace_readings(per_second: float, *task_queues: str, share: Callable[[], float] = lambda: 1.0) -> None:
+def pace_readings(per_second: float, *task_queues: str, share: Callable[[str], float] = lambda _key: 1.0,
+                  slowed: Callable[[], None] = lambda: None) -> None:
     """The readings a second that gates read on these task queues take together, shared in turn by the
     runs asking (a worker sets it for the queues it reads on); elsewhere 10 a second. share: the part of
-    that pace readings may take at the moment (activities/pacing.FairPace)."""
+    that pace a run's readings may take at the moment, given its key; slowed: called per reading given
+    less than all of it (activities/pacing.FairPace)."""
     pace = next((_PACES[queue] for queue in task_queues if queue in _PACES), None) or FairPace(per_second)
-    pace.per_second, pace.share = per_second, share
+    pace.per_second, pace.share, pace.slowed = per_second, share, slowed
     for queue in task_queues:
         _PACES[queue] = pace
 

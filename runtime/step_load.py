@@ -16,8 +16,11 @@ __all__ = ["StepLoad", "StepLoadInterceptor"]
 
 
 class StepLoad:
-    """Notes each step a worker's activities start or finish. For `window` seconds after one, gate
-    readings get `share` of the worker's pace (each such reading counted in READINGS_SLOWED), then all of it.
+    """Notes each step a worker's activities start or finish, by run. For `window` seconds after one, gate
+    readings of every other run get `share` of the worker's pace (each reading so slowed is counted in
+    READINGS_SLOWED by the pace, activities/pacing.FairPace), then all of it. A run's readings do not yield to its own steps: while it waits on its
+    gate they would slow nothing but the run itself (a drain's gates, read right after its last step, waited
+    2 s for their second slot behind a step that had already ended).
 
     Why: a reading costs the server about what a step does (a timer, two workflow tasks and an
     activity), so fifty runs each waiting on a gate, read at the full 10 a second, slowed a concurrent
@@ -34,18 +37,26 @@ class StepLoad:
         self._window = window
         self.slowest_share = share  # what share() gives while steps run
         self._clock = clock
-        self._last = float("-inf")
+        self._last: dict[str, float] = {}  # run (workflow id) -> when one of its steps last started or ended
 
-    def note(self) -> None:
-        """A step's activity started or finished now."""
-        self._last = self._clock()
+    def note(self, run: str = "") -> None:
+        """A step's activity of `run` started or finished now."""
+        now = self._clock()
+        self._last[run] = now
+        if len(self._last) > 64:  # only the runs inside the window matter
+            self._last = {key: at for key, at in self._last.items() if now - at < self._window}
 
-    def share(self) -> float:
-        """The part of the pace a reading granted now may take."""
-        if self._clock() - self._last < self._window:
-            READINGS_SLOWED.add("steps_running")
+    def share(self, run: str | None = None) -> float:
+        """The part of the pace a reading of `run` may take now (None: any run's steps count)."""
+        now = self._clock()
+        if any(now - at < self._window for key, at in self._last.items() if key != run):
             return self.slowest_share
         return 1.0
+
+    @staticmethod
+    def slowed() -> None:
+        """A reading was given a slot at less than the whole pace."""
+        READINGS_SLOWED.add("steps_running")
 
 
 class StepLoadInterceptor(Interceptor):
@@ -64,11 +75,13 @@ class _StepActivities(ActivityInboundInterceptor):
         self._load = load
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        step = activity.info().activity_type not in READ_ACTIONS
+        info = activity.info()
+        step = info.activity_type not in READ_ACTIONS
+        run = info.workflow_id or ""
         if step:
-            self._load.note()
+            self._load.note(run)
         try:
             return await super().execute_activity(input)
         finally:
             if step:
-                self._load.note()
+                self._load.note(run)

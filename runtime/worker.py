@@ -158,7 +158,7 @@ def build_worker(
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
     # a twentieth of it while the worker runs steps; the activities themselves are also limited to `rate`
     # a second, so single reads wait in the server.
-    pace_readings(rate, queue, readings_queue(queue), share=load.share)
+    pace_readings(rate, queue, readings_queue(queue), share=load.share, slowed=load.slowed)
     reading_activities = [registry.implementation(name) for name in READ_ACTIONS if name in registry.specs]
     readings = None if not reading_activities else Worker(
         client,

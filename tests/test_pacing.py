@@ -92,19 +92,38 @@ async def test_each_worker_reads_at_its_own_pace_found_by_its_task_queue():
     assert took["slow-runs-readings"] >= 1.0 - 1e-3 > took["fast-runs-readings"], took
 
 
-async def test_slots_are_spaced_by_the_share_of_the_pace_asked_at_each_slot():
-    shares = iter([1.0, 0.25, 0.25, 1.0])
-    pace = FairPace(per_second=40, share=lambda: next(shares))
+async def test_slots_are_spaced_by_the_share_of_the_run_they_go_to_and_a_yielding_run_holds_no_other_back():
+    shares = {"yields": 0.25, "free": 1.0}
+    slowed: list[str] = []
+    pace = FairPace(per_second=40, share=shares.__getitem__, slowed=lambda: slowed.append("slot"))
     loop = asyncio.get_running_loop()
-    times: list[float] = []
+    times: dict[str, list[float]] = {"yields": [], "free": []}
 
-    async def timed() -> None:
-        await pace.slot("run")
-        times.append(loop.time())
+    async def timed(key: str) -> None:
+        await pace.slot(key)
+        times[key].append(loop.time())
 
-    await asyncio.gather(*(timed() for _ in range(4)))
-    # 25 ms after the first slot, then 100 ms twice (a quarter of 40 a second): a lower bound only.
-    assert times[1] - times[0] >= 0.025 - 1e-3 and times[3] - times[1] >= 0.2 - 1e-3, times
+    await asyncio.gather(*(timed(key) for key in ["yields", "free"] * 3))
+    # A slot for `free` 25 ms after the last one (40 a second), for `yields` 100 ms (a quarter of it): `free`
+    # takes its three slots while `yields` waits out its spacing, instead of each waiting behind the other.
+    assert times["free"][-1] - times["free"][0] < 0.1, times
+    assert all(b - a >= 0.1 - 1e-3 for a, b in zip(times["yields"], times["yields"][1:], strict=False)), times
+    assert times["free"][-1] < times["yields"][-1], times
+    assert slowed == ["slot"] * 3  # each of `yields`' slots, none of `free`'s
+
+
+async def test_a_share_that_rises_while_a_run_waits_shortens_its_wait():
+    now = {"share": 0.05}
+    pace = FairPace(per_second=10, share=lambda _key: now["share"])
+    loop = asyncio.get_running_loop()
+    await pace.slot("run")
+    started = loop.time()
+    waiting = asyncio.ensure_future(pace.slot("run"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # 2 s apart at a twentieth of 10 a second
+    now["share"] = 1.0  # the steps it yielded to ended
+    await asyncio.wait_for(waiting, timeout=1.0)
+    assert loop.time() - started < 0.5
 
 
 def test_step_load_gives_readings_a_twentieth_for_a_second_after_a_step_and_counts_them():
@@ -114,9 +133,33 @@ def test_step_load_gives_readings_a_twentieth_for_a_second_after_a_step_and_coun
     assert load.share() == 1.0
     load.note()
     now[0] = 100.9
-    assert load.share() == 0.05 and READINGS_SLOWED.value("steps_running") == slowed + 1
+    assert load.share() == 0.05
     now[0] = 101.0
-    assert load.share() == 1.0 and READINGS_SLOWED.value("steps_running") == slowed + 1
+    assert load.share() == 1.0
+    load.slowed()  # the pace calls it for each slot it gives at a share below 1
+    assert READINGS_SLOWED.value("steps_running") == slowed + 1
+
+
+def test_a_runs_readings_yield_to_other_runs_steps_not_to_its_own():
+    now = [100.0]
+    load = StepLoad(window=1.0, clock=lambda: now[0])
+    load.note("drain")
+    assert load.share("drain") == 1.0  # its own step just ended: it is waiting on this gate
+    assert load.share("other") == 0.05 and load.share() == 0.05
+    load.note("other")
+    assert load.share("drain") == 0.05  # another run's step is running
+    now[0] = 101.5
+    assert load.share("drain") == load.share("other") == 1.0
+
+
+def test_the_step_load_keeps_only_the_runs_inside_its_window():
+    now = [0.0]
+    load = StepLoad(window=1.0, clock=lambda: now[0])
+    for n in range(500):
+        now[0] = n * 0.1
+        load.note(f"run-{n}")
+    assert len(load._last) <= 75  # the ten runs inside the last second, plus at most 64 before a pruning
+    assert load.share("run-499") == 0.05  # run-490 to run-498 are inside the window
 
 
 def test_the_readings_pace_and_share_come_from_the_environment_and_bad_values_are_named():
