@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -154,6 +154,39 @@ class StepState(BaseModel):
     # An adaptive ramp's decisions, oldest first.
     ramp_decisions: list[RampDecision] = Field(default_factory=list)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        self._changed()
+
+    def on_change(self, call: Callable[[str], None] | None) -> None:
+        """Have `call(step id)` told after every field set and every add_*: the run's status upkeep then
+        recomputes only the steps it was told of (workflows/step_changes.py). Kept outside the fields, so
+        neither dumps nor comparisons see it."""
+        object.__setattr__(self, _ON_CHANGE, call)
+
+    def add_reading(self, reading: GateReading, keep: int) -> None:
+        """Append a gate reading, keeping the last `keep`."""
+        self.readings.append(reading)
+        del self.readings[:-keep]
+        self._changed()
+
+    def add_approval(self, record: ApprovalRecord) -> None:
+        self.approvals.append(record)
+        self._changed()
+
+    def add_ramp_decision(self, decision: RampDecision) -> None:
+        self.ramp_decisions.append(decision)
+        self._changed()
+
+    def _changed(self) -> None:
+        call = self.__dict__.get(_ON_CHANGE)
+        if call is not None:
+            call(self.id)
+
+
+# Where a step keeps its change listener: a key of its __dict__ that is no field (pydantic leaves it out).
+_ON_CHANGE = "coldstart.on_change"
+
 
 class RunRequest(BaseModel):
     """What a starter asks for: a runbook (its text and content digest), a target by name, parameters and who
@@ -294,10 +327,14 @@ def _step_entry(step: StepState, position: int) -> dict[str, Any]:
     return {"position": position, **entry}
 
 
+def _run_entry(status: RunStatus) -> dict[str, Any]:
+    return {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}
+
+
 def status_memo(status: RunStatus, cache: dict[str, tuple[tuple, dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The memo entries that describe `status`: the run's, and one per step (no outputs, last reading only).
     `cache` (step key -> (fingerprint, entry)) keeps each step's entry until the step changes."""
-    entries: dict[str, Any] = {MEMO_RUN: {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}}
+    entries: dict[str, Any] = {MEMO_RUN: _run_entry(status)}
     for position, step in enumerate(status.steps):
         key = MEMO_STEP + step.id
         if cache is None:
@@ -319,21 +356,39 @@ class StatusMemo:
         self._budget = budget
         self._sent: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
+        self._size = 0
         self._entries: dict[str, tuple[tuple, dict[str, Any]]] = {}
         self.full = False
 
     def changes(self, status: RunStatus) -> dict[str, Any]:
+        """The entries of `status` that differ from those sent."""
+        return self.changes_in(status, enumerate(status.steps))
+
+    def changes_in(self, run: RunStatus, steps: Iterable[tuple[int, StepState]]) -> dict[str, Any]:
+        """The entries that differ from those sent, when only `steps` (position, step; by position) may have
+        changed since the last call, the first call naming every step: `run` supplies the run's entry (its
+        steps are not read). The same entries as changes() with the whole status."""
         if self.full:
             return {}
+        entries: dict[str, Any] = {MEMO_RUN: _run_entry(run)}
+        for position, step in steps:
+            key = MEMO_STEP + step.id
+            fingerprint = (position, step.id, step.kind, _step_fingerprint(step))
+            kept = self._entries.get(key)
+            if kept is None or kept[0] != fingerprint:
+                kept = self._entries[key] = (fingerprint, _step_entry(step, position))
+            entries[key] = kept[1]
         # An entry from the cache is the very object sent last time: `is` settles most comparisons.
-        changed = {key: entry for key, entry in status_memo(status, self._entries).items()
+        changed = {key: entry for key, entry in entries.items()
                    if (sent := self._sent.get(key)) is not entry and sent != entry}
         sizes = {key: len(json.dumps(entry, separators=(",", ":"))) for key, entry in changed.items()}
-        if sum({**self._sizes, **sizes}.values()) > self._budget:
+        size = self._size + sum(size - self._sizes.get(key, 0) for key, size in sizes.items())
+        if size > self._budget:
             self.full = True
             return {MEMO_RUN: {"kept": False}}
         self._sent.update(changed)
         self._sizes.update(sizes)
+        self._size = size
         return changed
 
 

@@ -126,11 +126,12 @@ class RunNotices:
                     pass
         self._before = Snapshot.of(after)
 
-    async def watch(self, signature: Callable[[], Any]) -> None:
-        """Offer the events of each change until the run ends; the run offers its last ones itself."""
+    async def watch(self, since: Callable[[], Callable[[], bool]]) -> None:
+        """Offer the events of each change until the run ends; the run offers its last ones itself.
+        `since()`: a condition true once the run's status changed from what it is now."""
         if _sink is None:
             return
         while self._before is None or self._before.state in ("running", "paused"):
-            seen = signature()
+            changed = since()
             self.offer()
-            await workflow.wait_condition(lambda: signature() != seen)
+            await workflow.wait_condition(changed)

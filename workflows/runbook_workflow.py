@@ -197,7 +197,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # Events for the worker's notifier: they add nothing to the history (no patch needed).
         objectives = inp.runbook.objectives.model_dump() if inp.runbook.objectives else None
         self._notices = RunNotices(self.status, objectives)
-        self._notices_watch = asyncio.ensure_future(self._notices.watch(self._status_signature))
+        self._notices_watch = asyncio.ensure_future(self._notices.watch(self._status_since))
         guard = self._drill_guard_check()
         if guard is not None and workflow.patched("drill-guard"):
             self._guard = asyncio.ensure_future(self._watch_drill_guard(*guard))
@@ -748,7 +748,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             raise RunAborted()
         record = self._granted.pop(step_id)
         record.percent = percent
-        state.approvals.append(record)
+        state.add_approval(record)
         state.status = "running"
         self._publish(step_id)
         return record
@@ -837,7 +837,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                     raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%{fallback}") from None
                 backoffs += 1
                 retry_at = min(spec.stop, last_good + smaller)
-                state.ramp_decisions.append(RampDecision(
+                state.add_ramp_decision(RampDecision(
                     at=percent, next=retry_at, step=smaller,
                     reason=f"a gate failed at {percent}%: back to {last_good}%, step {size} -> {smaller} "
                            f"(back-off {backoffs} of {policy.max_backoffs}); {exc}"[:400]))
@@ -856,7 +856,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                                         took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
             # Asked only when the policy would hold, so histories from before holds existed replay unchanged.
             while decision.next == percent and workflow.patched("ramp-hold"):
-                state.ramp_decisions.append(decision)
+                state.add_ramp_decision(decision)
                 holds += 1
                 here = await self._hold_readings(step, state, percent, last_good)
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=decision.step, readings=here,
@@ -865,7 +865,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
                                             took=workflow.now() - set_at)
             holds = 0
-            state.ramp_decisions.append(decision)
+            state.add_ramp_decision(decision)
             size, percent = decision.step, decision.next
 
     async def _hold_readings(self, step: RampStep, state: StepState, percent: int,
@@ -1065,6 +1065,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     @workflow.query
     def status(self) -> RunStatus:
         running = [s.id for s in self._steps.values() if s.status in ("running", "awaiting_approval", "held")]
+        return self._run_status(list(self._steps.values()), running[-1] if running else None,
+                                [s.id for s in self._steps.values() if s.status == "held"])
+
+    def _run_status(self, steps: list[StepState], current_step: str | None, held: list[str]) -> RunStatus:
+        """The run's status with these steps, current step and held steps (the status memo's upkeep keeps
+        the last two from the steps that changed, workflows/step_changes.py)."""
         state = "paused" if self._paused and self._state == "running" else self._state
         return RunStatus(
             workflow_id=workflow.info().workflow_id,
@@ -1073,12 +1079,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             initiator=self._inp.initiator,
             drill=self._inp.drill,
             state=state,
-            current_step=running[-1] if running else None,
+            current_step=current_step,
             awaiting_approval=sorted(self._awaiting),
-            held=[s.id for s in self._steps.values() if s.status == "held"],
+            held=held,
             started_at=self._started_at,
             ended_at=self._ended_at,
-            steps=list(self._steps.values()),
+            steps=steps,
             error=self._error,
             controls=list(self._controls),
             identity_required=list(identity.controls) if (identity := self._identity()) else [],
@@ -1110,8 +1116,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
 def _keep_reading(state: StepState, reading: GateReading) -> None:
     """A step keeps its last readings only: a gate polled for hours must not grow the run's state."""
-    state.readings.append(reading)
-    del state.readings[:-_MAX_READINGS_KEPT]
+    state.add_reading(reading, _MAX_READINGS_KEPT)
 
 
 def _seconds(delta: timedelta) -> str:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from operator import attrgetter
+from typing import Any
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
-    from workflows.contract import GateReading, StatusMemo, workflow_id_for
+    from workflows.contract import GateReading, StatusMemo, StepState, workflow_id_for
     from workflows.history_tags import approval_note
     from workflows.run_state import RunFields
     from workflows.spec import ActionStep, AnyStep, ApprovalSpec, RampStep
+    from workflows.step_changes import StatusWatch, StepChanges, StepsInPlay
 
 __all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
 
@@ -47,11 +50,15 @@ def metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
     meter.create_gauge("coldstart_gate_last_result", "1 if the gate's last reading passed").set(1 if reading.passed else 0, labels)
 
 
-# A step's part of the status signature (and, once the memo keeps gate deadlines, its gate's deadline too).
+# A step's part of what a live view shows (and, once the memo keeps gate deadlines, its gate's deadline too).
 _SIGNED_FIELDS = ("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by")
 _SIGNED = attrgetter(*_SIGNED_FIELDS)
 _SIGNED_WITH_DEADLINE = attrgetter(*_SIGNED_FIELDS, "gate_gives_up_at")
 _LAST_READING = attrgetter("gate", "value", "passed", "error")
+
+
+def _step_part(fields: attrgetter, step: StepState) -> tuple:
+    return fields(step), _LAST_READING(step.readings[-1]) if step.readings else None, len(step.approvals)
 
 
 class RunVisibility(RunFields):
@@ -64,28 +71,44 @@ class RunVisibility(RunFields):
         is in the memo by the end of the workflow task that made it, whichever code made it. Only
         the entries that changed are upserted; a gate reading the same value again changes none. A
         status past workflows/contract.MEMO_BUDGET is no longer kept (views Query it instead).
+        Each check, and each upsert, reads only the steps that changed (workflows/step_changes.py).
         """
         memo = StatusMemo()
         # Patched: before it, a gate starting (its deadline, gate_gives_up_at, the only change: a ramp's next
         # gate after its bake) upserted nothing; runs in flight then keep their upserts as they were.
         self._memo_gate_deadlines = workflow.patched("memo-gate-deadlines")
+        changed_steps = self._step_changes().reader()
+        in_play = StepsInPlay()
         while not memo.full:
-            signature = self._status_signature()
-            changed = memo.changes(self.status())
+            since = self._status_since()
+            steps = self._step_changes().taken(changed_steps)
+            current, held = in_play.update(steps)
+            changed = memo.changes_in(self._run_status([], current, held), steps)
             if changed:
-                workflow.upsert_memo(changed)
-            await workflow.wait_condition(lambda: self._status_signature() != signature)
+                self._upsert_status_memo(changed)
+            await workflow.wait_condition(since)
 
-    def _status_signature(self) -> tuple:
-        """What a live view shows, cheap to compare: the condition above is checked after every workflow
-        event, so its per-step part is read with C-level getters (a run of 200 steps spent most of its
-        workflow-task time here)."""
-        fields = _SIGNED_WITH_DEADLINE if getattr(self, "_memo_gate_deadlines", False) else _SIGNED
-        steps = tuple(map(fields, self._steps.values()))
-        readings = tuple(_LAST_READING(s.readings[-1]) for s in self._steps.values() if s.readings)
-        approvals = tuple(len(s.approvals) for s in self._steps.values())
-        return (self._state, self._paused, self._error, tuple(self._awaiting), len(self._controls), steps, readings,
-                approvals)
+    def _upsert_status_memo(self, changed: dict[str, Any]) -> None:
+        workflow.upsert_memo(changed)
+
+    def _step_changes(self) -> StepChanges:
+        """The run's steps' change reports, from the first reader on (the steps are final by then)."""
+        if getattr(self, "_changes", None) is None:
+            self._changes = StepChanges(self._steps)
+        return self._changes
+
+    def _status_since(self) -> Callable[[], bool]:
+        """A condition true once what a live view shows changed from what it shows now: a step's status,
+        attempts, error, ramp percentages, approval or skip request (and its gate's deadline, once the
+        memo keeps them), its last reading's result, its approvals' count; the run's state, pause, error,
+        awaited approvals and operator controls' count."""
+        if getattr(self, "_watch", None) is None:
+            fields = _SIGNED_WITH_DEADLINE if getattr(self, "_memo_gate_deadlines", False) else _SIGNED
+            self._watch = StatusWatch(self._step_changes(), lambda step: _step_part(fields, step), self._run_part)
+        return self._watch.since()
+
+    def _run_part(self) -> tuple:
+        return self._state, self._paused, self._error, tuple(self._awaiting), len(self._controls)
 
     def _publish(self, current: str | None) -> None:
         """Upsert the Web UI search attributes when they change (not on every event)."""
