@@ -90,6 +90,25 @@ def stall_around(traces: Iterable[RunTrace], fault: Fault) -> Stall:
     return Stall(still, still_run, recovery, recovery_run, runs)
 
 
+def quiet_instants(began: float, baseline: float, *, warm_up: float = 60.0, look_ahead: float = 30.0,
+                   every: float = 10.0) -> list[float]:
+    """Instants of the quiet baseline to read the recovery figure at, as if a fault had cleared there: after
+    the warm-up (the first runs starting), and far enough before the first fault that the wait after one is
+    the baseline's own."""
+    instants, at = [], began + warm_up
+    while at <= began + baseline - look_ahead:
+        instants.append(at)
+        at += every
+    return instants
+
+
+def quiet_recoveries(traces: Sequence[RunTrace], instants: Iterable[float]) -> list[Stall]:
+    """The control: stall_around at each quiet instant (a fault of no length, nothing failing). A run waits
+    this long for its next event with no fault at all (a gate read queued behind other runs' steps, a
+    timer), so a fault's recovery figure is read against it."""
+    return [stall_around(traces, Fault("none", at, at)) for at in instants]
+
+
 def baseline_gap(traces: Iterable[RunTrace], start: float, end: float) -> float:
     """The longest gap between two events of one run, both inside [start, end]: how long a run stands
     still with no fault (waits, gate intervals, approvals), to read the stalls against."""

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/soak.py [--targets 10] [--minutes 6] [--keep-dir DIR]
     .venv/bin/python bench/soak.py --targets 50 --minutes 15          # the full setting (more than 2 cores)
+    .venv/bin/python bench/soak.py --targets 50 --minutes 17 --baseline 180   # the same faults, and the control
 
 Brings up the cluster (runtime/cluster.py: Temporal's server on a private PostgreSQL), three real workers
 (worker.py, each its own process group, one action journal), and Debian's Prometheus scraping itself. Each
@@ -21,7 +22,9 @@ Printed: runs started, finished, failed (with reasons), held (with reasons), unf
 (activities.journal.check_journal over the workers' journal); p50/p95/p99 of step latency (an activity's
 scheduled to closed, from the history's server timestamps) in the baseline and under faults; per fault,
 the longest a run went without a history event across the fault, and the longest wait for a run's first
-event after the fault cleared. Needs root (the cluster's PostgreSQL runs as postgres).
+event after the fault cleared (its recovery); and, as a control, that recovery figure read at quiet instants
+of the baseline, where nothing failed: a run waits that long for its next event anyway (a gate read
+queued behind other runs' steps, a timer). Needs root (the cluster's PostgreSQL runs as postgres).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ from _soak_figures import (
     fault_schedule,
     latencies_between,
     percentile,
+    quiet_instants,
+    quiet_recoveries,
     stall_around,
 )
 from _targets import use_development_targets
@@ -369,6 +374,14 @@ def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
               f"{_pcts(latencies_between(traces, soak.began, quiet_end, reads=reads))}")
         print(f"  {what:10} under faults:               {_pcts(latencies_between(traces, quiet_end, math.inf, reads=reads))}")
     print(f"  longest a run stood still in the baseline: {baseline_gap(traces, soak.began, quiet_end):.1f} s")
+    controls = quiet_recoveries(traces, quiet_instants(soak.began, soak.baseline))
+    control_worst = max((c.recovery_s for c in controls), default=math.nan)
+    if controls:
+        print(f"  control, no fault: the recovery figure read at {len(controls)} quiet instants of the baseline "
+              f"(after its first minute, 10 s apart): median {percentile([c.recovery_s for c in controls], 50):.1f} s, "
+              f"worst {control_worst:.1f} s, over {max(c.runs for c in controls)} runs at most")
+    else:
+        print("  control, no fault: none (a baseline of 90 s or more reads it)")
     goal = f"< {format_duration(RECOVERY_GOAL_S)}"
     print(f"{'fault at':>9}  {'fault':17} {'runs':>4}  {'stood still':>11}  {'recovery':>8}  {goal:>5}  what happened")
     stalls: list[Stall] = []
@@ -386,6 +399,11 @@ def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
              f"recovery from each fault under {format_duration(RECOVERY_GOAL_S)}": not slow}
     print("goal: " + "; ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in goals.items())
           + (f" (slow: {', '.join(slow)})" if slow else ""))
+    if slow and controls:
+        beyond = [f"{f.name} at {f.start - soak.began:.0f} s" for f, s in zip(soak.faults, stalls, strict=True)
+                  if s.recovery_s >= RECOVERY_GOAL_S and s.recovery_s > control_worst]
+        print(f"  of the slow ones, longer than the control's worst ({control_worst:.1f} s, no fault at all): "
+              + (", ".join(beyond) if beyond else "none"))
     return all(goals.values())
 
 
@@ -447,7 +465,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--targets", type=int, default=10, help="fleet targets, each running one run at a time")
     parser.add_argument("--minutes", type=float, default=6, help="how long new runs are started")
-    parser.add_argument("--baseline", type=float, default=60, help="seconds with no faults at the start")
+    parser.add_argument("--baseline", type=float, default=60,
+                        help="seconds with no faults at the start (90 or more also reads the control: the recovery "
+                             "figure at quiet instants)")
     parser.add_argument("--drain-seconds", type=float, default=120, help="how long in-flight runs are waited for at the end")
     parser.add_argument("--keep-dir", type=Path, help="state dir to keep (journal, logs, the cluster's database)")
     args = parser.parse_args()

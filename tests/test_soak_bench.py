@@ -137,3 +137,16 @@ def test_the_drain_runbook_reads_the_steering_record_and_waits_out_a_30s_dns_out
     assert step.timeout is not None and step.timeout.total_seconds() <= 10  # a lost attempt moves on within the goal
     with pytest.raises(RunbookInvalid, match="target has no 'dns'"):
         plan_run(BENCH / "soak-drain.yaml", registry=load_registry(), inventory=_soak_target(), initiator="t")
+
+
+def test_the_control_reads_the_recovery_figure_at_quiet_instants_of_the_baseline():
+    from _soak_figures import quiet_instants, quiet_recoveries  # pyright: ignore[reportMissingImports]
+
+    assert quiet_instants(1000.0, 180.0) == [1060.0, 1070.0, 1080.0, 1090.0, 1100.0, 1110.0, 1120.0, 1130.0,
+                                               1140.0, 1150.0]
+    assert quiet_instants(1000.0, 60.0) == []  # no room after the warm-up: no control
+    # A run reading a gate every 20 s, with nothing failing: after an instant it waits up to 20 s anyway.
+    reading = RunTrace("soak-g", "1", events=[1050.0, 1070.0, 1090.0, 1110.0, 1130.0, 1150.0, 1170.0])
+    controls = quiet_recoveries([reading], [1060.0, 1075.0, 1089.0])
+    assert [c.recovery_s for c in controls] == [10.0, 15.0, 1.0]
+    assert all(c.runs == 1 and c.recovery_run == "soak-g" for c in controls)
