@@ -82,6 +82,7 @@ def test_every_field_set_and_every_addition_reports_the_step():
     # The listener is no field: dumps and comparisons do not see it; without one, nobody is told.
     plain = StepState.model_validate(step.model_dump())
     assert plain == step and plain.model_dump() == step.model_dump() and "on_change" not in step.model_dump_json()
+    assert dict(plain) == dict(step) and repr(plain) == repr(step)
     step.on_change(None)
     step.status = "failed"
     assert len(told) == 5

@@ -184,8 +184,9 @@ class StepState(BaseModel):
             call(self.id)
 
 
-# Where a step keeps its change listener: a key of its __dict__ that is no field (pydantic leaves it out).
-_ON_CHANGE = "coldstart.on_change"
+# Where a step keeps its change listener: a key of its __dict__ that is no field; pydantic's dumps, comparisons,
+# repr and dict(step) leave it out (the last for its leading underscore).
+_ON_CHANGE = "_coldstart_on_change"
 
 
 class RunRequest(BaseModel):

@@ -89,6 +89,7 @@ class RunVisibility(RunFields):
             await workflow.wait_condition(since)
 
     def _upsert_status_memo(self, changed: dict[str, Any]) -> None:
+        """The keeper's one command (a seam: tests/test_status_upkeep.py checks it against the whole upkeep)."""
         workflow.upsert_memo(changed)
 
     def _step_changes(self) -> StepChanges:
