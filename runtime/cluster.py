@@ -313,18 +313,23 @@ class Cluster:
                     raise ClusterError(
                         f"the frontend at {self.address} not healthy within 90 s; see {self.log}") from None
                 await asyncio.sleep(0.3)
+        # The frontend learns a new namespace and attributes from caches refreshed every few seconds, and
+        # answers before its database pool has reconnected after a PostgreSQL restart ("no usable database
+        # connection found"): retry until a visibility query on our attributes is accepted, as a run's
+        # start will need.
+        retrying = AsyncRetrying(retry=retry_if_exception_type(RPCError), stop=stop_after_delay(60),
+                                 wait=wait_fixed(0.5), reraise=True)
+        await retrying(self._register_namespace, client)
+        await retrying(self._add_search_attributes, client)
+        await retrying(client.count_workflows, f"{search.TARGET.name} = 'probe'")
+
+    async def _register_namespace(self, client: Client) -> None:
         try:
             await client.workflow_service.register_namespace(RegisterNamespaceRequest(
                 namespace=self.namespace, workflow_execution_retention_period=RETENTION))
         except RPCError as exc:
             if exc.status != RPCStatusCode.ALREADY_EXISTS:
                 raise
-        # The frontend learns a new namespace and attributes from caches refreshed every few seconds:
-        # retry until a visibility query on our attributes is accepted, as a run's start will need.
-        retrying = AsyncRetrying(retry=retry_if_exception_type(RPCError), stop=stop_after_delay(60),
-                                 wait=wait_fixed(0.5), reraise=True)
-        await retrying(self._add_search_attributes, client)
-        await retrying(client.count_workflows, f"{search.TARGET.name} = 'probe'")
 
     async def _add_search_attributes(self, client: Client) -> None:
         have = await client.operator_service.list_search_attributes(
