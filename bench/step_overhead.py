@@ -8,13 +8,15 @@ medians. A third side, bare+visible, upserts per step what the interpreter keeps
 search attribute and a memo entry), so the breakdown separates the server's cost of that view from the
 interpreter's own. Goal: interpreter median <= 1.2x the bare activity. Per-step time is
 the gap between consecutive activity completions in each run's history (server timestamps), so
-client start-up is not counted.
+client start-up is not counted; a table splits it into phases (the activity waiting for a worker, on the
+worker, the next workflow task waiting for a worker, on the worker and back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import statistics
 import sys
 import tempfile
@@ -42,22 +44,48 @@ def _gaps(history) -> list[float]:
     return [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(done)]
 
 
+# A step's phases, from its history's server timestamps: the activity waiting for a worker, the activity
+# on the worker (its interceptors, its conversions, the completion's round trip), the server handing the
+# next workflow task to a worker, and that task on the worker and back (the interpreter's activation).
+PHASES = {
+    "activity dispatched": (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED),
+    "activity ran": (EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED),
+    "workflow task dispatched": (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED),
+    "workflow task ran": (EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED),
+}
+
+
+def _phases(history) -> dict[str, float]:
+    """Each phase's median in ms over the run's steps: the time from an event of the first type to the next
+    event of the second type."""
+    spans: dict[str, list[float]] = {name: [] for name in PHASES}
+    last: dict[int, float] = {}
+    for event in history.events:
+        at = event.event_time.ToDatetime().timestamp() * 1000
+        for name, (begin, end) in PHASES.items():
+            if event.event_type == end and begin in last:
+                spans[name].append(at - last.pop(begin))
+        if any(event.event_type == begin for begin, _ in PHASES.values()):
+            last[event.event_type] = at
+    return {name: statistics.median(values) if values else math.nan for name, values in spans.items()}
+
+
 def _p99(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
 
 
-async def _interpreter(env, registry, book: Path, round_no: int) -> list[float]:
+async def _interpreter(env, registry, book: Path, round_no: int):
     run = plan_run(book, registry=registry, inventory=development_target(f"bench-{round_no}"), initiator="bench")
     handle = await start_run(env.client, run, "bench")
     await handle.result()
-    return _gaps(await handle.fetch_history())
+    return await handle.fetch_history()
 
 
-async def _bare(env, round_no: int, visible: bool = False) -> list[float]:
+async def _bare(env, round_no: int, visible: bool = False):
     handle = await env.client.start_workflow(BareActivities.run, args=[STEPS, visible],
                                              id=f"bare-{'visible-' if visible else ''}{round_no}", task_queue="bench-bare")
     await handle.result()
-    return _gaps(await handle.fetch_history())
+    return await handle.fetch_history()
 
 
 async def main(rounds: int) -> None:
@@ -75,6 +103,7 @@ async def main(rounds: int) -> None:
     steps = "\n".join(f"  - id: s{i}\n    action: core.wait\n    with: {{seconds: 0}}" for i in range(STEPS))
     book.write_text(f"metadata: {{name: overhead}}\ntarget: bench\nsteps:\n{steps}\n")
     medians: dict[str, list[float]] = {"interpreter": [], "bare": [], "bare+visible": []}
+    phases: dict[str, list[dict[str, float]]] = {side: [] for side in medians}
     try:
         registry = load_registry()
         # The same runner, executor size and activity limit as build_worker gives the interpreter.
@@ -88,9 +117,11 @@ async def main(rounds: int) -> None:
                 order = order[r % 3:] + order[:r % 3]  # each side goes first in turn
                 for side in order:
                     started = time.monotonic()
-                    gaps = await (_interpreter(env, registry, book, r) if side == "interpreter"
-                                  else _bare(env, r, visible=side == "bare+visible"))
+                    history = await (_interpreter(env, registry, book, r) if side == "interpreter"
+                                     else _bare(env, r, visible=side == "bare+visible"))
                     wall = time.monotonic() - started
+                    gaps = _gaps(history)
+                    phases[side].append(_phases(history))
                     medians[side].append(statistics.median(gaps))
                     print(f"round {r + 1} {side:12s}: median {medians[side][-1]:6.2f} ms/step, "
                           f"p99 {_p99(gaps):6.2f} ms/step, wall {wall:5.2f} s"
@@ -104,6 +135,11 @@ async def main(rounds: int) -> None:
     for side, values in medians.items():
         print(f"{side}: median of round medians {statistics.median(values):.2f} ms/step, "
               f"spread {min(values):.2f}-{max(values):.2f}")
+    print("where a step goes, by phase (ms, median over rounds of each run's median; server timestamps):")
+    print(f"  {'phase':26s}" + "".join(f"{side:>14s}" for side in phases))
+    for name in PHASES:
+        print(f"  {name:26s}" + "".join(f"{statistics.median(p[name] for p in per_round):14.2f}"
+                                        for per_round in phases.values()))
     print(f"breakdown of a step (medians): bare activity {bm:.2f} ms; the operator's view (a search attribute "
           f"and a memo entry upserted) {vm - bm:+.2f} ms; the interpreter's own {im - vm:+.2f} ms")
     print(f"ratio (median): {im / bm:.2f}x of a bare activity, {im / vm:.2f}x of one that keeps the same view  "
