@@ -79,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         RampStep,
         WaitStep,
     )
+    from workflows.step_changes import IN_PLAY
     from workflows.visibility import RunVisibility, metrics_gate, metrics_step
 
 __all__ = ["RunbookWorkflow"]
@@ -1064,7 +1065,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.query
     def status(self) -> RunStatus:
-        running = [s.id for s in self._steps.values() if s.status in ("running", "awaiting_approval", "held")]
+        running = [s.id for s in self._steps.values() if s.status in IN_PLAY]
         return self._run_status(list(self._steps.values()), running[-1] if running else None,
                                 [s.id for s in self._steps.values() if s.status == "held"])
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Hashable
 
 from workflows.contract import StepState
 
-__all__ = ["StatusWatch", "StepChanges", "StepsInPlay"]
+__all__ = ["IN_PLAY", "StatusWatch", "StepChanges", "StepsInPlay"]
 
 
 class StepChanges:
@@ -104,8 +104,8 @@ class StatusWatch:
         self._changed.clear()
 
 
-# The statuses status() counts as the current step.
-_IN_PLAY = ("running", "awaiting_approval", "held")
+# The statuses that make a step the run's current one (the last such, by position), in status() and here.
+IN_PLAY = ("running", "awaiting_approval", "held")
 
 
 class StepsInPlay:
@@ -118,7 +118,7 @@ class StepsInPlay:
     def update(self, steps: list[tuple[int, StepState]]) -> tuple[str | None, list[str]]:
         """Take the changed steps; the current step (the last in play, by position) and the held ones, by position."""
         for position, step in steps:
-            for kept, statuses in ((self._playing, _IN_PLAY), (self._held, ("held",))):
+            for kept, statuses in ((self._playing, IN_PLAY), (self._held, ("held",))):
                 if step.status in statuses:
                     kept[step.id] = position
                 else:
