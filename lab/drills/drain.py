@@ -30,12 +30,14 @@ from lab.drills.harness import LabHarness
 from runtime.polling import read_kept_status
 from runtime.processes import stop_process, wait_port
 
-__all__ = ["DRAIN_LAB", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
+__all__ = ["DRAIN_LAB", "DRAIN_LAB_BESIDE", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
 
 REPO = Path(__file__).resolve().parents[2]
 TRIGGERS = REPO / "triggers" / "lab.yaml"
 # Apart from tests/lab (cst/10.214), the cold-start drill (csd/10.215) and the fault drills (csf/10.216).
 DRAIN_LAB = {"prefix": "csp", "bridge": "cspbr0", "veth_prefix": "cspv", "subnet": "10.217.0.0/24"}
+# A second set of names, so the bench can run beside the test suite's own drain lab.
+DRAIN_LAB_BESIDE = {"prefix": "csn", "bridge": "csnbr0", "veth_prefix": "csnv", "subnet": "10.229.0.0/24"}
 STUCK = "coldstart_session_stuck_seconds"
 
 
@@ -114,14 +116,14 @@ class DrainDrill(LabHarness):
     """`async with DrainDrill(root, containers=8) as drill: report = await drill.round()`."""
 
     def __init__(self, root: Path, *, containers: int = 8, drain_s: float = 0.5,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, names: dict[str, str] | None = None):
         from lab.settings import LabConfig
 
         root = Path(root)
         # Little player and internal load: this drill is about the container host.
         cfg = LabConfig(state_dir=root / "lab", inventory_path=root / "targets" / "lab.yaml",
                         players_rps=5, internal_rps=2, seed_players=50, scrape_interval="1s",
-                        containers=containers, container_drain_s=drain_s, **DRAIN_LAB)
+                        containers=containers, container_drain_s=drain_s, **(names or DRAIN_LAB))
         super().__init__(root, cfg, f"coldstart-drain-{os.getpid()}", log=log)
         self.trigger: subprocess.Popen | None = None
 
