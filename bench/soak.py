@@ -78,6 +78,7 @@ from runtime.cluster import Cluster
 from runtime.polling import read_kept_status
 from runtime.processes import free_port, stop_process, wait_port
 from runtime.runs import TargetBusy, start_run, workflow_id_for
+from runtime.worker import READINGS_SHARE_ENV, reading_settings
 from workflows.contract import ApproveRequest
 from workflows.loader import plan_run
 
@@ -428,8 +429,10 @@ async def main(args: argparse.Namespace, work: Path) -> int:
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
 
+    rate, share = reading_settings()
     say(f"soak: {args.targets} targets, {format_duration(args.minutes * 60)}, baseline "
-        f"{format_duration(args.baseline)}, {WORKERS} workers; load average {os.getloadavg()[0]:.2f}; state in {work}")
+        f"{format_duration(args.baseline)}, {WORKERS} workers (readings {rate:g} a second each, a share of "
+        f"{share:g} while other runs' steps run: ${READINGS_SHARE_ENV}); load average {os.getloadavg()[0]:.2f}; state in {work}")
     prometheus = Prometheus(work / "prometheus")
     dns = PowerDns(work / "dns")
     workers = [WorkerProcess("", QUEUE, work / "actions.jsonl", work / f"worker-{i}.log", {}) for i in range(WORKERS)]
