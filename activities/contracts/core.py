@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import Field
@@ -95,9 +96,10 @@ HTTP_CHECK = declare(
 
 
 # A query waits up to its timeout_seconds for Prometheus; it heartbeats meanwhile, so one lost with its
-# worker is given to another after 10 s whatever it was allowed.
+# worker is given to another after 10 s whatever it was allowed. Reading is safe to repeat, and a
+# Prometheus restarting (or a scrape not yet in) is the common failure: attempts for about 45 s, 10 s apart at most.
 PROMETHEUS_QUERY = declare(
     "core.prometheus_query", PrometheusQueryInput, PrometheusQueryOutput, timeout=60, heartbeat=10,
-    retry=Retry(max_attempts=3),
+    retry=Retry(max_attempts=8, max_interval=timedelta(seconds=10)),
     doc="""Run an instant PromQL query; the output is its single value (an empty result is an error).""",
 )
