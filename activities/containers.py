@@ -24,6 +24,7 @@ from activities.contracts.containers import (
     NoticeOutput,
 )
 from activities.executors import ExecutorError, executor_for
+from activities.heartbeats import heartbeating
 
 __all__ = ["kill_inits", "list_containers", "live_containers", "preemption_notice"]
 
@@ -168,6 +169,7 @@ def _instant(text: str) -> datetime:
 
 
 @implements(PREEMPTION_NOTICE)
+@heartbeating
 async def preemption_notice(inp: NoticeInput) -> NoticeOutput:
     target = inp.target()
     url = inp.metadata_urls.get(target.name)
@@ -239,11 +241,13 @@ async def live_containers(inp: HostCgroup) -> HostContainers:
 
 
 @implements(LIST_CONTAINERS)
+@heartbeating
 async def list_containers(inp: ListInput) -> HostContainers:
     return await live_containers(inp)
 
 
 @implements(KILL_INITS)
+@heartbeating
 async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
     report = await _run_script(inp, "kill", inp.verify_within_seconds)
     states = _states(report)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 from temporalio import activity
 
-__all__ = ["beating"]
+__all__ = ["beating", "heartbeating"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @contextlib.asynccontextmanager
@@ -31,3 +36,13 @@ async def _beat() -> None:
     while True:
         await asyncio.sleep(every)
         activity.heartbeat()
+
+
+def heartbeating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """An async action run inside beating(): declared with a heartbeat timeout, an attempt lost with its
+    worker is given to another within it, however long the action's start-to-close timeout."""
+    @functools.wraps(fn)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        async with beating():
+            return await fn(*args, **kwargs)
+    return run

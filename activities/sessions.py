@@ -34,6 +34,7 @@ from activities.contracts.sessions import (
     ReleaseInput,
     ReleaseOutput,
 )
+from activities.heartbeats import heartbeating
 
 __all__ = ["cordon", "release"]
 
@@ -87,6 +88,7 @@ def _delete_cas(client: consul.Consul, batch: list[tuple[str, int]]) -> bool:
 
 
 @implements(RELEASE)
+@heartbeating
 async def release(inp: ReleaseInput) -> ReleaseOutput:
     return await _release(inp)
 

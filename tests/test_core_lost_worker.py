@@ -1,18 +1,22 @@
-"""The core actions and a lost worker: a wait or a query heartbeats often enough for its heartbeat timeout, and each is given to another worker within bench/soak.py's 15 s recovery goal."""
+"""The core actions and a lost worker: a wait or a query heartbeats often enough for its heartbeat timeout, and every action the soak and the drain run is given to another worker within bench/soak.py's 15 s recovery goal."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from activities.catalog import load_registry
 from activities.contracts.core import NOTE, PROMETHEUS_QUERY, WAIT, PrometheusQueryInput, WaitInput
 from activities.core import prometheus_query, wait
+from activities.heartbeats import heartbeating
 
 RECOVERY_GOAL = timedelta(seconds=15)
 
@@ -74,12 +78,42 @@ async def test_a_slow_query_heartbeats_while_it_waits_and_a_quick_one_does_not(s
     assert beats == []  # answered before the first third: no heartbeat for the server
 
 
-@pytest.mark.parametrize("spec", [WAIT, PROMETHEUS_QUERY, NOTE], ids=lambda spec: spec.name)
-def test_a_lost_workers_attempt_is_given_to_another_within_the_soaks_recovery_goal(spec):
+def _soaked_actions() -> list[str]:
+    """Every action the soak's runbooks and the drain runbook run (bench/soak.py's BOOKS)."""
+    root = Path(__file__).resolve().parent.parent
+    books = [root / "runbooks" / "demo.yaml", root / "bench" / "soak-drain.yaml", root / "runbooks" / "preempted-host-drain.yaml"]
+    return sorted({name for book in books for name in re.findall(r"^\s*(?:- )?action: ([\w.]+)", book.read_text(), re.MULTILINE)})
+
+
+@pytest.mark.parametrize("name", _soaked_actions())
+def test_a_lost_workers_attempt_is_given_to_another_within_the_soaks_recovery_goal(name):
     # The server notices a lost attempt at its heartbeat timeout (else its start-to-close one) and runs
     # the next after the first retry interval.
+    spec = load_registry().specs[name]
     noticed = spec.heartbeat or spec.timeout
     assert noticed + spec.retry.delay(1) < RECOVERY_GOAL
+
+
+def test_the_soaked_actions_include_the_drain_and_the_demo():
+    assert {WAIT.name, PROMETHEUS_QUERY.name, NOTE.name, "containers.kill_inits", "sessions.release",
+            "dns.steer.get"} <= set(_soaked_actions())
+
+
+async def test_a_heartbeating_action_beats_every_third_of_its_timeout_and_a_quick_one_not_at_all():
+    @heartbeating
+    async def slow(seconds: float) -> float:
+        await asyncio.sleep(seconds)
+        return seconds
+
+    env, beats = _env(timedelta(seconds=0.3))
+    assert await env.run(slow, 0.45) == 0.45
+    assert len(beats) >= 3, beats  # at 0.1, 0.2, 0.3 and 0.4 s, a loaded machine may lose one
+    env, beats = _env(timedelta(seconds=0.3))
+    await env.run(slow, 0.0)
+    assert beats == []
+    env, beats = _env(None)  # no heartbeat timeout: nothing to beat for
+    await env.run(slow, 0.2)
+    assert beats == []
 
 
 async def test_the_controller_worker_forwards_a_waits_heartbeats_well_inside_its_timeout(env, tmp_path, task_queue):

@@ -105,20 +105,20 @@ class NoticeOutput(ContractModel):
 
 
 PREEMPTION_NOTICE = declare(
-    "containers.preemption_notice", NoticeInput, NoticeOutput, timeout=30, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.5)),
+    "containers.preemption_notice", NoticeInput, NoticeOutput, timeout=30, heartbeat=10, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.5)),
     doc="""Confirm from the host itself that the provider will terminate it, at about the deadline the run was
     given: a run started by an alert drains nothing on the alert's word alone.""",
 )
 
 
 LIST_CONTAINERS = declare(
-    "containers.list", ListInput, HostContainers, timeout=30, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)),
+    "containers.list", ListInput, HostContainers, timeout=30, heartbeat=10, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)),
     doc="""Every container on a host (a child cgroup of the parent), its process count and its namespace init.""",
 )
 
 
 KILL_INITS = declare(
-    "containers.kill_inits", KillInitsInput, KillInitsOutput, timeout=30, mutating=True, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)),
+    "containers.kill_inits", KillInitsInput, KillInitsOutput, timeout=30, heartbeat=10, mutating=True, retry=Retry(max_attempts=3, initial_interval=timedelta(seconds=0.2)),
     doc="""SIGKILL every container's PID-namespace init on a host at once, then verify every container is empty.
 
     Idempotent: containers already empty are reported as already gone. Fails (retryable) naming

@@ -193,7 +193,7 @@ STEER_SET = declare(
 
 
 STEER_GET = declare(
-    "dns.steer.get", SteerGetInput, SteerGetOutput, timeout=30, retry=Retry(max_attempts=5),
+    "dns.steer.get", SteerGetInput, SteerGetOutput, timeout=30, heartbeat=10, retry=Retry(max_attempts=5),
     doc="""Read the steering record (percent, IPs, serial) from every authoritative server by AXFR.""",
 )
 

@@ -73,13 +73,13 @@ class ReleaseOutput(ContractModel):
 
 
 CORDON = declare(
-    "sessions.cordon", CordonInput, CordonOutput, timeout=30, mutating=True, undo="consul.kv.set", undo_from_output="undo", retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)),
+    "sessions.cordon", CordonInput, CordonOutput, timeout=10, mutating=True, undo="consul.kv.set", undo_from_output="undo", retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)),
     doc="""Mark a host unschedulable in the session store, so no new container is placed on it (idempotent).""",
 )
 
 
 RELEASE = declare(
-    "sessions.release", ReleaseInput, ReleaseOutput, timeout=60, mutating=True, retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)),
+    "sessions.release", ReleaseInput, ReleaseOutput, timeout=60, heartbeat=10, mutating=True, retry=Retry(max_attempts=5, initial_interval=timedelta(seconds=0.2)),
     doc="""Delete, in transactions of delete-cas, every entry of `host` whose container is verified gone.
 
     Idempotent: a second run finds nothing of the host's left. An entry re-pointed elsewhere in the

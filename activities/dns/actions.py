@@ -31,6 +31,7 @@ from activities.contracts.dns import (
 from activities.dns.axfr import read_state
 from activities.dns.ecs import query_clients
 from activities.dns.steering import steering_update
+from activities.heartbeats import heartbeating
 from activities.secrets import read_kv_secret
 
 __all__ = ["steer_get", "steer_sample", "steer_set"]
@@ -158,6 +159,7 @@ async def steer_set(inp: SteerSetInput) -> SteerSetOutput:
 
 
 @implements(STEER_GET)
+@heartbeating
 async def steer_get(inp: SteerGetInput) -> SteerGetOutput:
     states = list(await asyncio.gather(*(read_state(s, inp.zone, inp.fqdn, inp.timeout_s) for s in inp.servers)))
     signatures = {(s.present, s.percent, s.game_ip, s.maint_ip, s.ttl, s.foreign_code) for s in states}
