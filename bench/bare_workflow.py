@@ -13,14 +13,28 @@ with workflow.unsafe.imports_passed_through():
 @workflow.defn
 class BareActivities:
     @workflow.run
-    async def run(self, count: int, visible: bool = False) -> None:
-        """With `visible`, each step also upserts what the interpreter's does for operators: the current step
+    async def run(self, count: int, visible: bool = False, options: bool = False, memo_bytes: int = 0) -> None:
+        """With `memo_bytes`, a memo of about that size is set once before the steps. With `options`, each activity is scheduled with the interpreter's heartbeat timeout and summary.
+        With `visible`, each step also upserts what the interpreter's does for operators: the current step
         search attribute and one memo entry of a step's size, so their server cost is measured apart."""
+        if memo_bytes:
+            # A memo of the interpreter's size set once: the server keeps it in the run's mutable state and
+            # writes it again with every transaction of the run (each activity's start and end, each task).
+            entry = max(0, memo_bytes // count - 30)
+            workflow.upsert_memo({f"step.s{i}": {"id": f"s{i}", "pad": "x" * entry} for i in range(count)})
         for i in range(count):
             if visible:
                 workflow.upsert_search_attributes([search.CURRENT_STEP.value_set(f"s{i}")])
                 workflow.upsert_memo({f"step.s{i}": {"id": f"s{i}", "kind": "action", "status": "running",
                                                     "attempts": 1, "started_at": workflow.now().isoformat()}})
+            if options:
+                # What the interpreter asks of the server with each of its activities (workflows/calls.py):
+                # the action's heartbeat timeout and a summary for the Web UI's timeline.
+                await workflow.execute_activity(
+                    "core.wait", {"seconds": 0}, activity_id=f"bare-{i}", start_to_close_timeout=timedelta(seconds=30),
+                    heartbeat_timeout=timedelta(seconds=10), summary=f"s{i}: core.wait",
+                )
+                continue
             await workflow.execute_activity(
                 "core.wait", {"seconds": 0}, activity_id=f"bare-{i}", start_to_close_timeout=timedelta(seconds=30)
             )

@@ -4,7 +4,10 @@ Like against like: both workflows run on workers with the same runner (unsandbox
 runs the interpreter), the same activity executor and the same limits; the two sides alternate which
 goes first, over several rounds (`--rounds N`, 5 by default). Prints the median and p99 per-step
 time of each side in every round, then the median over rounds and the spread (min-max) of the round
-medians. A third side, bare+visible, upserts on every step what the interpreter keeps for operators (the
+medians. A side bare+options schedules each activity with what the interpreter asks of the server beside
+it (the action's heartbeat timeout, a summary for the timeline). A side bare+memo sets, once before its steps,
+a memo of the size the interpreter's run ends with (the server keeps the memo in the run's mutable state
+and writes it again with every transaction of the run). A side bare+visible, upserts on every step what the interpreter keeps for operators (the
 current-step search attribute and a memo entry): the server's cost of that view unpaced. The interpreter
 paces its view (workflows/visibility.VIEW_EVERY: at most one upsert each half second while steps run back
 to back); the bench counts its upserts and the view's timers. Goal: interpreter median <= 1.2x the bare activity. Per-step time is
@@ -79,6 +82,16 @@ _VIEW_EVENTS = {
 }
 
 
+def _memo_bytes(history) -> int:
+    """The size of a run's memo at its end: each key's last upserted payload."""
+    sizes: dict[str, int] = {}
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED:
+            for key, payload in e.workflow_properties_modified_event_attributes.upserted_memo.fields.items():
+                sizes[key] = len(payload.data)
+    return sum(sizes.values())
+
+
 def _view_counts(history) -> dict[str, int]:
     return {name: sum(e.event_type == kind for e in history.events) for name, kind in _VIEW_EVENTS.items()}
 
@@ -94,9 +107,10 @@ async def _interpreter(env, registry, book: Path, round_no: int):
     return await handle.fetch_history()
 
 
-async def _bare(env, round_no: int, visible: bool = False):
-    handle = await env.client.start_workflow(BareActivities.run, args=[STEPS, visible],
-                                             id=f"bare-{'visible-' if visible else ''}{round_no}", task_queue="bench-bare")
+async def _bare(env, round_no: int, side: str, memo_bytes: int = 0):
+    args = [STEPS, side == "bare+visible", side == "bare+options", memo_bytes if side == "bare+memo" else 0]
+    handle = await env.client.start_workflow(BareActivities.run, args=args,
+                                             id=f"{side}-{round_no}", task_queue="bench-bare")
     await handle.result()
     return await handle.fetch_history()
 
@@ -115,7 +129,8 @@ async def main(rounds: int) -> None:
     book = work / "overhead.yaml"
     steps = "\n".join(f"  - id: s{i}\n    action: core.wait\n    with: {{seconds: 0}}" for i in range(STEPS))
     book.write_text(f"metadata: {{name: overhead}}\ntarget: bench\nsteps:\n{steps}\n")
-    medians: dict[str, list[float]] = {"interpreter": [], "bare": [], "bare+visible": []}
+    medians: dict[str, list[float]] = {"interpreter": [], "bare": [], "bare+options": [], "bare+memo": [], "bare+visible": []}
+    memo_bytes = 0  # the interpreter's memo at its end, read from its first run
     phases: dict[str, list[dict[str, float]]] = {side: [] for side in medians}
     counts: dict[str, list[dict[str, int]]] = {side: [] for side in medians}
     try:
@@ -127,12 +142,16 @@ async def main(rounds: int) -> None:
             workflow_runner=UNSANDBOXED_RUNNER,
         ):
             for r in range(rounds):
-                order = ["interpreter", "bare", "bare+visible"]
-                order = order[r % 3:] + order[:r % 3]  # each side goes first in turn
+                order = list(medians)
+                order = order[r % len(order):] + order[:r % len(order)]  # each side goes first in turn
                 for side in order:
                     started = time.monotonic()
+                    if side == "bare+memo" and not memo_bytes:
+                        memo_bytes = 70_000  # until the interpreter has run once: about a 200-step run's
                     history = await (_interpreter(env, registry, book, r) if side == "interpreter"
-                                     else _bare(env, r, visible=side == "bare+visible"))
+                                     else _bare(env, r, side, memo_bytes))
+                    if side == "interpreter":
+                        memo_bytes = _memo_bytes(history)
                     wall = time.monotonic() - started
                     gaps = _gaps(history)
                     phases[side].append(_phases(history))
@@ -144,7 +163,8 @@ async def main(rounds: int) -> None:
     finally:
         await env.shutdown()
     im, bm = statistics.median(medians["interpreter"]), statistics.median(medians["bare"])
-    vm = statistics.median(medians["bare+visible"])
+    vm, om = statistics.median(medians["bare+visible"]), statistics.median(medians["bare+options"])
+    mm = statistics.median(medians["bare+memo"])
     print(f"steps: {STEPS} sequential do-nothing steps (core.wait 0 s) a run, {rounds} rounds alternating which "
           "side goes first, both unsandboxed on the local dev server")
     for side, values in medians.items():
@@ -160,9 +180,14 @@ async def main(rounds: int) -> None:
     for name in _VIEW_EVENTS:
         print(f"  {name:26s}" + "".join(f"{statistics.median(c[name] for c in per_round):14.0f}"
                                         for per_round in counts.values()))
-    print(f"breakdown of a step (medians): bare activity {bm:.2f} ms; the view upserted on every step "
-          f"{vm - bm:+.2f} ms (bare+visible); the interpreter, its paced view included, {im - bm:+.2f} ms")
-    print(f"ratio (median): {im / bm:.2f}x of a bare activity ({im / vm:.2f}x of one upserting the view every step)  "
+    print(f"breakdown of a step (medians): bare activity {bm:.2f} ms; the interpreter's activity options "
+          f"(heartbeat timeout, summary) {om - bm:+.2f} ms (bare+options); the view upserted on every step "
+          f"{vm - bm:+.2f} ms (bare+visible); a memo of the interpreter's size ({memo_bytes / 1024:.0f} KiB) set once "
+          f"{mm - bm:+.2f} ms (bare+memo); the interpreter, its paced view included, {im - bm:+.2f} ms "
+          f"({im - mm:+.2f} ms beyond a bare activity carrying its memo)")
+    print(f"ratio (median): {im / bm:.2f}x of a bare activity, {im / om:.2f}x of one with the same options, "
+          f"{im / mm:.2f}x of one carrying the same memo "
+          f"({im / vm:.2f}x of one upserting the view every step)  "
           f"goal: <= 1.2x of a bare activity -> {'met' if im / bm <= 1.2 else 'NOT met'}")
 
 
