@@ -7,10 +7,9 @@ time of each side in every round, then the median over rounds and the spread (mi
 medians. A side bare+options schedules each activity with what the interpreter asks of the server beside
 it (the action's heartbeat timeout, a summary for the timeline). A side bare+memo sets, once before its steps,
 a memo of the size the interpreter's run ends with (the server keeps the memo in the run's mutable state
-and writes it again with every transaction of the run). A side bare+visible, upserts on every step what the interpreter keeps for operators (the
-current-step search attribute and a memo entry): the server's cost of that view unpaced. The interpreter
-paces its view (workflows/visibility.VIEW_EVERY: at most one upsert each half second while steps run back
-to back); the bench counts its upserts and the view's timers. Goal: interpreter median <= 1.2x the bare activity. Per-step time is
+and writes it again with every transaction of the run). A side bare+visible upserts on every step what the
+interpreter keeps for operators (the current-step search attribute and a memo entry), as the interpreter
+does; the bench counts each side's upserts, timers and workflow tasks. Goal: interpreter median <= 1.2x the bare activity. Per-step time is
 the gap between consecutive activity completions in each run's history (server timestamps), so
 client start-up is not counted; a table splits it into phases (the activity waiting for a worker, on the
 worker, the next workflow task waiting for a worker, on the worker and back).
@@ -183,7 +182,7 @@ async def main(rounds: int) -> None:
     print(f"breakdown of a step (medians): bare activity {bm:.2f} ms; the interpreter's activity options "
           f"(heartbeat timeout, summary) {om - bm:+.2f} ms (bare+options); the view upserted on every step "
           f"{vm - bm:+.2f} ms (bare+visible); a memo of the interpreter's size ({memo_bytes / 1024:.0f} KiB) set once "
-          f"{mm - bm:+.2f} ms (bare+memo); the interpreter, its paced view included, {im - bm:+.2f} ms "
+          f"{mm - bm:+.2f} ms (bare+memo); the interpreter, its view included, {im - bm:+.2f} ms "
           f"({im - mm:+.2f} ms beyond a bare activity carrying its memo)")
     print(f"ratio (median): {im / bm:.2f}x of a bare activity, {im / om:.2f}x of one with the same options, "
           f"{im / mm:.2f}x of one carrying the same memo "
