@@ -27,14 +27,10 @@ class BareActivities:
                 workflow.upsert_search_attributes([search.CURRENT_STEP.value_set(f"s{i}")])
                 workflow.upsert_memo({f"step.s{i}": {"id": f"s{i}", "kind": "action", "status": "running",
                                                     "attempts": 1, "started_at": workflow.now().isoformat()}})
-            if options:
-                # What the interpreter asks of the server with each of its activities (workflows/calls.py):
-                # the action's heartbeat timeout and a summary for the Web UI's timeline.
-                await workflow.execute_activity(
-                    "core.wait", {"seconds": 0}, activity_id=f"bare-{i}", start_to_close_timeout=timedelta(seconds=30),
-                    heartbeat_timeout=timedelta(seconds=10), summary=f"s{i}: core.wait",
-                )
-                continue
+            # With `options`, what the interpreter asks of the server with each of its activities
+            # (workflows/calls.py): the action's heartbeat timeout and a summary for the Web UI's timeline.
             await workflow.execute_activity(
-                "core.wait", {"seconds": 0}, activity_id=f"bare-{i}", start_to_close_timeout=timedelta(seconds=30)
+                "core.wait", {"seconds": 0}, activity_id=f"bare-{i}", start_to_close_timeout=timedelta(seconds=30),
+                heartbeat_timeout=timedelta(seconds=10) if options else None,
+                summary=f"s{i}: core.wait" if options else None,
             )
