@@ -73,7 +73,9 @@ class SessionRouter:
             self.store_errors += 1
             self.errors.set(self.store_errors)
             return
-        answers = await asyncio.gather(*(session_answers(Path(e["socket"]), timeout=0.3)
+        # A dead container's socket refuses at once; the timeout only decides when a live but slow one counts as
+        # stuck, and a second keeps a loaded machine's slow scheduling from reading as stuck players.
+        answers = await asyncio.gather(*(session_answers(Path(e["socket"]), timeout=1.0)
                                          for e in self.entries.values()))
         now = time.time()
         stuck_now = {repl for repl, ok in zip(self.entries, answers, strict=True) if not ok}

@@ -212,11 +212,16 @@ class DrainDrill(LabHarness):
         for first in range(0, len(wanted), 200):
             await self._post(f"{self.agent}/containers/start", {"repls": wanted[first:first + 200]}, timeout=300)
 
-        async def serving() -> bool:
-            s = await self.router_sessions()
-            return s["sessions"] >= count and not s["stuck"]
+        seen: dict[str, Any] = {}
 
-        await self.wait_for(f"{count} sessions serving", serving, timeout=60)
+        async def serving() -> bool:
+            seen.update(await self.router_sessions())
+            return seen["sessions"] >= count and not seen["stuck"]
+
+        try:
+            await self.wait_for(f"{count} sessions serving", serving, timeout=60)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the router last read {seen or 'nothing'}") from None
 
     async def _alert_resolved(self) -> None:
         """A new notice for the same host pages again only once Alertmanager has seen the last one resolve:
