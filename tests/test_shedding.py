@@ -238,6 +238,35 @@ def test_the_status_memo_upserts_what_changed_cuts_long_texts_and_stops_within_i
     assert status_from_memo({**first, "coldstart.run": {"kept": False}}) is None  # views Query instead
 
 
+def test_compact_memo_entries_leave_out_defaults_and_read_back_as_the_full_ones():
+    now = datetime.now(UTC)
+    steps = [StepState(id="pending", kind="action", title="not yet"),
+             StepState(id="done", kind="action", status="succeeded", started_at=now, ended_at=now, attempts=1,
+                       outputs={"x": 1}),
+             StepState(id="gate", kind="gate", status="failed", started_at=now, attempts=2, error="e" * 900,
+                       readings=[GateReading(gate="g", at=now, value=0.5, error="slow"),
+                                 GateReading(gate="g", at=now, value=1.0, passed=True)]),
+             StepState(id="cleared", kind="action", status="running", started_at=now, error=None)]
+    status = RunStatus(workflow_id="w", runbook="r", target="t", initiator="i", drill=False, state="running",
+                       started_at=now, steps=steps, error="run " * 200)
+    compact, full = status_memo(status), status_memo(status, compact=False)
+    assert compact["coldstart.step.pending"] == {"position": 0, "id": "pending", "kind": "action", "title": "not yet"}
+    assert "error" not in compact["coldstart.step.done"] and "readings" not in compact["coldstart.step.done"]
+    assert compact["coldstart.step.gate"]["readings"] == [{"gate": "g", "at": now.isoformat().replace("+00:00", "Z"),
+                                                           "value": 1.0, "passed": True}]
+    assert len(compact["coldstart.step.gate"]["error"]) == len(compact["coldstart.run"]["error"]) == 500
+    size = {form: len(json.dumps(memo)) for form, memo in (("compact", compact), ("full", full))}
+    assert size["compact"] < 0.7 * size["full"], size
+    # A view reads either form as the same status: what the run keeps of it.
+    assert status_from_memo(compact) == status_from_memo(full) is not None
+    assert status_from_memo(compact).steps[2].error == "e" * 499 + "…"  # type: ignore[union-attr]
+    # An error cleared (a retry) leaves the entry: the key's new value replaces the old one whole.
+    memo = StatusMemo()
+    memo.changes(status)
+    status.steps[2].error = None
+    assert "error" not in memo.changes(status)["coldstart.step.gate"]
+
+
 class _RefusingHandle:
     def __init__(self, refusals: int, code: RPCStatusCode = RPCStatusCode.RESOURCE_EXHAUSTED, message: str = "refused") -> None:
         self.refusals = refusals

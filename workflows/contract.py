@@ -321,30 +321,48 @@ _FINGERPRINTED = {"id", "kind", "title", "status", "started_at", "ended_at", "at
 assert set(StepState.model_fields) == _FINGERPRINTED | {"outputs"}, "StepState changed: update _step_fingerprint"
 
 
-def _step_entry(step: StepState, position: int) -> dict[str, Any]:
-    entry = step.model_dump(mode="json", exclude={"outputs", "readings"})
-    entry.update(error=_cut(step.error), awaiting=_cut(step.awaiting),
-                 readings=[{**reading.model_dump(mode="json"), "error": _cut(reading.error)} for reading in step.readings[-1:]])
+# Compact entries leave out every field at its default (a pending step is its position, id, kind and title):
+# the server keeps the memo in the run's mutable state and writes all of it again with every transaction,
+# so its size is paid on every step. Readers fill the defaults back in (status_from_memo, cli/timeline.py);
+# the full form stays for runs started before it.
+def _step_entry(step: StepState, position: int, compact: bool = True) -> dict[str, Any]:
+    entry = step.model_dump(mode="json", exclude={"outputs", "readings"}, exclude_defaults=compact)
+    for field in ("error", "awaiting"):
+        if field in entry:
+            entry[field] = _cut(entry[field])
+    if step.readings or not compact:
+        entry["readings"] = [_reading_entry(reading, compact) for reading in step.readings[-1:]]
     return {"position": position, **entry}
 
 
-def _run_entry(status: RunStatus) -> dict[str, Any]:
-    return {**status.model_dump(mode="json", exclude={"steps"}), "error": _cut(status.error)}
+def _reading_entry(reading: GateReading, compact: bool) -> dict[str, Any]:
+    entry = reading.model_dump(mode="json", exclude_defaults=compact)
+    if "error" in entry or not compact:
+        entry["error"] = _cut(reading.error)
+    return entry
 
 
-def status_memo(status: RunStatus, cache: dict[str, tuple[tuple, dict[str, Any]]] | None = None) -> dict[str, Any]:
+def _run_entry(status: RunStatus, compact: bool = True) -> dict[str, Any]:
+    entry = status.model_dump(mode="json", exclude={"steps"}, exclude_defaults=compact)
+    if "error" in entry or not compact:
+        entry["error"] = _cut(status.error)
+    return entry
+
+
+def status_memo(status: RunStatus, cache: dict[str, tuple[tuple, dict[str, Any]]] | None = None,
+                compact: bool = True) -> dict[str, Any]:
     """The memo entries that describe `status`: the run's, and one per step (no outputs, last reading only).
     `cache` (step key -> (fingerprint, entry)) keeps each step's entry until the step changes."""
-    entries: dict[str, Any] = {MEMO_RUN: _run_entry(status)}
+    entries: dict[str, Any] = {MEMO_RUN: _run_entry(status, compact)}
     for position, step in enumerate(status.steps):
         key = MEMO_STEP + step.id
         if cache is None:
-            entries[key] = _step_entry(step, position)
+            entries[key] = _step_entry(step, position, compact)
             continue
         fingerprint = (position, step.id, step.kind, _step_fingerprint(step))
         kept = cache.get(key)
         if kept is None or kept[0] != fingerprint:
-            kept = cache[key] = (fingerprint, _step_entry(step, position))
+            kept = cache[key] = (fingerprint, _step_entry(step, position, compact))
         entries[key] = kept[1]
     return entries
 
@@ -353,8 +371,9 @@ class StatusMemo:
     """What a run has put in its memo, and what to upsert next: the entries that changed, within MEMO_BUDGET
     bytes in all; past it, one last upsert marks the status as no longer kept."""
 
-    def __init__(self, budget: int = MEMO_BUDGET) -> None:
+    def __init__(self, budget: int = MEMO_BUDGET, compact: bool = True) -> None:
         self._budget = budget
+        self._compact = compact
         self._sent: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
         self._size = 0
@@ -371,13 +390,13 @@ class StatusMemo:
         steps are not read). The same entries as changes() with the whole status."""
         if self.full:
             return {}
-        entries: dict[str, Any] = {MEMO_RUN: _run_entry(run)}
+        entries: dict[str, Any] = {MEMO_RUN: _run_entry(run, self._compact)}
         for position, step in steps:
             key = MEMO_STEP + step.id
             fingerprint = (position, step.id, step.kind, _step_fingerprint(step))
             kept = self._entries.get(key)
             if kept is None or kept[0] != fingerprint:
-                kept = self._entries[key] = (fingerprint, _step_entry(step, position))
+                kept = self._entries[key] = (fingerprint, _step_entry(step, position, self._compact))
             entries[key] = kept[1]
         # An entry from the cache is the very object sent last time: `is` settles most comparisons.
         changed = {key: entry for key, entry in entries.items()

@@ -73,7 +73,9 @@ class RunVisibility(RunFields):
         status past workflows/contract.MEMO_BUDGET is no longer kept (views Query it instead).
         Each check, and each upsert, reads only the steps that changed (workflows/step_changes.py).
         """
-        memo = StatusMemo()
+        # Patched: runs started before compact entries keep the full ones (their budget, so their upserts, as they were).
+        self._memo_compact = workflow.patched("compact-memo")
+        memo = StatusMemo(compact=self._memo_compact)
         # Patched: before it, a gate starting (its deadline, gate_gives_up_at, the only change: a ramp's next
         # gate after its bake) upserted nothing; runs in flight then keep their upserts as they were.
         self._memo_gate_deadlines = workflow.patched("memo-gate-deadlines")
