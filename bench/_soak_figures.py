@@ -34,6 +34,19 @@ class RunTrace:
     activities: list[tuple[float, float]] = field(default_factory=list)
     open_until: float | None = None
     reads: list[tuple[float, float]] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # each event's type (and activity), as events are listed
+
+    def longest_gap(self, start: float, end: float) -> tuple[float, str, float, str] | None:
+        """The longest stretch without an event across [start, end]: (time, event) before and after it
+        (after it: "still open" for a run that was), for telling what a run waited on."""
+        named = sorted(zip(self.events, self.names or [""] * len(self.events), strict=True))
+        if self.open_until is not None and (not named or self.open_until > named[-1][0]):
+            named.append((self.open_until, "still open"))
+        gaps = [(b[0] - a[0], a, b) for a, b in itertools.pairwise(named) if a[0] <= end and b[0] >= start]
+        if not gaps:
+            return None
+        _, before, after = max(gaps)
+        return before[0], before[1], after[0], after[1]
 
     def times(self) -> list[float]:
         """The event times, with the reading's time last for an open run (its last stretch counts too)."""

@@ -331,12 +331,19 @@ def trace_of(outcome: Outcome, events: Any, open_until: float | None) -> RunTrac
     its latency is the wait it was asked for."""
     trace = RunTrace(outcome.workflow_id, outcome.run_id, [], open_until=open_until)
     scheduled: dict[int, tuple[float, str]] = {}
+    kinds: dict[int, str] = {}
     for event in events:
         at = event.event_time.ToNanoseconds() / 1e9
         trace.events.append(at)
+        name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            scheduled[event.event_id] = at, event.activity_task_scheduled_event_attributes.activity_type.name
+            kinds[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[event.event_id] = at, kinds[event.event_id]
+            name += f" {kinds[event.event_id]}"
         elif event.event_type in _CLOSED:
+            name += f" {kinds.get(getattr(event, _CLOSED[event.event_type]).scheduled_event_id, '')}"
+        trace.names.append(name)
+        if event.event_type in _CLOSED:
             start, kind = scheduled.pop(getattr(event, _CLOSED[event.event_type]).scheduled_event_id, (None, ""))
             if start is None or kind == "core.wait":
                 continue
@@ -405,6 +412,18 @@ def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
                   if s.recovery_s >= RECOVERY_GOAL_S and s.recovery_s > control_worst]
         print(f"  of the slow ones, longer than the control's worst ({control_worst:.1f} s, no fault at all): "
               + (", ".join(beyond) if beyond else "none"))
+    for fault, stall in zip(soak.faults, stalls, strict=True):
+        if stall.recovery_s < RECOVERY_GOAL_S:
+            continue
+        # What the slowest run waited on: the events either side of its longest stretch across the fault.
+        gaps = [gap for trace in traces if trace.workflow_id == stall.recovery_run
+                if (gap := trace.longest_gap(fault.start, fault.end))]
+        if gaps:
+            gap = max(gaps, key=lambda g: g[2] - g[0])
+            before, before_name, after, after_name = gap
+            print(f"  {fault.name} at {fault.start - soak.began:.0f} s: {stall.recovery_run} stood still "
+                  f"{after - before:.1f} s, from {before_name} ({before - soak.began:.1f} s) to {after_name} "
+                  f"({after - soak.began:.1f} s)")
     return all(goals.values())
 
 
