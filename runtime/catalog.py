@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contracts.vault import IdentityKeysInput
 from activities.errors import Refused
+from activities.heartbeats import beating
 from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
 from activities.vault import fetch_identity_keys
@@ -202,9 +204,13 @@ class RunResolver:
         self._registry = registry
 
     @activity.defn(name=RESOLVE_RUN_ACTIVITY)
-    def resolve(self, request: RunRequest) -> RunInput:
+    async def resolve(self, request: RunRequest) -> RunInput:
+        # In a thread (it reads files, and Vault for a verified start), heartbeating meanwhile: an attempt lost
+        # with its worker goes to another at the heartbeat timeout, so a run starting then is not held a minute.
+        workflow_id = activity.info().workflow_id or ""
         try:
-            return self._catalog.resolve(request, self._registry, activity.info().workflow_id or "")
+            async with beating():
+                return await asyncio.to_thread(self._catalog.resolve, request, self._registry, workflow_id)
         except CatalogRefused as exc:
             raise ApplicationError(str(exc), type="CatalogRefused", non_retryable=True) from None
 

@@ -149,3 +149,52 @@ async def test_the_controller_worker_forwards_a_waits_heartbeats_well_inside_its
     # 9 s wait; forwarded every 8 s (the SDK's default for a 10 s timeout), only the one from 2 s: the next
     # would come at 10 s, 2 s before the server gives the attempt away.
     assert sdk_default_every == 8 and len(beats) >= 2, sorted(beats)
+
+
+async def test_every_activity_a_run_schedules_is_noticed_lost_within_the_soaks_recovery_goal(env, tmp_path, task_queue):
+    """The run's own activities too (resolving its request against the catalog, first of all), read from a
+    run's history: a lost attempt is noticed at its heartbeat timeout, else its start-to-close one."""
+    from temporalio.api.enums.v1 import EventType
+
+    from tests import support
+
+    book = support.write_runbook(tmp_path, """\
+        version: 1
+        metadata: {name: lost}
+        target: local
+        steps:
+          - id: settle
+            action: core.wait
+            with: {seconds: 0}
+          - id: say
+            action: core.note
+            with: {message: done}
+    """)
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue)
+        await handle.result()
+        history = await handle.fetch_history()
+    scheduled = [e.activity_task_scheduled_event_attributes for e in history.events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert {a.activity_type.name for a in scheduled} >= {"coldstart.resolve_run", WAIT.name, NOTE.name}
+    for attributes in scheduled:
+        timeout = attributes.heartbeat_timeout if attributes.HasField("heartbeat_timeout") \
+            and attributes.heartbeat_timeout.ToTimedelta() else attributes.start_to_close_timeout
+        retry = attributes.retry_policy.initial_interval.ToTimedelta()
+        assert timeout.ToTimedelta() + retry < RECOVERY_GOAL, (attributes.activity_type.name, timeout.ToTimedelta())
+
+
+async def test_resolving_a_run_heartbeats_while_the_catalog_is_slow():
+    import time
+
+    from runtime.catalog import RunResolver
+
+    class SlowCatalog:
+        def resolve(self, request: object, registry: object, workflow_id: str) -> str:
+            time.sleep(0.45)  # in its thread: the activity's loop keeps beating
+            return f"plan for {workflow_id}"
+
+    env, beats = _env(timedelta(seconds=0.3))
+    resolver = RunResolver(SlowCatalog(), None)  # type: ignore[arg-type]
+    assert await env.run(resolver.resolve, object()) == "plan for test"  # type: ignore[arg-type]
+    assert len(beats) >= 3, beats

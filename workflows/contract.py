@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -17,6 +17,7 @@ from workflows.spec import ActionDefaults, ForEachSpec, Runbook
 __all__ = [
     "MEMO_RUN",
     "MEMO_STEP",
+    "RESOLVE_HEARTBEAT",
     "RESOLVE_RUN_ACTIVITY",
     "ApprovalRecord",
     "ApproveRequest",
@@ -62,8 +63,11 @@ StepStatus = Literal[
 ]
 
 
-# The worker's activity that resolves a run request against its catalog (runtime/catalog.py).
+# The worker's activity that resolves a run request against its catalog (runtime/catalog.py), and its
+# heartbeat timeout: a run whose resolution was lost with its worker waits that long, not the minute of its
+# start-to-close timeout (bench/soak.py read a run stood still 61 s after a worker's SIGKILL).
 RESOLVE_RUN_ACTIVITY = "coldstart.resolve_run"
+RESOLVE_HEARTBEAT = timedelta(seconds=10)
 
 
 def readings_queue(task_queue: str) -> str:

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         referenced,
     )
     from workflows.contract import (
+        RESOLVE_HEARTBEAT,
         RESOLVE_RUN_ACTIVITY,
         ApprovalRecord,
         ApproveRequest,
@@ -153,7 +154,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             with tagged(ActivityTag("resolve")):
                 plan = await workflow.execute_activity(
                     RESOLVE_RUN_ACTIVITY, inp.request, result_type=RunInput,
-                    start_to_close_timeout=timedelta(seconds=60),
+                    start_to_close_timeout=timedelta(seconds=60), heartbeat_timeout=RESOLVE_HEARTBEAT,
                     retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["CatalogRefused"]),
                     summary=f"resolve {inp.request.runbook} on {inp.request.target}"[:400],
                 )
