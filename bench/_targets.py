@@ -12,14 +12,18 @@ import yaml
 __all__ = ["development_target", "use_development_targets"]
 
 _DIR: list[Path] = []
+_BENCH_ENV = "COLDSTART_BENCH_TARGETS"  # the directory the bench made, for the processes it starts
 
 
 def use_development_targets() -> Path:
     """A fresh targets directory for this bench, in $COLDSTART_TARGETS, so its workers (in this process or
     started from it) resolve the bench's runs against it like a controller's catalog."""
     if not _DIR:
-        _DIR.append(Path(tempfile.mkdtemp(prefix="coldstart-bench-targets-")))
-        os.environ["COLDSTART_TARGETS"] = str(_DIR[0])
+        # A bench's own worker process (started from the bench's file) imports this too: it reads the directory
+        # its bench made, not a new empty one.
+        inherited = os.environ.get(_BENCH_ENV)
+        _DIR.append(Path(inherited) if inherited else Path(tempfile.mkdtemp(prefix="coldstart-bench-targets-")))
+        os.environ["COLDSTART_TARGETS"] = os.environ[_BENCH_ENV] = str(_DIR[0])
     return _DIR[0]
 
 
