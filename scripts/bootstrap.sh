@@ -7,6 +7,7 @@ DEBIAN_PACKAGES=(
   pdns-server pdns-backend-sqlite3   # DNS steering (lab)
   prometheus                         # telemetry the gates read, promtool
   prometheus-blackbox-exporter
+  prometheus-pushgateway             # readiness metrics pushed (tests/readiness)
   prometheus-alertmanager            # alert-triggered runs (lab): routes HostPreemptionNotice to coldstart triggers
   redis-server postgresql            # cache and database (lab)
   openssh-server iptables iproute2 util-linux   # lab hosts, firewalls, PID namespaces
