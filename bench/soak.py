@@ -331,20 +331,17 @@ def trace_of(outcome: Outcome, events: Any, open_until: float | None) -> RunTrac
     its latency is the wait it was asked for."""
     trace = RunTrace(outcome.workflow_id, outcome.run_id, [], open_until=open_until)
     scheduled: dict[int, tuple[float, str]] = {}
-    kinds: dict[int, str] = {}
     for event in events:
         at = event.event_time.ToNanoseconds() / 1e9
         trace.events.append(at)
         name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            kinds[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
-            scheduled[event.event_id] = at, kinds[event.event_id]
-            name += f" {kinds[event.event_id]}"
-        elif event.event_type in _CLOSED:
-            name += f" {kinds.get(getattr(event, _CLOSED[event.event_type]).scheduled_event_id, '')}"
+            scheduled[event.event_id] = at, event.activity_task_scheduled_event_attributes.activity_type.name
+            name += f" {scheduled[event.event_id][1]}"
         trace.names.append(name)
         if event.event_type in _CLOSED:
             start, kind = scheduled.pop(getattr(event, _CLOSED[event.event_type]).scheduled_event_id, (None, ""))
+            trace.names[-1] += f" {kind}"
             if start is None or kind == "core.wait":
                 continue
             (trace.reads if kind.startswith("telemetry.read") else trace.activities).append((start, at))

@@ -329,27 +329,23 @@ assert set(StepState.model_fields) == _FINGERPRINTED | {"outputs"}, "StepState c
 # the server keeps the memo in the run's mutable state and writes all of it again with every transaction,
 # so its size is paid on every step. Readers fill the defaults back in (status_from_memo, cli/timeline.py);
 # the full form stays for runs started before it.
-def _step_entry(step: StepState, position: int, compact: bool = True) -> dict[str, Any]:
-    entry = step.model_dump(mode="json", exclude={"outputs", "readings"}, exclude_defaults=compact)
-    for field in ("error", "awaiting"):
-        if field in entry:
-            entry[field] = _cut(entry[field])
+def _step_entry(step: StepState, position: int, compact: bool) -> dict[str, Any]:
+    entry = _dumped(step, compact, ("error", "awaiting"), exclude={"outputs", "readings"})
     if step.readings or not compact:
-        entry["readings"] = [_reading_entry(reading, compact) for reading in step.readings[-1:]]
+        entry["readings"] = [_dumped(reading, compact, ("error",)) for reading in step.readings[-1:]]
     return {"position": position, **entry}
 
 
-def _reading_entry(reading: GateReading, compact: bool) -> dict[str, Any]:
-    entry = reading.model_dump(mode="json", exclude_defaults=compact)
-    if "error" in entry or not compact:
-        entry["error"] = _cut(reading.error)
-    return entry
+def _run_entry(status: RunStatus, compact: bool) -> dict[str, Any]:
+    return _dumped(status, compact, ("error",), exclude={"steps"})
 
 
-def _run_entry(status: RunStatus, compact: bool = True) -> dict[str, Any]:
-    entry = status.model_dump(mode="json", exclude={"steps"}, exclude_defaults=compact)
-    if "error" in entry or not compact:
-        entry["error"] = _cut(status.error)
+def _dumped(model: BaseModel, compact: bool, texts: tuple[str, ...], **dump: Any) -> dict[str, Any]:
+    """`model` as JSON, its defaults left out when `compact`, the long `texts` among its fields cut."""
+    entry = model.model_dump(mode="json", exclude_defaults=compact, **dump)
+    for field in texts:
+        if field in entry:  # always, in the full form
+            entry[field] = _cut(entry[field])
     return entry
 
 
