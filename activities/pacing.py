@@ -31,7 +31,7 @@ class FairPace:
     A run that asks for fifty readings at once gets one slot in each turn, as does a run asking for
     one, so a batch of readings cannot starve another run's gate. Each event loop paces on its own.
 
-    share(key): the part of the pace the key may take now (the worker's StepLoad: a twentieth while the
+    share(key): the part of the pace the key may take now (the worker's StepLoad: a quarter by default while the
     worker runs other runs' steps). A slot goes to a key once 1 / (per_second x share) has passed since the
     last slot; the first key in turn whose spacing has passed goes first, so a run whose readings need not
     yield is not held behind one whose readings must. slowed() is called for each slot given at a share

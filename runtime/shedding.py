@@ -102,7 +102,7 @@ JOURNAL_LINES_DROPPED = ShedCounter(
 
 READINGS_SLOWED = ShedCounter(
     "coldstart_gate_readings_slowed_total",
-    "gate readings taken at a part of the worker's pace (a twentieth by default) because it was running steps (runtime/step_load.py): "
+    "gate readings taken at a part of the worker's pace (a quarter by default) because it was running steps (runtime/step_load.py): "
     "reason steps_running",
 )
 

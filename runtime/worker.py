@@ -67,13 +67,13 @@ READINGS_SHARE_ENV = "COLDSTART_READINGS_SHARE"
 # cores beside the dev server, one run's 50 parallel gates at 10 ms (read in batches)
 # cost other runs' steps 1.01-1.09x at the median, 1.00-1.29x at p95; the same gates as 50 runs of one
 # gate, a reading an activity, 1.30x / 1.72x: each costs the server a step's work (bench/shedding.py).
-# Readings take a twentieth of the pace while the worker runs steps (runtime/step_load.py).
+# Readings take a quarter of the pace while the worker runs steps (runtime/step_load.py).
 _READINGS_PER_SECOND = 10.0
-# Readings in flight wait for their slots inside their activity: at most what the slowest pace (a
-# twentieth, while steps run) takes in half of telemetry.read_many's timeout, so none times out
-# waiting; and at least 3, so that a run's lone reading is in the worker taking turns with another
-# run's batches, not in the server behind them. (At 10 a second, three full batches of 20 take 120 s
-# at a twentieth of it, inside read_many's 180 s; a share set much lower, under steps that never
+# Readings in flight wait for their slots inside their activity: at most what the slowest pace (the
+# share, while steps run) takes in half of telemetry.read_many's timeout, so none times out waiting
+# (8 at a quarter of 10 a second), and at least 3, so that a run's lone reading is in the worker taking
+# turns with another run's batches, not in the server behind them. (Three full batches of 20 take 120 s
+# at a twentieth of 10 a second, inside read_many's 180 s; a share set much lower, under steps that never
 # stop, could time the last batch out, its gates reading an error that once, and going on.)
 _READINGS_IN_FLIGHT = (3, 8)
 
@@ -120,7 +120,7 @@ def build_worker(
     readings_per_second: the gate readings this worker takes a second ($COLDSTART_READINGS_PER_SECOND,
     else 10); beyond it they wait in the server, fairly per run, and every other task goes first.
     readings_share: the part of that pace readings take for a second after a step's activity started
-    or ended ($COLDSTART_READINGS_SHARE, else 0.05).
+    or ended ($COLDSTART_READINGS_SHARE, else 0.25).
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER).
     catalog: the runbooks and targets this worker runs (runtime/catalog.py; default $COLDSTART_CATALOG and
     $COLDSTART_TARGETS, else runbooks/ and targets/): every new run is resolved against it first.
@@ -156,7 +156,7 @@ def build_worker(
     )
     rate = readings_per_second or rate
     # Each reading, alone or in a batch, takes a slot of this worker's pace, given to runs in turn, and
-    # a twentieth of it while the worker runs steps; the activities themselves are also limited to `rate`
+    # a quarter of it while the worker runs steps; the activities themselves are also limited to `rate`
     # a second, so single reads wait in the server.
     pace_readings(rate, queue, readings_queue(queue), share=load.share, slowed=load.slowed)
     reading_activities = [registry.implementation(name) for name in READ_ACTIONS if name in registry.specs]

@@ -126,14 +126,14 @@ async def test_a_share_that_rises_while_a_run_waits_shortens_its_wait():
     assert loop.time() - started < 0.5
 
 
-def test_step_load_gives_readings_a_twentieth_for_a_second_after_a_step_and_counts_them():
+def test_step_load_gives_readings_a_quarter_for_a_second_after_a_step_and_counts_them():
     now = [100.0]
     load = StepLoad(window=1.0, clock=lambda: now[0])
     slowed = READINGS_SLOWED.value("steps_running")
     assert load.share() == 1.0
     load.note()
     now[0] = 100.9
-    assert load.share() == 0.05
+    assert load.share() == 0.25 == StepLoad.SHARE
     now[0] = 101.0
     assert load.share() == 1.0
     load.slowed()  # the pace calls it for each slot it gives at a share below 1
@@ -145,9 +145,9 @@ def test_a_runs_readings_yield_to_other_runs_steps_not_to_its_own():
     load = StepLoad(window=1.0, clock=lambda: now[0])
     load.note("drain")
     assert load.share("drain") == 1.0  # its own step just ended: it is waiting on this gate
-    assert load.share("other") == 0.05 and load.share() == 0.05
+    assert load.share("other") == StepLoad.SHARE and load.share() == StepLoad.SHARE
     load.note("other")
-    assert load.share("drain") == 0.05  # another run's step is running
+    assert load.share("drain") == StepLoad.SHARE  # another run's step is running
     now[0] = 101.5
     assert load.share("drain") == load.share("other") == 1.0
 
@@ -159,11 +159,11 @@ def test_the_step_load_keeps_only_the_runs_inside_its_window():
         now[0] = n * 0.1
         load.note(f"run-{n}")
     assert len(load._last) <= 75  # the ten runs inside the last second, plus at most 64 before a pruning
-    assert load.share("run-499") == 0.05  # run-490 to run-498 are inside the window
+    assert load.share("run-499") == StepLoad.SHARE  # run-490 to run-498 are inside the window
 
 
 def test_the_readings_pace_and_share_come_from_the_environment_and_bad_values_are_named():
-    assert reading_settings({}) == (10.0, 0.05)
+    assert reading_settings({}) == (10.0, 0.25)
     assert reading_settings({READINGS_PER_SECOND_ENV: "4", READINGS_SHARE_ENV: "0.1"}) == (4.0, 0.1)
     for name, raw in [(READINGS_SHARE_ENV, "0"), (READINGS_SHARE_ENV, "1.5"), (READINGS_PER_SECOND_ENV, "-1"),
                       (READINGS_PER_SECOND_ENV, "fast"), (READINGS_PER_SECOND_ENV, "inf"), (READINGS_SHARE_ENV, "nan")]:

@@ -500,15 +500,15 @@ async def test_one_runs_flood_of_readings_does_not_starve_another_runs_gate(env,
 
 
 async def test_a_workers_readings_yield_to_the_steps_it_runs_and_are_counted(env, task_queue, tmp_path):
-    """While the worker runs another run's steps, a gate's readings take a twentieth of its pace (4 a
-    second here: one each 5 s), each counted in coldstart_gate_readings_slowed_total."""
+    """While the worker runs another run's steps, a gate's readings take its share of the pace (a twentieth
+    of 4 a second here: one each 5 s), each counted in coldstart_gate_readings_slowed_total."""
     prom = await support.ScriptedPrometheus().start()
     steps = support.write_runbook(tmp_path, "metadata: {name: steps}\ntarget: t\nsteps:\n" + "".join(
         f"  - {{id: s{i}, action: core.wait, with: {{seconds: 0.1}}}}\n" for i in range(120)), name="steps")
     gate = _gates_book(tmp_path, "gate", prom.url, gates=1, consecutive=3)
     slowed = READINGS_SLOWED.value("steps_running")
     try:
-        async with support.worker(env.client, task_queue, readings_per_second=4):
+        async with support.worker(env.client, task_queue, readings_per_second=4, readings_share=0.05):
             busy = await support.start(env.client, steps, task_queue)
             await support.wait_for(lambda: _step_started(busy))
             gated = await support.start(env.client, gate, task_queue, target={"name": f"gated-{task_queue}"})
