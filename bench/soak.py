@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from activities.catalog import load_registry
-from activities.journal import check_journal, read_journal
+from activities.journal import Attempt, Repeat, check_journal, read_journal
 from activities.retry import format_duration
 from lab.dns import PdnsProcess, PdnsSettings, free_dns_port, prepare
 from lab.dns import start as start_pdns
@@ -372,6 +373,7 @@ def report(soak: Soak, traces: list[RunTrace], journal: Path) -> bool:
     print(f"journal: {check.summary()}")
     for repeat in check.repeated:
         print(f"  ran twice: {repeat}")
+        print(f"    {_repeat_cause(repeat, check.attempts, soak.faults, soak.began)}")
     quiet_end = soak.began + soak.baseline
     print("step latency (an activity scheduled to closed; core.wait left out):")
     for what, reads in (("actions", False), ("gate reads", True)):
@@ -434,6 +436,28 @@ def _targets(count: int, prometheus: str, dns: dict[str, Any]) -> list[dict[str,
         (folder / f"{inventory['name']}.yaml").write_text(yaml.safe_dump(inventory))
         targets.append(inventory)
     return targets
+
+
+def _repeat_cause(repeat: Repeat, attempts: list[Attempt], faults: list[Fault], began: float) -> str:
+    """Each attempt of a repeated step (worker, when it ended) and the fault closest after the first one ended:
+    a worker SIGKILLed between an activity's end and the server receiving its completion is one cause."""
+    mine = sorted((a for a in attempts if a.run_id == repeat.run_id and a.activity_id in repeat.activity_ids),
+                  key=lambda a: (a.started_at or "", a.attempt))
+    if not mine:
+        return "(its attempts are not in the journal)"
+
+    def at(stamp: str | None) -> float | None:
+        return datetime.fromisoformat(stamp).timestamp() if stamp else None
+
+    parts = [f"attempt {a.attempt} on {a.worker} ended {a.outcome or 'never'}"
+             + (f" at {at(a.ended_at) - began:.2f}s" if a.ended_at else "") for a in mine]
+    first_end = at(mine[0].ended_at)
+    after = [f for f in faults if first_end is not None and f.start >= first_end - 1.0]
+    if first_end is not None and after:
+        fault = min(after, key=lambda f: f.start)
+        parts.append(f"next fault {fault.name} at {fault.start - began:.2f}s ({fault.start - first_end:+.2f}s after "
+                     f"the first attempt ended): {fault.detail}")
+    return "; ".join(parts)
 
 
 async def main(args: argparse.Namespace, work: Path) -> int:

@@ -13,7 +13,7 @@ from temporalio.client import Client
 from activities.contracts.telemetry import READ_ACTION, READ_ACTIONS
 from activities.retry import format_duration
 from workflows.contract import MEMO_RUN, MEMO_STEP, RESOLVE_RUN_ACTIVITY
-from workflows.history_tags import ActivityTag, activity_tag, is_approval_note, timer_step
+from workflows.history_tags import VIEW_TIMER_SUMMARY, ActivityTag, activity_tag, is_approval_note, timer_step
 
 __all__ = ["Entry", "StepRow", "StepSummary", "Timeline", "Totals", "Wait", "build_timeline", "render_markdown"]
 
@@ -365,8 +365,8 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                 seconds = attrs.start_to_fire_timeout.ToTimedelta().total_seconds()
                 text = summary[0] if summary else "timer"
                 step = timer_step(str(text)) if summary else None
-                # A gate's next reading and the lines showing how to approve are no waits of their own.
-                if "next reading" not in str(text) and not is_approval_note(str(text)):
+                # A gate's next reading, the lines showing how to approve and the live view's pacing are no waits.
+                if "next reading" not in str(text) and not is_approval_note(str(text)) and text != VIEW_TIMER_SUMMARY:
                     entry = Entry(at, step, "wait", None, f"{text} (timer {format_duration(seconds)})")
                     timeline.entries.append(entry)
                     wait = None

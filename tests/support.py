@@ -229,3 +229,13 @@ def lines(path: Path) -> list[str]:
 
 
 _ = json
+
+
+def step_timers(history) -> list:
+    """The run's TimerStarted events but the live view's own (workflows/visibility.VIEW_EVERY's pacing)."""
+    from temporalio.api.enums.v1 import EventType
+
+    from workflows.history_tags import VIEW_TIMER_SUMMARY
+
+    return [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+            and VIEW_TIMER_SUMMARY.encode() not in e.user_metadata.summary.data]

@@ -405,7 +405,7 @@ async def test_a_runs_gates_due_together_read_in_one_paced_activity_on_a_queue_o
         assert [(r["step"], r["gate"]) for r in reads] == [(f"g{i}", f"up{i}") for i in range(6)]
         waits.append({r.get("not_before") is not None for r in reads})
     assert waits == [{False}, {True}]  # the first reading is due at once, the second 10 ms after
-    assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
+    assert not support.step_timers(history)
     assert {s.id: [r.gate for r in s.readings] for s in status.steps if s.kind == "gate"} == {
         f"g{i}": [f"up{i}"] * 2 for i in range(6)}
     assert len(prom.calls) == 12
@@ -445,7 +445,7 @@ async def test_gates_due_again_after_more_than_a_second_share_one_timer(env, tas
     assert len(readings) == 2 and len(calls) == 6
     assert not any("not_before" in read for attributes, _ in readings
                    for read in json.loads(attributes.input.payloads[0].data)["reads"])
-    timers = [e.timer_started_event_attributes for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    timers = [e.timer_started_event_attributes for e in support.step_timers(history)]
     assert [t.start_to_fire_timeout.ToTimedelta().total_seconds() for t in timers] == [2.0]
 
 
@@ -464,7 +464,7 @@ async def test_a_gate_interval_of_a_second_or_less_is_waited_in_the_reading_and_
     about a second late, and a timer and the workflow task it wakes are five history events a reading), and no
     reading comes sooner than the interval after the one before."""
     history, _calls = await _gated_run(env, task_queue, tmp_path, "waited", gates=1, consecutive=3, interval=interval)
-    assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in history.events)
+    assert not support.step_timers(history)
     done = _readings_done(history)
     # A lower bound only, which load cannot break (the server's and the worker's clocks are this machine's).
     least = float(interval.removesuffix("s")) - 0.01

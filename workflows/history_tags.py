@@ -21,6 +21,7 @@ from temporalio.worker import (
 __all__ = [
     "ACTIVITY_HEADER",
     "CHAIN_HEADER",
+    "VIEW_TIMER_SUMMARY",
     "ActivityTag",
     "HistoryTagInterceptor",
     "activity_tag",
@@ -38,6 +39,8 @@ ACTIVITY_HEADER = "coldstart-step"
 # attempts by it, so a step repeated across continue-as-new is seen as one.
 CHAIN_HEADER = "coldstart-chain"
 _TIMER_SEPARATOR = ": "
+# The live view's own timer (workflows/visibility.VIEW_EVERY): no step's, no wait of the run's.
+VIEW_TIMER_SUMMARY = "live view, gathering changes"
 _APPROVAL_FIRST = "awaits approval; "
 _APPROVAL_NOTE = "approve with: "
 _CONVERTER = temporalio.converter.PayloadConverter.default

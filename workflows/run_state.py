@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from activities.oidc import IdentityKeys
     from workflows.contract import ApprovalRecord, ControlRecord, RunInput, RunOutcome, RunStatus, StepState
     from workflows.spec import AnyStep, ApprovalSpec
@@ -29,6 +31,12 @@ class RunFields:
     _state: Literal["running"] | RunOutcome
     _paused: bool
     _error: str | None
+    _ended_at: datetime | None
+    # The live view: paced (VIEW_EVERY) by the status keeper, or upserted where it changes (runs before it).
+    _view_paced: bool
+    _published: tuple[str | None, bool] | None
+    _wanted_view: tuple[str | None, bool] | None
+    _asks: int
 
     if TYPE_CHECKING:
         # RunbookWorkflow's

@@ -122,6 +122,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._ended_at = None
         self._seq = 0
         self._published: tuple[str | None, bool] | None = None
+        self._wanted_view: tuple[str | None, bool] | None = None
+        self._view_paced = False
+        self._asks = 0  # each time the run starts waiting on a person: the live view shows that at once
         self._identity_keys: IdentityKeys | None = None
         self._bound: bool | None = None
         self._controls: list[ControlRecord] = []
@@ -195,6 +198,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         steps = inp.runbook.steps
         first = inp.resume.next_index if inp.resume else 0
         if workflow.patched("status-memo"):
+            # Patched: runs before it upserted their view in every workflow task that changed it.
+            self._view_paced = workflow.patched("view-window")
             self._status_memo = asyncio.ensure_future(self._keep_status_memo())
         # Events for the worker's notifier: they add nothing to the history (no patch needed).
         objectives = inp.runbook.objectives.model_dump() if inp.runbook.objectives else None
@@ -470,6 +475,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     async def _hold(self, step: AnyStep, state: StepState) -> str:
         state.status = "held"
         state.awaiting = "operator: retry, skip or abort"
+        self._asks += 1
         self._publish(step.id)
         workflow.set_current_details(self._details(step))
         await workflow.wait_condition(lambda: step.id in self._decisions or self._abort is not None)
@@ -733,6 +739,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         if percent is not None:
             state.awaiting = f"{state.awaiting} (ramp to {percent}%)"
         self._awaiting[step_id] = spec
+        self._asks += 1
         self._publish(step_id)
         workflow.set_current_details(self._details(self._specs[step_id]))
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -12,12 +13,17 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows import search
     from workflows.contract import GateReading, StatusMemo, StepState, workflow_id_for
-    from workflows.history_tags import approval_note
+    from workflows.history_tags import VIEW_TIMER_SUMMARY, approval_note
     from workflows.run_state import RunFields
     from workflows.spec import ActionStep, AnyStep, ApprovalSpec, RampStep
     from workflows.step_changes import StatusWatch, StepChanges, StepsInPlay
 
-__all__ = ["RunVisibility", "metrics_gate", "metrics_step"]
+__all__ = ["VIEW_EVERY", "RunVisibility", "metrics_gate", "metrics_step"]
+
+# While a run moves fast its live view (memo and search attributes) is upserted at most this often: each
+# upsert is a history event and a visibility write on the server, which steps of a few ms each would pay
+# for on every step (bench/step_overhead.py). A change after a quiet spell, and the run's end, go out at once.
+VIEW_EVERY = timedelta(milliseconds=500)
 
 # The server's cap on a summary (limit.userMetadataSummarySize), counted on its JSON payload.
 _SUMMARY_BYTES = 400
@@ -68,7 +74,9 @@ class RunVisibility(RunFields):
         """Keep the run's status in its memo, for live views (runtime/polling.py) that read the server.
 
         Runs beside the steps: its condition is checked whenever the workflow has run, so a change
-        is in the memo by the end of the workflow task that made it, whichever code made it. Only
+        is in the memo by the end of the workflow task that made it, whichever code made it, or, in a
+        paced run, at once after a quiet VIEW_EVERY and else at the end of the VIEW_EVERY after the
+        upsert before (with the search attributes). Only
         the entries that changed are upserted; a gate reading the same value again changes none. A
         status past workflows/contract.MEMO_BUDGET is no longer kept (views Query it instead).
         Each check, and each upsert, reads only the steps that changed (workflows/step_changes.py).
@@ -81,14 +89,38 @@ class RunVisibility(RunFields):
         self._memo_gate_deadlines = workflow.patched("memo-gate-deadlines")
         changed_steps = self._step_changes().reader()
         in_play = StepsInPlay()
-        while not memo.full:
+        paced = self._view_paced
+        while paced or not memo.full:
             since = self._status_since()
             steps = self._step_changes().taken(changed_steps)
             current, held = in_play.update(steps)
-            changed = memo.changes_in(self._run_status([], current, held), steps)
+            changed = {} if memo.full else memo.changes_in(self._run_status([], current, held), steps)
             if changed:
                 self._upsert_status_memo(changed)
-            await workflow.wait_condition(since)
+            if paced and (self._upsert_wanted_view() or changed):
+                await self._gather_view_changes(self._asks)
+                continue
+            await workflow.wait_condition(lambda: since() or self._wants_view())
+
+    async def _gather_view_changes(self, asks_shown: int) -> None:
+        """After an upsert, let the view's changes gather for VIEW_EVERY; not past the run's end or a step
+        starting to wait on a person (an approval, a hold), which an operator sees, and the timeline
+        (cli/timeline.py) dates, by the upsert that shows it.
+
+        Always a timer of the same length, never one for what is left of the pace by workflow time: whether
+        a task waits or upserts must follow from the history's events alone, so that a replay (after a
+        server restart, on another worker) takes the same path. A run whose view changes seldom pays one
+        timer per upsert; a run moving fast, one timer and one upsert per VIEW_EVERY instead of an upsert
+        a step."""
+        def now_due() -> bool:
+            return self._ended_at is not None or self._asks != asks_shown
+
+        if now_due():
+            return
+        try:
+            await workflow.wait_condition(now_due, timeout=VIEW_EVERY, timeout_summary=VIEW_TIMER_SUMMARY)
+        except TimeoutError:
+            pass
 
     def _upsert_status_memo(self, changed: dict[str, Any]) -> None:
         """The keeper's one command (a seam: tests/test_status_upkeep.py checks it against the whole upkeep)."""
@@ -114,14 +146,33 @@ class RunVisibility(RunFields):
         return self._state, self._paused, self._error, tuple(self._awaiting), len(self._controls)
 
     def _publish(self, current: str | None) -> None:
-        """Upsert the Web UI search attributes when they change (not on every event)."""
+        """Upsert the Web UI search attributes when they change (not on every event); in a paced run the
+        status keeper upserts them with the memo."""
         awaiting = bool(self._awaiting)
+        if self._view_paced:
+            self._wanted_view = (current, awaiting)
+            return
         if self._published == (current, awaiting):
             return
         self._published = (current, awaiting)
         workflow.upsert_search_attributes(
             [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
         )
+
+    def _wants_view(self) -> bool:
+        return self._wanted_view is not None and self._wanted_view != self._published
+
+    def _upsert_wanted_view(self) -> bool:
+        """The keeper's search attributes upsert, when what _publish last asked for is not what they show."""
+        wanted = self._wanted_view
+        if wanted is None or wanted == self._published:
+            return False
+        self._published = wanted
+        current, awaiting = wanted
+        workflow.upsert_search_attributes(
+            [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
+        )
+        return True
 
     def _approval_notes(self, step_id: str, spec: ApprovalSpec) -> list[str]:
         """How to approve, one line per timer an approval waits beside (workflows/runbook_workflow.py).
