@@ -55,6 +55,10 @@ class LabConfig(BaseModel):
     # host:port where the coldstart worker serves metrics (scraped if given).
     worker_metrics: str | None = None
     scrape_interval: str = "2s"
+    # When set, the preempted host's signals (its notice and containers from the node agents, the sessions
+    # from the router) are scraped, and the host alerts evaluated, this often: what a drain inside a 30 s
+    # notice waits for twice, the alert and its gates' fresh samples (the drain lab: 250ms).
+    drain_signals_interval: str | None = None
     # Load generators are bounded: rates and total run time; `lab load` changes them.
     players_rps: float = 50.0
     players_clients: int = 2000

@@ -27,6 +27,8 @@ __all__ = [
 
 TELEMETRY_HOST = "prom"
 STACK = "lab"
+# The jobs a drain reads: the node agents (the notice, the host's containers), the cgroup exporter, the router.
+_DRAIN_SIGNAL_JOBS = ("cache", "containers", "sessions")
 
 
 def prometheus_options(cfg: LabConfig, sec: Secrets, found: Backends) -> tuple[ScrapeTargets, dict[str, Any]]:
@@ -54,11 +56,15 @@ def prometheus_options(cfg: LabConfig, sec: Secrets, found: Backends) -> tuple[S
     overrides: dict[str, dict] = {job: dict(fast) for job in targets.jobs()}
     overrides["consul"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("consul-token"))}
     overrides["vault"]["authorization"] = {"type": "Bearer", "credentials_file": str(sec.file("vault-root-token"))}
+    drain = cfg.drain_signals_interval
+    for job in _DRAIN_SIGNAL_JOBS if drain else ():
+        if job in overrides:
+            overrides[job].update(scrape_interval=drain, scrape_timeout=drain)
     options: dict[str, Any] = {
         "scrape_interval": "10s", "external_labels": {"lab": cfg.prefix}, "job_overrides": overrides,
         "recording_interval": "5s", "alertmanagers": [f"{cfg.ip(TELEMETRY_HOST)}:{p.alertmanager}"],
-        # A preemption leaves 30 s: its alert is evaluated every second, not every 10.
-        "group_intervals": {HOSTS_GROUP: "1s"},
+        # A preemption leaves 30 s: its alert is evaluated every second (or drain_signals_interval), not every 10.
+        "group_intervals": {HOSTS_GROUP: drain or "1s"},
     }
     return targets, options
 

@@ -122,7 +122,7 @@ class DrainDrill(LabHarness):
         root = Path(root)
         # Little player and internal load: this drill is about the container host.
         cfg = LabConfig(state_dir=root / "lab", inventory_path=root / "targets" / "lab.yaml",
-                        players_rps=5, internal_rps=2, seed_players=50, scrape_interval="1s",
+                        players_rps=5, internal_rps=2, seed_players=50, scrape_interval="1s", drain_signals_interval="250ms",
                         containers=containers, container_drain_s=drain_s, **(names or DRAIN_LAB))
         super().__init__(root, cfg, f"coldstart-drain-{os.getpid()}", log=log)
         self.trigger: subprocess.Popen | None = None

@@ -58,3 +58,28 @@ def test_telemetry_hosts_need_the_paging_webhook(lab):
     hosts = [{"name": "telemetry-a", "address": "10.20.0.11"}]
     with pytest.raises(ValueError, match="pagingWebhookUrl"):
         build_graph({**config, "telemetryHosts": hosts}, secrets={})
+
+
+def test_a_drain_lab_reads_the_preempted_hosts_signals_faster_and_nothing_else(tmp_path):
+    """drain_signals_interval: the node agents' and the router's jobs scraped, and the host alerts evaluated,
+    that often (the alert and the drain's fresh samples wait on them); every other job as before."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    cfg = LabConfig(state_dir=tmp_path / "state", inventory_path=tmp_path / "lab.yaml", scrape_interval="1s",
+                    drain_signals_interval="250ms", subnet=ipaddress.IPv4Network("10.222.0.0/24"))
+    config_file = render_in_place(cfg, Secrets(cfg), NO_BACKENDS)
+    jobs = {job["job_name"]: job for job in yaml.safe_load(config_file.read_text())["scrape_configs"]}
+    for name, job in jobs.items():
+        if name in ("cache", "sessions"):
+            assert (job["scrape_interval"], job["scrape_timeout"]) == ("250ms", "250ms"), name
+        elif "scrape_interval" in job and name != "telemetry":
+            assert job["scrape_interval"] == "1s", (name, job["scrape_interval"])
+    groups = yaml.safe_load(cfg.path("prometheus", "rules/coldstart.rules.yml").read_text())["groups"]
+    assert {g["name"]: g.get("interval") for g in groups}["coldstart-hosts"] == "250ms"
+    if shutil.which("promtool"):  # what the Pulumi deploy checks before it swaps the file in
+        checked = subprocess.run(["promtool", "check", "config", "--syntax-only", str(config_file)],
+                                 capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
