@@ -81,5 +81,5 @@ def test_a_drain_lab_reads_the_preempted_hosts_signals_faster_and_nothing_else(t
     assert {g["name"]: g.get("interval") for g in groups}["coldstart-hosts"] == "250ms"
     if shutil.which("promtool"):  # what the Pulumi deploy checks before it swaps the file in
         checked = subprocess.run(["promtool", "check", "config", "--syntax-only", str(config_file)],
-                                 capture_output=True, text=True)
+                                 check=False, capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
