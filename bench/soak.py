@@ -452,7 +452,7 @@ def _repeat_cause(repeat: Repeat, attempts: list[Attempt], faults: list[Fault], 
     parts = [f"attempt {a.attempt} on {a.worker} ended {a.outcome or 'never'}"
              + (f" at {at(a.ended_at) - began:.2f}s" if a.ended_at else "") for a in mine]
     first_end = at(mine[0].ended_at)
-    after = [f for f in faults if first_end is not None and f.start >= first_end - 1.0]
+    after = [f for f in faults if f.start >= first_end - 1.0] if first_end is not None else []
     if first_end is not None and after:
         fault = min(after, key=lambda f: f.start)
         parts.append(f"next fault {fault.name} at {fault.start - began:.2f}s ({fault.start - first_end:+.2f}s after "

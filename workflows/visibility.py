@@ -148,22 +148,15 @@ class RunVisibility(RunFields):
     def _publish(self, current: str | None) -> None:
         """Upsert the Web UI search attributes when they change (not on every event); in a paced run the
         status keeper upserts them with the memo."""
-        awaiting = bool(self._awaiting)
-        if self._view_paced:
-            self._wanted_view = (current, awaiting)
-            return
-        if self._published == (current, awaiting):
-            return
-        self._published = (current, awaiting)
-        workflow.upsert_search_attributes(
-            [search.CURRENT_STEP.value_set(current or self._state), search.AWAITING_APPROVAL.value_set(awaiting)]
-        )
+        self._wanted_view = (current, bool(self._awaiting))
+        if not self._view_paced:
+            self._upsert_wanted_view()
 
     def _wants_view(self) -> bool:
         return self._wanted_view is not None and self._wanted_view != self._published
 
     def _upsert_wanted_view(self) -> bool:
-        """The keeper's search attributes upsert, when what _publish last asked for is not what they show."""
+        """Upsert the search attributes when what _publish last asked for is not what they show."""
         wanted = self._wanted_view
         if wanted is None or wanted == self._published:
             return False
