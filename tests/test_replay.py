@@ -34,7 +34,7 @@ async def test_history_replays(path: Path, runner: str):
 
 
 def test_histories_exist_and_cover_the_step_kinds():
-    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited", "resolved"}
+    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited", "resolved", "paced"}
     # resolved.json was recorded since runs are resolved against the worker's catalog, rollback.json before.
     for name, first in (("resolved", ["coldstart.resolve_run"]), ("rollback", [])):
         events = json.loads((Path(__file__).parent / "histories" / f"{name}.json").read_text())["events"]

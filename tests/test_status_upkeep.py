@@ -295,7 +295,8 @@ async def test_replayed_runs_upsert_what_reading_every_step_upserts(path: Path):
     """everything.json and rollback.json predate the memo: their runs upsert none, under either upkeep."""
     upserts = await _replay_checked(path.read_text(), f"coldstart-replay-{path.stem}", recorded_here=False)
     assert bool(upserts) == (path.stem not in ("everything", "rollback"))
-    assert _CHECKS[True] >= len(upserts)
+    # A paced view (paced.json) waits on the conditions only between windows, where nothing changed.
+    assert _CHECKS[True] >= (1 if path.stem == "paced" else len(upserts))
 
 
 @pytest.fixture

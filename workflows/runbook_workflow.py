@@ -124,6 +124,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._published: tuple[str | None, bool] | None = None
         self._wanted_view: tuple[str | None, bool] | None = None
         self._view_paced = False
+        self._view_timer_kept = False
         self._asks = 0  # each time the run starts waiting on a person: the live view shows that at once
         self._identity_keys: IdentityKeys | None = None
         self._bound: bool | None = None
@@ -200,6 +201,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         if workflow.patched("status-memo"):
             # Patched: runs before it upserted their view in every workflow task that changed it.
             self._view_paced = workflow.patched("view-window")
+            # Patched: paced runs before it cancelled the window's timer when a change was due at once.
+            self._view_timer_kept = self._view_paced and workflow.patched("view-window-kept-timer")
             self._status_memo = asyncio.ensure_future(self._keep_status_memo())
         # Events for the worker's notifier: they add nothing to the history (no patch needed).
         objectives = inp.runbook.objectives.model_dump() if inp.runbook.objectives else None

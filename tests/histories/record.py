@@ -2,7 +2,7 @@
 
 Re-record only on purpose: a replay failure means the workflow code changed in a way that
 would break runs already in flight; guard such a change with `workflow.patched` instead. Name
-the history to record (everything, rollback, gates, waited, resolved): the others then keep the shape of runs
+the history to record (everything, rollback, gates, waited, resolved, paced): the others then keep the shape of runs
 recorded by older code, which is what they are there to replay.
 """
 
@@ -96,6 +96,23 @@ steps:
 # WAITED_IN_READING): no timers, each read after the first with its not_before.
 WAITED = GATES.replace("replay-gates", "replay-waited")
 
+# Fast steps, then an approval while the live view's window (workflows/visibility.py) is open: paced.json
+# was recorded when the view cancelled the window's timer for an ask, so it replays that path.
+PACED = """
+metadata: {{name: replay-paced}}
+target: t
+approvers: [bob]
+steps:
+""" + "".join(f"""  - id: s{i}
+    action: test.append
+    with: {{{{path: "{{out}}", label: s{i}}}}}
+""" for i in range(10)) + """  - id: ok
+    approval: {{prompt: "go?"}}
+  - id: last
+    action: test.append
+    with: {{path: "{out}", label: last}}
+"""
+
 
 async def _record(names: set[str]) -> None:
     environment = await WorkflowEnvironment.start_local(
@@ -116,6 +133,8 @@ async def _record(names: set[str]) -> None:
                 await _record_rollback(environment, work)
             if "resolved" in names:
                 await _record_rollback(environment, work, name="resolved")
+            if "paced" in names:
+                await _record_paced(environment, work)
     finally:
         await prom.stop()
         await environment.shutdown()
@@ -152,6 +171,15 @@ async def _record_rollback(environment, work: Path, name: str = "rollback") -> N
     with contextlib.suppress(Exception):  # this run is meant to fail and roll back
         await handle.result()
     (HERE / f"{name}.json").write_text((await handle.fetch_history()).to_json())
+
+
+async def _record_paced(environment, work: Path) -> None:
+    book = support.write_runbook(work, PACED.format(out=work / "out.txt"), "paced")
+    handle = await support.start(environment.client, book, "record", target={"name": "replay-paced"})
+    await support.wait_for(lambda: _awaiting(handle))
+    await handle.execute_update("approve", ApproveRequest(step="ok", approver="bob", comment="recorded"))
+    await handle.result()
+    (HERE / "paced.json").write_text((await handle.fetch_history()).to_json())
 
 
 async def _awaiting(handle):
