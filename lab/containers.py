@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,18 +18,23 @@ import httpx
 __all__ = ["ContainerHost", "Refused", "SessionContainer", "SessionStore", "cgroup_root", "remove_sessions_cgroup",
            "session_answers", "sessions_cgroup"]
 
-# The workload: PID 1 is sh with a TERM handler (a graceful stop drains for DRAIN seconds, then exits),
-# a python process answering on the container's unix socket (the session) and a sleeper: a small tree.
+# The workload, one process: PID 1 of the namespace joins the container's cgroup first (so `unshare`,
+# its parent, stays outside like a runtime's shim and reaps it without holding the cgroup), then answers
+# on the container's unix socket; SIGTERM drains for `drain` seconds (still answering), then it exits.
 _SERVE = (
-    "import os,socket,sys\n"
-    "p=sys.argv[1]\n"
-    "try: os.unlink(p)\n"
+    "import os,signal,socket,sys\n"
+    "path,name,drain=sys.argv[1],sys.argv[2],float(sys.argv[3])\n"
+    "with open(os.environ['CGROUP_PROCS'],'w') as f: f.write('0')\n"
+    "signal.signal(signal.SIGALRM,lambda *_: os._exit(0))\n"
+    "signal.signal(signal.SIGTERM,lambda *_: signal.getitimer(signal.ITIMER_REAL)[0] or "
+    "signal.setitimer(signal.ITIMER_REAL,max(drain,0.001)))\n"
+    "try: os.unlink(path)\n"
     "except OSError: pass\n"
-    "s=socket.socket(socket.AF_UNIX); s.bind(p); s.listen(64)\n"
+    "s=socket.socket(socket.AF_UNIX); s.bind(path); s.listen(64)\n"
     "while True:\n"
-    "  c,_=s.accept(); c.sendall(b'ok '+sys.argv[2].encode()+b'\\n'); c.close()\n"
+    "  c,_=s.accept()\n"
+    "  c.sendall(b'ok '+name.encode()+b'\\n'); c.close()\n"
 )
-_INIT = 'trap "sleep $DRAIN; exit 0" TERM; python3 -S -c "$SERVE" "$SOCK" "$NAME" & sleep 86400 & wait; wait'
 
 
 def cgroup_root() -> Path:
@@ -151,7 +157,7 @@ class SessionContainer:
 
     @property
     def init_pid(self) -> int | None:
-        # sh -> exec unshare --fork: the namespace's PID 1 is unshare's only child.
+        # unshare --fork: the namespace's PID 1 is unshare's only child.
         try:
             children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         except OSError:
@@ -206,11 +212,10 @@ class ContainerHost:
         group = self.base / name
         group.mkdir(exist_ok=True)
         sock = self.sockets / f"{repl}.sock"
-        env = {**os.environ, "DRAIN": f"{self.drain_s:g}", "SERVE": _SERVE, "SOCK": str(sock), "NAME": name}
-        # The shell joins the cgroup, then becomes unshare: everything below starts inside it.
+        env = {**os.environ, "CGROUP_PROCS": str(group / "cgroup.procs")}
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", 'echo $$ > "$0" && exec unshare --pid --fork --mount-proc sh -c "$1"',
-            str(group / "cgroup.procs"), _INIT, env=env,
+            "unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-I", "-S", "-c", _SERVE, str(sock), name,
+            f"{self.drain_s:g}", env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         container = SessionContainer(name=name, repl=repl, socket=sock, group=group, proc=proc)
         self.containers[name] = container

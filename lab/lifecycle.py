@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -321,9 +322,9 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
         if name in spec.ssh_hosts:
             t = ssh_target(spec, name)
             ex = ShellAccess(kind="ssh", address=t.address, port=t.port, user=t.user, key_path=t.key_path,
-                             known_hosts=t.known_hosts)
+                             known_hosts=t.known_hosts, python=sys.executable)
         else:
-            ex = ShellAccess(kind="netns", netns=spec.netns(name))
+            ex = ShellAccess(kind="netns", netns=spec.netns(name), python=sys.executable)
         hosts[name] = Host(address=cfg.ip(name), roles=roles[name], executor=ex)
     # ACL tokens are reused by a worker for 30 s (a fan-out over every service would otherwise read Vault per
     # service); the TSIG key is read per use, so a DNS step fails closed while Vault is down.

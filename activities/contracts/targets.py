@@ -89,6 +89,9 @@ class ShellAccess(ContractModel):
     # A name under /run/netns, never a path: `ip netns exec` would follow one anywhere.
     netns: str | None = Field(default=None, max_length=64, pattern=NETNS_NAME.pattern)
     sudo: bool = False
+    # As Ansible's interpreter setting: the scripts some actions run on the host start with it.
+    python: str = Field(default="python3", max_length=256, pattern=r"^[A-Za-z0-9_./+-]+$",
+                        description="the host's Python 3 (a name on its PATH or an absolute path)")
 
     def _who(self) -> str:
         return "executor"
