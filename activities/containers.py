@@ -23,14 +23,15 @@ from activities.contracts.containers import (
     NoticeInput,
     NoticeOutput,
 )
-from activities.executors import ExecutorError, executor_for
+from activities.executors import ExecutorError, HostTarget, executor_for
 from activities.heartbeats import heartbeating
 
 __all__ = ["kill_inits", "list_containers", "live_containers", "preemption_notice"]
 
-# The host scripts need nothing but the standard library: no site-packages, no PYTHON* variables
-# (and a start in tens of milliseconds, not a hundred).
-_SCRIPT_FLAGS = ("-I", "-S")
+def _python(target: HostTarget) -> list[str]:
+    """The host's Python for a script on stdin: the standard library only, no site-packages, no PYTHON*
+    variables (and a start in tens of milliseconds, not a hundred)."""
+    return [target.python, "-I", "-S", "-"]
 
 # Runs on the host with its own python3 (stdin, no file left behind). A container is a child cgroup of
 # the parent group; its init is the process whose last NSpid is 1 (PID 1 of a namespace below the
@@ -187,7 +188,7 @@ async def preemption_notice(inp: NoticeInput) -> NoticeOutput:
         raise ApplicationError(f"deadline {inp.deadline!r}: {exc}", type="BadInput", non_retryable=True) from None
     try:
         async with executor_for(target) as ex:
-            rc, out, err = await ex.run([target.python, *_SCRIPT_FLAGS, "-", url], input=_NOTICE_SCRIPT, timeout=15)
+            rc, out, err = await ex.run([*_python(target), url], input=_NOTICE_SCRIPT, timeout=15)
     except ExecutorError as exc:
         raise unavailable(f"{target.name}: {exc}", retryable=exc.retryable) from None
     try:
@@ -223,7 +224,7 @@ async def _run_script(inp: HostCgroup, mode: str, timeout: float) -> dict[str, A
     target = inp.target()
     try:
         async with executor_for(target) as ex:
-            rc, out, err = await ex.run([target.python, *_SCRIPT_FLAGS, "-", mode, inp.cgroup_parent, str(timeout)],
+            rc, out, err = await ex.run([*_python(target), mode, inp.cgroup_parent, str(timeout)],
                                         input=_HOST_SCRIPT, timeout=timeout + 15)
     except ExecutorError as exc:
         raise unavailable(f"{target.name}: {exc}", retryable=exc.retryable) from None

@@ -10,17 +10,10 @@ import time
 
 import pytest
 
-from lab.containers import ContainerHost, cgroup_root, session_answers, sessions_cgroup
+from lab.containers import ContainerHost, _procs, cgroup_root, session_answers, sessions_cgroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="session containers need root and unshare")
-
-
-def _procs(group) -> list[int]:
-    try:
-        return [int(p) for p in (group / "cgroup.procs").read_text().split()]
-    except FileNotFoundError:  # removed once its container ended (the host's reaper)
-        return []
 
 
 @pytest.fixture
