@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import math
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,23 +53,34 @@ async def main(args: argparse.Namespace, root: Path) -> int:
     started = time.monotonic()
     log = lambda m: console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {m}", highlight=False)
     names = DRAIN_LAB_BESIDE if args.beside_tests else DRAIN_LAB
-    async with DrainDrill(root, containers=args.containers, drain_s=args.drain_s, log=log, names=names) as drill:
-        # Graceful: every container SIGTERMed at once, waited for, then the store entries dropped.
-        await drill.fresh_host(args.containers)
-        before_graceful = await drill.histogram()
-        graceful = await drill.graceful_stop(args.grace_s)
-        await asyncio.sleep(1.0)
-        after_graceful = await drill.histogram()
-        log(f"graceful: {graceful}")
-        # Kill path: the notice, the alert, the trigger, the runbook (cordon, kill inits, release, gates).
-        reports: list[DrainReport] = []
-        unmeasured: list[str] = []
-        for n in range(1, args.runs + 1):
+    reports: list[DrainReport] = []
+    unmeasured: list[str] = []
+    graceful: dict | None = None
+    before_graceful = after_graceful = None
+    try:
+        async with DrainDrill(root, containers=args.containers, drain_s=args.drain_s, log=log, names=names) as drill:
+            # Graceful: every container SIGTERMed at once, waited for, then the store entries dropped.
             try:
-                reports.append(await drill.round(notice_s=args.notice_s))
-            except (TimeoutError, RuntimeError, httpx.HTTPError) as exc:
-                unmeasured.append(f"round {n}: {exc}")
-                log(f"round {n} not measured: {exc}")
+                await drill.fresh_host(args.containers)
+                before_graceful = await drill.histogram()
+                graceful = await drill.graceful_stop(args.grace_s)
+                await asyncio.sleep(1.0)
+                after_graceful = await drill.histogram()
+                log(f"graceful: {graceful}")
+            except _SET_UP_FAILURES as exc:
+                unmeasured.append(f"the graceful stop: {exc}")
+                log(f"the graceful stop not measured: {exc}")
+            # Kill path: the notice, the alert, the trigger, the runbook (cordon, kill inits, release, gates).
+            for n in range(1, args.runs + 1):
+                try:
+                    reports.append(await drill.round(notice_s=args.notice_s))
+                except _SET_UP_FAILURES as exc:
+                    unmeasured.append(f"round {n}: {exc}")
+                    log(f"round {n} not measured: {exc}")
+    except _SET_UP_FAILURES as exc:
+        # The lab itself did not come up (or down): say so, with what was measured before.
+        unmeasured.append(f"the lab: {exc}")
+        console.print(f"the lab failed: {exc}", highlight=False)
     if not reports:
         console.print(f"no round measured: {'; '.join(unmeasured)}")
         return 1
@@ -80,9 +92,10 @@ async def main(args: argparse.Namespace, root: Path) -> int:
     table.add_column("notice → run started (s)", justify="right")
     table.add_column("notice → drained (s)", justify="right")
     table.add_column("outcome")
-    table.add_row(f"graceful (SIGTERM, ≤{args.grace_s:g} s, SIGKILL; drain {args.drain_s:g} s)",
-                  f"{graceful['seconds']:.3f}", f"{graceful['released_after_seconds']:.3f}", "-", "-",
-                  f"{graceful['stopped']} stopped, {graceful['timed_out']} SIGKILLed after the grace")
+    if graceful is not None:
+        table.add_row(f"graceful (SIGTERM, ≤{args.grace_s:g} s, SIGKILL; drain {args.drain_s:g} s)",
+                      f"{graceful['seconds']:.3f}", f"{graceful['released_after_seconds']:.3f}", "-", "-",
+                      f"{graceful['stopped']} stopped, {graceful['timed_out']} SIGKILLed after the grace")
     for n, r in enumerate(reports, 1):
         table.add_row(f"PID-namespace init kill (runbook), round {n}",
                       f"{r.kill_seconds:.3f}" if r.kill_seconds else "?", f"{r.notice_to_released_s}",
@@ -93,7 +106,8 @@ async def main(args: argparse.Namespace, root: Path) -> int:
     for line in unmeasured:
         console.print(f"not measured: {line}")
     runbook_before, runbook_after = report.histogram_before, report.histogram_after
-    if runbook_before is not None and runbook_after is not None:
+    if (runbook_before is not None and runbook_after is not None and before_graceful is not None
+            and after_graceful is not None):
         console.print(_histogram_table("stuck sessions: the session router's histogram, episodes ended in each phase "
                                        "(the kill: the last round)", {
             # A repl's entry is claimed before its container answers: every start is a short stuck episode.
@@ -125,6 +139,11 @@ async def main(args: argparse.Namespace, root: Path) -> int:
                   f"step repeated, {len(unmeasured)} not measured; total {time.monotonic() - started:.1f} s "
                   "(lab up/down included)")
     return 0 if all(verdicts.values()) else 1
+
+
+# What a loaded machine does to a set-up: a timeout, a daemon that answers 5xx or not at all, a process
+# that exits; reported as "not measured" with the reason, never a traceback that loses the rounds before.
+_SET_UP_FAILURES = (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError, httpx.HTTPError)
 
 
 def _steps_table(reports: list[DrainReport]) -> Table:
