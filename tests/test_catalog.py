@@ -10,7 +10,7 @@ import yaml
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from cli.timeline import build_timeline, render_markdown
-from runtime.catalog import Catalog
+from runtime.catalog import Catalog, CatalogRefused
 from runtime.runs import start_run
 from tests import support
 from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunStatus
@@ -192,6 +192,36 @@ def test_the_catalog_holds_the_repositorys_runbooks_by_digest():
     assert {"consul-cold-start", "demo", "preempted-host-drain"} <= names
     for entry in catalog.runbooks().values():
         assert entry.digest == runbook_digest(textwrap.dedent(entry.path.read_text()))
+
+
+def test_the_catalog_reads_its_files_at_each_resolution_whatever_it_parsed_before(tmp_path):
+    """What is parsed is kept only while a file's text is the same: an edit, a new or a removed file counts at once."""
+    runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
+    runbooks.mkdir()
+    targets.mkdir()
+    (runbooks / "guarded.yaml").write_text(GUARDED)
+    (targets / "prod.yaml").write_text("name: prod\ntelemetry: {prometheus: 'http://127.0.0.1:9'}\n")
+    catalog = Catalog(runbooks, targets)
+    assert [e.name for e in catalog.runbooks().values()] == ["guarded"]
+    first = catalog.inventory("prod")
+    assert first["telemetry"]["prometheus"] == "http://127.0.0.1:9"
+    first["telemetry"]["prometheus"] = "http://mallory:9"  # a caller's change stays its own
+    assert catalog.inventory("prod")["telemetry"]["prometheus"] == "http://127.0.0.1:9"
+
+    (runbooks / "guarded.yaml").write_text(GUARDED.replace("name: guarded", "name: guarded-v2"))
+    (runbooks / "other.yaml").write_text(GUARDED.replace("name: guarded", "name: other"))
+    (targets / "prod.yaml").write_text("name: prod\ntelemetry: {prometheus: 'http://127.0.0.1:19'}\n")
+    assert sorted(e.name for e in catalog.runbooks().values()) == ["guarded-v2", "other"]
+    assert catalog.inventory("prod")["telemetry"]["prometheus"] == "http://127.0.0.1:19"
+
+    (runbooks / "other.yaml").unlink()
+    (targets / "prod.yaml").write_text("name: prod\ntelemetry: {prometheus: 7}\n")
+    assert [e.name for e in catalog.runbooks().values()] == ["guarded-v2"]
+    with pytest.raises(CatalogRefused, match="inventory is invalid"):
+        catalog.inventory("prod")
+    (targets / "prod.yaml").unlink()
+    with pytest.raises(CatalogRefused, match="not in the controller's catalog"):
+        catalog.inventory("prod")
 
 
 WIDENING = """\
