@@ -1,9 +1,9 @@
 """Drain a preempted host: 200 containers killed by their PID-namespace inits vs a graceful stop of each,
 in one lab, and the notice-to-drained time through the alert trigger and the runbook.
 
-    .venv/bin/python bench/drain.py [--containers 200] [--runs 10] [--drain-s 2] [--grace-s 10] [--keep-dir DIR] [--beside-tests]
+    .venv/bin/python bench/drain.py [--containers 200] [--runs 10] [--drain-s 2] [--grace-s 10] [--keep-dir DIR]
 
-Needs root (the lab). Goals, at p95 over --runs rounds: the kill of 200 containers under 0.1 s (seed 001:
+Needs root (the lab, under names of its own: `make test` can run beside it). Goals, at p95 over --runs rounds: the kill of 200 containers under 0.1 s (seed 001:
 `docker kill` took 20 to 37 s), notice to drained under 2 s. The kill is printed twice: first signal to
 last (from then on no container runs user code) and first signal to every cgroup empty (the kernel has
 torn the namespaces down and reclaimed their memory). A table says where notice-to-drained goes, step by step. A round whose set-up fails (containers that do
@@ -32,7 +32,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from lab.drills.drain import DRAIN_LAB, DRAIN_LAB_BESIDE, DrainDrill, DrainReport, Histogram
+from lab.drills.drain import DRAIN_BENCH_LAB, DrainDrill, DrainReport, Histogram
 
 
 def _histogram_table(title: str, columns: dict[str, Histogram]) -> Table:
@@ -52,13 +52,12 @@ async def main(args: argparse.Namespace, root: Path) -> int:
     console = Console(width=160)
     started = time.monotonic()
     log = lambda m: console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {m}", highlight=False)
-    names = DRAIN_LAB_BESIDE if args.beside_tests else DRAIN_LAB
     reports: list[DrainReport] = []
     unmeasured: list[str] = []
     graceful: dict | None = None
     before_graceful = after_graceful = None
     try:
-        async with DrainDrill(root, containers=args.containers, drain_s=args.drain_s, log=log, names=names) as drill:
+        async with DrainDrill(root, containers=args.containers, drain_s=args.drain_s, log=log, names=DRAIN_BENCH_LAB) as drill:
             # Graceful: every container SIGTERMed at once, waited for, then the store entries dropped.
             try:
                 await drill.fresh_host(args.containers)
@@ -175,8 +174,6 @@ if __name__ == "__main__":
     parser.add_argument("--grace-s", type=float, default=10.0, help="the graceful stop's timeout (docker stop's default)")
     parser.add_argument("--notice-s", type=float, default=30.0)
     parser.add_argument("--keep-dir", type=Path, help="state dir (journal, logs, temporal.db) to keep")
-    parser.add_argument("--beside-tests", action="store_true",
-                        help="a lab of other names (csn, 10.229.0.0/24), so `make test`'s drain lab can run beside it")
     args = parser.parse_args()
     root = args.keep_dir or Path(tempfile.mkdtemp(prefix="coldstart-drain-"))
     sys.exit(asyncio.run(main(args, root)))

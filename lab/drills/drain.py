@@ -30,14 +30,14 @@ from lab.drills.harness import LabHarness
 from runtime.polling import read_kept_status
 from runtime.processes import stop_process, wait_port
 
-__all__ = ["DRAIN_LAB", "DRAIN_LAB_BESIDE", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
+__all__ = ["DRAIN_BENCH_LAB", "DRAIN_LAB", "DrainDrill", "DrainReport", "Histogram", "parse_histogram"]
 
 REPO = Path(__file__).resolve().parents[2]
 TRIGGERS = REPO / "triggers" / "lab.yaml"
 # Apart from tests/lab (cst/10.214), the cold-start drill (csd/10.215) and the fault drills (csf/10.216).
 DRAIN_LAB = {"prefix": "csp", "bridge": "cspbr0", "veth_prefix": "cspv", "subnet": "10.217.0.0/24"}
-# A second set of names, so the bench can run beside the test suite's own drain lab.
-DRAIN_LAB_BESIDE = {"prefix": "csn", "bridge": "csnbr0", "veth_prefix": "csnv", "subnet": "10.229.0.0/24"}
+# bench/drain.py's own names: a bench started while `make test` runs must not tear down the suite's drain lab.
+DRAIN_BENCH_LAB = {"prefix": "csn", "bridge": "csnbr0", "veth_prefix": "csnv", "subnet": "10.229.0.0/24"}
 STUCK = "coldstart_session_stuck_seconds"
 
 
