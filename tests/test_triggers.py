@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -411,7 +412,9 @@ async def test_real_alertmanager_delivers_the_alert_with_the_bearer_token(tmp_pa
 
 
 def test_the_receiver_serves_https_with_its_certificate(tmp_path):
-    """`coldstart triggers serve --tls-cert --tls-key`: Alertmanager reaches it over https only."""
+    """`coldstart triggers serve --tls-cert --tls-key`: Alertmanager reaches it over https only. It reaches for
+    Temporal at start-up, before any alert (here none answers: it says so and serves on)."""
+    import os
     import sys
 
     from tests.cluster.certs import Authority
@@ -424,7 +427,7 @@ def test_the_receiver_serves_https_with_its_certificate(tmp_path):
     serving = subprocess.Popen(
         [str(Path(sys.prefix) / "bin" / "coldstart"), "triggers", "serve", "--config", "triggers/lab.yaml", "--port",
          str(port), "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"})
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -438,6 +441,13 @@ def test_the_receiver_serves_https_with_its_certificate(tmp_path):
         assert answer.text == "ok"
         with pytest.raises(httpx.TransportError):  # plain http is not answered
             httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        assert serving.stderr is not None
+        said = b""
+        while b"trigger_temporal_unavailable_at_start" not in said:  # the warm-up, logged while it serves
+            line = serving.stderr.readline()
+            assert line, f"the receiver exited: {said.decode()[-2000:]}"
+            said += line
+        assert httpx.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca.path), timeout=2).text == "ok"
     finally:
         serving.terminate()
         serving.wait(timeout=15)
@@ -504,3 +514,23 @@ async def test_the_receiver_starts_real_runs_and_answers_busy_from_the_real_star
 
 async def _awaiting(handle, step: str) -> bool:
     return step in (await support.status(handle)).awaiting_approval
+
+
+async def test_the_starter_connects_before_the_first_alert_and_a_temporal_down_then_is_only_logged(env, monkeypatch):
+    """`triggers serve` warms its starter at start-up: the first alert finds the SDK imported and the client
+    connected (one client, reused). With Temporal down then, the warm-up says so and raises nothing; a start
+    then answers TemporalUnavailable, and tries to connect again."""
+    from triggers.receiver import TemporalUnavailable, temporal_starter
+
+    monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
+    starter = temporal_starter("unused")
+    assert await starter.warm() is True
+    assert await starter.connect() is await starter.connect()
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{closed.getsockname()[1]}")
+        down = temporal_starter("unused")
+        assert await down.warm() is False
+        with pytest.raises(TemporalUnavailable, match="cannot connect to Temporal"):
+            await down.connect()

@@ -32,6 +32,7 @@ __all__ = [
     "AlertmanagerPayload",
     "Planner",
     "Starter",
+    "TemporalStarter",
     "TemporalUnavailable",
     "Trigger",
     "TriggersFile",
@@ -266,26 +267,48 @@ def default_planner(targets_dir: Path, *, registry: Any = None) -> Planner:
     return planner
 
 
-def temporal_starter(task_queue: str | None = None) -> Starter:
-    """runtime.runs.start_run through one client, connected on first use (runtime.connection.connect)."""
-    client: list[Any] = []
-    connecting = asyncio.Lock()
+class TemporalStarter:
+    """runtime.runs.start_run through one client (runtime.connection.connect), connected by `connect()` or on
+    first use."""
 
-    async def starter(run: Any) -> str:
+    def __init__(self, task_queue: str | None = None) -> None:
+        self._task_queue = task_queue
+        self._client: Any = None
+        self._connecting = asyncio.Lock()
+
+    async def connect(self) -> Any:
+        """The client, connected once; TemporalUnavailable when Temporal does not answer (the next call tries again)."""
+        from runtime.connection import connect
+
+        async with self._connecting:
+            if self._client is None:
+                try:
+                    self._client = await connect()
+                except Exception as exc:  # noqa: BLE001 - any failure to connect is the same answer
+                    raise TemporalUnavailable(f"cannot connect to Temporal: {_first_line(exc)}") from None
+        return self._client
+
+    async def warm(self) -> bool:
+        """What the first alert would otherwise wait for: the SDK's imports and the connection. Whether it
+        connected; a failure is logged, and the first start tries again."""
+        import runtime.runs  # noqa: F401 - imported for its cost, here rather than inside the first start
+
+        try:
+            await self.connect()
+        except TemporalUnavailable as exc:
+            _log.warning("trigger_temporal_unavailable_at_start", error=str(exc))
+            return False
+        return True
+
+    async def __call__(self, run: Any) -> str:
         from temporalio.service import RPCError, RPCStatusCode
 
-        from runtime.connection import connect
         from runtime.connection import task_queue as default_queue
         from runtime.runs import start_run
 
-        async with connecting:
-            if not client:
-                try:
-                    client.append(await connect())
-                except Exception as exc:  # noqa: BLE001 - any failure to connect is the same answer
-                    raise TemporalUnavailable(f"cannot connect to Temporal: {_first_line(exc)}") from None
+        client = await self.connect()
         try:
-            handle = await start_run(client[0], run, task_queue or default_queue())
+            handle = await start_run(client, run, self._task_queue or default_queue())
         except RPCError as exc:
             if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED,
                               RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.CANCELLED):
@@ -293,7 +316,10 @@ def temporal_starter(task_queue: str | None = None) -> Starter:
             raise
         return handle.id
 
-    return starter
+
+def temporal_starter(task_queue: str | None = None) -> TemporalStarter:
+    """A TemporalStarter for `task_queue` (default: runtime.connection.task_queue())."""
+    return TemporalStarter(task_queue)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -483,6 +509,7 @@ class _Receiver:
 
 
 RECEIVER: web.AppKey[_Receiver] = web.AppKey("coldstart_triggers_receiver")
+_WARMING: web.AppKey[asyncio.Task[bool]] = web.AppKey("coldstart_triggers_warming")
 
 
 def _too_large() -> web.Response:
@@ -514,6 +541,11 @@ def create_app(config: TriggersFile, token: str, *, starter: Starter | None = No
     return app
 
 
+async def _warm_in_background(app: web.Application, starter: TemporalStarter) -> None:
+    # A task, so the port answers (healthz, alerts) while Temporal is being reached.
+    app[_WARMING] = asyncio.create_task(starter.warm())  # kept: a task nobody holds may be collected
+
+
 def serve(config_path: str | Path, host: str, port: int, token_file: str | Path, targets_dir: Path, *,
           state: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
     """Check the triggers file and its runbooks, then answer Alertmanager on HOST:PORT until SIGINT/SIGTERM
@@ -531,8 +563,12 @@ def serve(config_path: str | Path, host: str, port: int, token_file: str | Path,
     if tls_cert is not None and tls_key is not None:
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(tls_cert, tls_key)
-    app = create_app(config, token, planner=default_planner(targets_dir, registry=registry), targets_dir=targets_dir,
-                     state=state)
+    starter = temporal_starter()
+    app = create_app(config, token, starter=starter, planner=default_planner(targets_dir, registry=registry),
+                     targets_dir=targets_dir, state=state)
+    # Connected before the first alert: the SDK's imports and the connection took about a second of the first
+    # run's start on a busy host. Failing to connect here is only logged; each start tries again.
+    app.on_startup.append(lambda _: _warm_in_background(app, starter))
     _log.info("triggers_serving", config=str(config_path), listen=f"{host}:{port}",
               triggers=[t.name for t in config.triggers])
     web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True, ssl_context=ssl_context)
