@@ -150,6 +150,12 @@ def _steps_table(reports: list[DrainReport]) -> Table:
     table = Table(title="the drain run's steps, seconds after the notice (median over rounds)")
     for column in ("step", "started", "ended", "took", "rounds"):
         table.add_column(column, justify="left" if column == "step" else "right")
+    for label, attr in (("alert firing (the rule's evaluation, startsAt)", "notice_to_alert_firing_s"),
+                        ("the trigger started the run", "notice_to_trigger_started_s")):
+        seen = [v for r in reports if (v := getattr(r, attr)) is not None]
+        if seen:
+            middle = f"{statistics.median(seen):.2f}"
+            table.add_row(f"{label}, {min(seen):.2f} to {max(seen):.2f}", middle, middle, "-", str(len(seen)))
     order: list[str] = []
     for r in reports:
         order += [step for step in r.step_times if step not in order]

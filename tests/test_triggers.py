@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog.testing
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from temporalio.client import WorkflowFailureError
@@ -274,6 +275,33 @@ async def test_healthz_and_metrics_count():
         assert "coldstart_trigger_start_seconds_count 1.0" in metrics  # the repeat is answered from memory
     finally:
         await client.close()
+
+
+async def test_the_alert_age_at_start_is_measured_from_its_startsat():
+    """How late a run starts after the rule found its alert firing: a histogram, and a field of the start's log
+    line; an alert without a start time (Alertmanager's zero time) is not counted."""
+    from datetime import UTC, datetime, timedelta
+
+    fired = (datetime.now(UTC) - timedelta(seconds=3)).isoformat().replace("+00:00", "Z")
+    started = []
+    for starts_at in (fired, "0001-01-01T00:00:00Z"):
+        client = await _client(FakeTemporal())
+        try:
+            with structlog.testing.capture_logs() as logs:
+                answer = await client.post("/alerts", json=_payload({**_alert(), "startsAt": starts_at}), headers=AUTH)
+            assert answer.status == 200
+            started += [e for e in logs if e["event"] == "trigger_started"]
+            metrics = await (await client.get("/metrics", headers=AUTH)).text()
+        finally:
+            await client.close()
+        if starts_at == fired:
+            assert "coldstart_trigger_alert_age_seconds_count 1.0" in metrics
+            assert 'coldstart_trigger_alert_age_seconds_bucket{le="2.5"} 0.0' in metrics
+            assert 'coldstart_trigger_alert_age_seconds_bucket{le="5.0"} 1.0' in metrics
+        else:
+            assert "coldstart_trigger_alert_age_seconds_count 0.0" in metrics
+    assert [e["starts_at"] for e in started] == [fired, "0001-01-01T00:00:00Z"]
+    assert 3.0 <= started[0]["alert_age_s"] < 30 and started[1]["alert_age_s"] is None
 
 
 async def test_a_repeated_firing_starts_nothing_after_the_receiver_restarts(tmp_path):

@@ -10,6 +10,7 @@ import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -322,6 +323,17 @@ def temporal_starter(task_queue: str | None = None) -> TemporalStarter:
     return TemporalStarter(task_queue)
 
 
+def _age_seconds(starts_at: str) -> float | None:
+    """Seconds since an alert's startsAt (RFC 3339, as Alertmanager sends it), or None when it has none."""
+    try:
+        began = datetime.fromisoformat(starts_at)
+    except ValueError:
+        return None
+    if began.tzinfo is None or began.year < 2000:  # Alertmanager's zero time: no start was given
+        return None
+    return round(time.time() - began.timestamp(), 3)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -338,6 +350,11 @@ class _Metrics:
         self.start_seconds = Histogram("coldstart_trigger_start_seconds", "Time to start a run (Temporal call)",
                                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                        registry=self.registry)
+        self.alert_age = Histogram("coldstart_trigger_alert_age_seconds",
+                                   "From an alert's startsAt (the rule evaluation that found it firing) to its run "
+                                   "started: the alert path's delivery, Alertmanager and the start",
+                                   buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+                                   registry=self.registry)
 
 
 class HandledFirings:
@@ -489,8 +506,11 @@ class _Receiver:
             self.handled.add(firing, workflow_id)
         except OSError as exc:  # the run started; only its record across a restart is lost
             _log.warning("trigger_state_unwritten", path=str(self.handled.path), error=_first_line(exc))
+        age = _age_seconds(firing[2])
+        if age is not None:
+            self.metrics.alert_age.observe(max(age, 0.0))
         _log.info("trigger_started", trigger=trigger.name, target=trigger.target, workflow_id=workflow_id,
-                  params=params)
+                  params=params, starts_at=firing[2] or None, alert_age_s=age)
         return {"outcome": "started", "workflow_id": workflow_id}
 
     def _count(self, trigger: Trigger | None, result: dict[str, Any]) -> dict[str, Any]:

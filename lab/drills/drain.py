@@ -14,6 +14,7 @@ containers and compares a graceful stop of each in the same lab.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +89,10 @@ class DrainReport:
     state: str = "?"
     error: str | None = None
     notice_to_run_started_s: float | None = None
+    # The alert path, from the trigger's log: the rule evaluation that found the alert firing (its startsAt),
+    # and the trigger's start of the run.
+    notice_to_alert_firing_s: float | None = None
+    notice_to_trigger_started_s: float | None = None
     notice_to_killed_s: float | None = None
     notice_to_released_s: float | None = None
     notice_to_drained_s: float | None = None  # the run succeeded: gates passed on fresh samples
@@ -296,6 +301,10 @@ class DrainDrill(LabHarness):
                              for s in status.steps if s.started_at and s.ended_at}
         if status.state == "succeeded" and status.ended_at:
             report.notice_to_drained_s = round(status.ended_at.timestamp() - noticed_at, 3)
+        if (started := self._trigger_started_after(noticed_at)) is not None:
+            report.notice_to_trigger_started_s = round(started[0] - noticed_at, 3)
+            if started[1] is not None:
+                report.notice_to_alert_firing_s = round(started[1] - noticed_at, 3)
         # The stuck episodes end in the router once the entries are gone: give it a poll or two.
         await asyncio.sleep(1.0)
         report.histogram_after = await self.histogram()
@@ -308,6 +317,27 @@ class DrainDrill(LabHarness):
                   f"(started {report.notice_to_run_started_s} s, drained {report.notice_to_drained_s} s after the "
                   f"notice); kill {report.kill_seconds} s for {report.killed}")
         return report
+
+    def _trigger_started_after(self, since: float) -> tuple[float, float | None] | None:
+        """The trigger's first run started after `since` (unix seconds): when, and its alert's startsAt."""
+        from datetime import datetime
+
+        try:
+            lines = (self.root / "trigger.log").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                if entry.get("event") != "trigger_started":
+                    continue
+                at = datetime.fromisoformat(entry["timestamp"]).timestamp()
+                fired = entry.get("starts_at")
+                if at >= since:
+                    return at, datetime.fromisoformat(fired).timestamp() if fired else None
+            except (ValueError, KeyError, TypeError):
+                continue
+        return None
 
     async def _latest_run_id(self) -> str | None:
         from runtime.runs import workflow_id_for
