@@ -67,19 +67,19 @@ async def main(args: argparse.Namespace, root: Path) -> int:
                 after_graceful = await drill.histogram()
                 log(f"graceful: {graceful}")
             except _SET_UP_FAILURES as exc:
-                unmeasured.append(f"the graceful stop: {exc}")
-                log(f"the graceful stop not measured: {exc}")
+                unmeasured.append(f"the graceful stop: {_reason(exc)}")
+                log(f"the graceful stop not measured: {_reason(exc)}")
             # Kill path: the notice, the alert, the trigger, the runbook (cordon, kill inits, release, gates).
             for n in range(1, args.runs + 1):
                 try:
                     reports.append(await drill.round(notice_s=args.notice_s))
                 except _SET_UP_FAILURES as exc:
-                    unmeasured.append(f"round {n}: {exc}")
-                    log(f"round {n} not measured: {exc}")
+                    unmeasured.append(f"round {n}: {_reason(exc)}")
+                    log(f"round {n} not measured: {_reason(exc)}")
     except _SET_UP_FAILURES as exc:
         # The lab itself did not come up (or down): say so, with what was measured before.
-        unmeasured.append(f"the lab: {exc}")
-        console.print(f"the lab failed: {exc}", highlight=False)
+        unmeasured.append(f"the lab: {_reason(exc)}")
+        console.print(f"the lab failed: {_reason(exc)}", highlight=False)
     if not reports:
         console.print(f"no round measured: {'; '.join(unmeasured)}")
         return 1
@@ -143,6 +143,11 @@ async def main(args: argparse.Namespace, root: Path) -> int:
 # What a loaded machine does to a set-up: a timeout, a daemon that answers 5xx or not at all, a process
 # that exits; reported as "not measured" with the reason, never a traceback that loses the rounds before.
 _SET_UP_FAILURES = (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError, httpx.HTTPError)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line: an httpx timeout's message is often empty, so its type leads."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '(no message)'}"
 
 
 def _steps_table(reports: list[DrainReport]) -> Table:

@@ -132,6 +132,20 @@ class SessionStore:
         found = await self._get(f"{self.prefix}repls/{repl}")
         return found[1] if found else {"repl": repl, "container": "?"}
 
+    async def entries(self) -> list[dict[str, Any]]:
+        """Every repl's entry."""
+        r = await self._http.get(f"/v1/kv/{self.prefix}repls/", params={"recurse": "true"})
+        if r.status_code == 404:
+            return []
+        r.raise_for_status()
+        found = []
+        for entry in r.json():
+            try:
+                found.append(json.loads(base64.b64decode(entry["Value"] or b"")))
+            except ValueError:
+                continue
+        return found
+
     async def drop(self, repl: str, container: str) -> bool:
         """Delete the repl's entry only while it still points at `container` (check-and-set on its index)."""
         found = await self._get(f"{self.prefix}repls/{repl}")

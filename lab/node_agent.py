@@ -89,14 +89,20 @@ class NodeAgent:
         self.notice_deadline = None
 
     async def reset(self) -> dict:
-        """The host replaced by a fresh one: no notice, not cordoned."""
+        """The host replaced by a fresh one: no notice, not cordoned, and no store entry left pointing at a
+        container of the old one (a set-up that failed half-way, say a graceful stop cut short, leaves some)."""
         if self._plug is not None:
             self._plug.cancel()
             self._plug = None
         self.notice_deadline = None
+        released = 0
         if self.store is not None:
             await self.store.uncordon(self.args.node)
-        return {"node": self.args.node, "notice": None, "cordoned": False}
+            live = {c["name"] for c in self.host.describe() if c["running"]}
+            for entry in await self.store.entries():
+                if entry.get("host") == self.args.node and entry.get("container") not in live:
+                    released += await self.store.drop(str(entry.get("repl")), str(entry.get("container")))
+        return {"node": self.args.node, "notice": None, "cordoned": False, "stale_entries_released": released}
 
     # ---- cloud metadata ------------------------------------------------------------------
     def gce_preempted(self) -> str:

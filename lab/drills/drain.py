@@ -167,7 +167,8 @@ class DrainDrill(LabHarness):
     async def _post(self, url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
         async with httpx.AsyncClient(timeout=timeout) as http:
             r = await http.post(url, json=body or {})
-        r.raise_for_status()
+        if r.is_error:  # the agent's answer says why (a repl held, a host cordoned), the status alone does not
+            raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:300]}")
         return r.json()
 
     async def router_sessions(self) -> dict[str, Any]:

@@ -59,6 +59,32 @@ def test_a_second_notice_on_the_replaced_host_drains_it_again_and_a_cordoned_hos
     assert r.status_code == 409 and "cordoned" in r.json()["error"]
 
 
+def test_the_replaced_host_frees_the_entries_its_old_containers_left_and_only_those(drill, loop):
+    """A set-up cut short (a graceful stop that timed out under load, say) leaves entries pointing at containers
+    the replaced host no longer runs, and every later start of those repls is refused (409). The host's reset
+    frees them; another host's entry stays."""
+    import json
+
+    import httpx
+
+    from lab.services import Secrets
+
+    kv = f"{drill.cfg.consul_url}/v1/kv/{drill.cfg.session_store_prefix}repls"
+    headers = {"X-Consul-Token": Secrets(drill.cfg).read("consul-token")}
+    for repl, host in (("r0777", drill.cfg.container_host), ("r0778", "cache1")):
+        entry = {"repl": repl, "container": f"{host}-{repl}", "host": host}
+        httpx.put(f"{kv}/{repl}", content=json.dumps(entry), headers=headers, timeout=10).raise_for_status()
+    try:
+        refused = httpx.post(f"{drill.agent}/containers/start", json={"repls": ["r0777"]}, timeout=30)
+        assert refused.status_code == 409  # cordoned by the last round, and held by the stale entry
+        answer = httpx.post(f"{drill.agent}/_lab/reset", timeout=30).json()
+        assert answer["stale_entries_released"] == 1 and answer["cordoned"] is False
+        assert loop.run_until_complete(drill.store_entries()) == 0
+        assert httpx.get(f"{kv}/r0778", headers=headers, timeout=10).status_code == 200
+    finally:
+        httpx.delete(f"{kv}/r0778", headers=headers, timeout=10)
+
+
 async def _runs(drill) -> int:
     from runtime.runs import workflow_id_for
 
