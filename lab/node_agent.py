@@ -169,6 +169,8 @@ async def serve(args: argparse.Namespace) -> None:
             return web.json_response({"containers": await agent.start_containers(repls)})
         except Refused as exc:
             return web.json_response({"error": str(exc)}, status=409)
+        except RuntimeError as exc:  # started, but some never answered (a loaded host): say which
+            return web.json_response({"error": str(exc)}, status=503)
 
     async def stop(request: web.Request) -> web.Response:
         data = await body(request)
