@@ -13,15 +13,18 @@ with workflow.unsafe.imports_passed_through():
 @workflow.defn
 class BareActivities:
     @workflow.run
-    async def run(self, count: int, visible: bool = False, options: bool = False, memo_bytes: int = 0) -> None:
-        """With `memo_bytes`, a memo of about that size is set once before the steps. With `options`, each activity is scheduled with the interpreter's heartbeat timeout and summary.
+    async def run(self, count: int, visible: bool = False, options: bool = False, memo_bytes: int = 0,
+                  memo_keys: int = 0) -> None:
+        """With `memo_bytes`, a memo of about that size is set once before the steps, under `memo_keys` keys
+        (one a step when not given). With `options`, each activity is scheduled with the interpreter's heartbeat timeout and summary.
         With `visible`, each step also upserts what the interpreter's does for operators: the current step
         search attribute and one memo entry of a step's size, so their server cost is measured apart."""
         if memo_bytes:
             # A memo of the interpreter's size set once: the server keeps it in the run's mutable state and
             # writes it again with every transaction of the run (each activity's start and end, each task).
-            entry = max(0, memo_bytes // count - 30)
-            workflow.upsert_memo({f"step.s{i}": {"id": f"s{i}", "pad": "x" * entry} for i in range(count)})
+            keys = memo_keys or count
+            entry = max(0, memo_bytes // keys - 30)
+            workflow.upsert_memo({f"step.s{i}": {"id": f"s{i}", "pad": "x" * entry} for i in range(keys)})
         for i in range(count):
             if visible:
                 workflow.upsert_search_attributes([search.CURRENT_STEP.value_set(f"s{i}")])

@@ -6,8 +6,8 @@ goes first, over several rounds (`--rounds N`, 5 by default). Prints the median 
 time of each side in every round, then the median over rounds and the spread (min-max) of the round
 medians. A side bare+options schedules each activity with what the interpreter asks of the server beside
 it (the action's heartbeat timeout, a summary for the timeline). A side bare+memo sets, once before its steps,
-a memo of the size the interpreter's run ends with (the server keeps the memo in the run's mutable state
-and writes it again with every transaction of the run). A side bare+visible upserts on every step what the
+a memo of the size and key count the interpreter's run ends with (the server keeps the memo in the run's
+mutable state and handles it again with every transaction of the run). A side bare+visible upserts on every step what the
 interpreter keeps for operators (the current-step search attribute and a memo entry), as the interpreter
 does; the bench counts each side's upserts, timers and workflow tasks. Goal: interpreter median <= 1.2x the bare activity. Per-step time is
 the gap between consecutive activity completions in each run's history (server timestamps), so
@@ -81,14 +81,16 @@ _VIEW_EVENTS = {
 }
 
 
-def _memo_bytes(history) -> int:
-    """The size of a run's memo at its end: each key's last upserted payload."""
+def _memo_shape(history) -> tuple[int, int]:
+    """A run's memo at its end, (bytes, keys): each key's last upserted payload, less the keys removed."""
     sizes: dict[str, int] = {}
     for e in history.events:
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED:
             for key, payload in e.workflow_properties_modified_event_attributes.upserted_memo.fields.items():
                 sizes[key] = len(payload.data)
-    return sum(sizes.values())
+                if not payload.data or payload.metadata.get("encoding") == b"binary/null":
+                    del sizes[key]
+    return sum(sizes.values()), len(sizes)
 
 
 def _view_counts(history) -> dict[str, int]:
@@ -106,8 +108,8 @@ async def _interpreter(env, registry, book: Path, round_no: int):
     return await handle.fetch_history()
 
 
-async def _bare(env, round_no: int, side: str, memo_bytes: int = 0):
-    args = [STEPS, side == "bare+visible", side == "bare+options", memo_bytes if side == "bare+memo" else 0]
+async def _bare(env, round_no: int, side: str, memo: tuple[int, int]):
+    args = [STEPS, side == "bare+visible", side == "bare+options", *(memo if side == "bare+memo" else (0, 0))]
     handle = await env.client.start_workflow(BareActivities.run, args=args,
                                              id=f"{side}-{round_no}", task_queue="bench-bare")
     await handle.result()
@@ -129,7 +131,7 @@ async def main(rounds: int) -> None:
     steps = "\n".join(f"  - id: s{i}\n    action: core.wait\n    with: {{seconds: 0}}" for i in range(STEPS))
     book.write_text(f"metadata: {{name: overhead}}\ntarget: bench\nsteps:\n{steps}\n")
     medians: dict[str, list[float]] = {"interpreter": [], "bare": [], "bare+options": [], "bare+memo": [], "bare+visible": []}
-    memo_bytes = 70_000  # the interpreter's memo at its end (about a 200-step run's until it has run once)
+    memo = (35_000, 11)  # the interpreter's memo at its end, bytes and keys (about a 200-step run's until it has run once)
     phases: dict[str, list[dict[str, float]]] = {side: [] for side in medians}
     counts: dict[str, list[dict[str, int]]] = {side: [] for side in medians}
     try:
@@ -146,9 +148,9 @@ async def main(rounds: int) -> None:
                 for side in order:
                     started = time.monotonic()
                     history = await (_interpreter(env, registry, book, r) if side == "interpreter"
-                                     else _bare(env, r, side, memo_bytes))
+                                     else _bare(env, r, side, memo))
                     if side == "interpreter":
-                        memo_bytes = _memo_bytes(history)
+                        memo = _memo_shape(history)
                     wall = time.monotonic() - started
                     gaps = _gaps(history)
                     phases[side].append(_phases(history))
@@ -179,7 +181,7 @@ async def main(rounds: int) -> None:
                                         for per_round in counts.values()))
     print(f"breakdown of a step (medians): bare activity {bm:.2f} ms; the interpreter's activity options "
           f"(heartbeat timeout, summary) {om - bm:+.2f} ms (bare+options); the view upserted on every step "
-          f"{vm - bm:+.2f} ms (bare+visible); a memo of the interpreter's size ({memo_bytes / 1024:.0f} KiB) set once "
+          f"{vm - bm:+.2f} ms (bare+visible); a memo of the interpreter's size ({memo[0] / 1024:.0f} KiB, {memo[1]} keys) set once "
           f"{mm - bm:+.2f} ms (bare+memo); the interpreter, its view included, {im - bm:+.2f} ms "
           f"({im - mm:+.2f} ms beyond a bare activity carrying its memo)")
     print(f"ratio (median): {im / bm:.2f}x of a bare activity, {im / om:.2f}x of one with the same options, "

@@ -12,7 +12,7 @@ from temporalio.client import Client
 
 from activities.contracts.telemetry import READ_ACTION, READ_ACTIONS
 from activities.retry import format_duration
-from workflows.contract import MEMO_RUN, MEMO_STEP, RESOLVE_RUN_ACTIVITY
+from workflows.contract import MEMO_RUN, MEMO_STEP, MEMO_STEPS, RESOLVE_RUN_ACTIVITY
 from workflows.history_tags import VIEW_TIMER_SUMMARY, ActivityTag, activity_tag, is_approval_note, timer_step
 
 __all__ = ["Entry", "StepRow", "StepSummary", "Timeline", "Totals", "Wait", "build_timeline", "render_markdown"]
@@ -449,6 +449,7 @@ class _Waits:
         self.status: dict[str, str] = {}
         self.approvals: dict[str, int] = {}
         self.decisions: dict[str, int] = {}  # an adaptive ramp's decisions already listed, per step
+        self.chunked: dict[str, dict[str, Any]] = {}  # each step's entry as a chunk last sent it
         self.controls: set[tuple[Any, ...]] = set()
         self.open: dict[tuple[str, str], Wait] = {}
         self.paused: tuple[datetime, str] | None = None
@@ -478,6 +479,13 @@ class _Waits:
         for key, entry in memo.items():
             if key.startswith(MEMO_STEP) and isinstance(entry, dict):
                 self._step(at, key.removeprefix(MEMO_STEP), entry)
+            elif key.startswith(MEMO_STEPS) and isinstance(entry, list):
+                # Steps not in play, a chunk of them: a step sent again unchanged beside a changed one is
+                # not news (a step's end is the upsert's time when its entry does not say it).
+                for slot in entry:
+                    if isinstance(slot, dict) and isinstance(slot.get("id"), str) and self.chunked.get(slot["id"]) != slot:
+                        self.chunked[slot["id"]] = slot
+                        self._step(at, slot["id"], slot)
 
     def _step(self, at: datetime, step: str, entry: dict[str, Any]) -> None:
         status, before = entry.get("status") or "pending", self.status.get(step, "pending")

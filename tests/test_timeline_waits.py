@@ -9,6 +9,7 @@ import json
 import time
 from datetime import datetime
 
+from cli.timeline import Timeline, _Waits
 from tests import support
 from tests.test_cli import acli
 
@@ -133,3 +134,22 @@ async def _run_and_read(env, task_queue, tmp_path, prom) -> None:
     assert "approval " in rows["go"] and "(approved by bob)" in rows["go"], rows["go"]
     assert "(retry by carol)" in rows["ready"] and "(fired)" in rows["settle"], text
     assert f"run wall time (first event to close) {wall:.2f} s." in text, text
+
+
+def test_a_chunk_of_steps_tells_the_timeline_only_what_changed_in_it() -> None:
+    # A skipped step's entry has no end: sent again beside a step that changed, its end must not move.
+    timeline = Timeline(workflow_id="w", run_ids=["r"])
+    waits = _Waits(timeline)
+    t0, t1, t2 = (datetime(2026, 1, 1, 0, 0, s) for s in (0, 10, 20))
+    skipped = {"id": "skip", "kind": "action", "status": "skipped"}
+    waits.upserted(t0, {"coldstart.steps.0": [skipped, None]})
+    waits.upserted(t1, {"coldstart.step.gate": {"position": 1, "id": "gate", "kind": "gate", "status": "held",
+                                                "started_at": "2026-01-01T00:00:05Z", "error": "errors high"},
+                        "coldstart.steps.0": [skipped, None]})
+    waits.upserted(t2, {"coldstart.step.gate": None,
+                        "coldstart.steps.0": [skipped, {"id": "gate", "kind": "gate", "status": "succeeded",
+                                                        "started_at": "2026-01-01T00:00:05Z",
+                                                        "ended_at": "2026-01-01T00:00:18Z"}]})
+    assert timeline.steps["skip"].ended == t0
+    assert timeline.steps["gate"].status == "succeeded" and timeline.steps["gate"].ended == datetime(2026, 1, 1, 0, 0, 18)
+    assert [(e.step, e.event) for e in timeline.entries] == [("gate", "held"), ("gate", "hold ended")]

@@ -13,7 +13,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search
-    from workflows.contract import GateReading, StatusMemo, StepState, workflow_id_for
+    from workflows.contract import MEMO_CHUNK, GateReading, StatusMemo, StepState, workflow_id_for
     from workflows.history_tags import VIEW_TIMER_SUMMARY, approval_note
     from workflows.run_state import RunFields
     from workflows.spec import ActionStep, AnyStep, ApprovalSpec, RampStep
@@ -84,7 +84,9 @@ class RunVisibility(RunFields):
         """
         # Patched: runs started before compact entries keep the full ones (their budget, so their upserts, as they were).
         self._memo_compact = workflow.patched("compact-memo")
-        memo = StatusMemo(compact=self._memo_compact)
+        # Patched: runs started before chunks keep one key per step (their upserts, so their replays, as they were).
+        self._memo_chunk = MEMO_CHUNK if workflow.patched("memo-chunks") else None
+        memo = StatusMemo(compact=self._memo_compact, chunk=self._memo_chunk)
         # Patched: before it, a gate starting (its deadline, gate_gives_up_at, the only change: a ramp's next
         # gate after its bake) upserted nothing; runs in flight then keep their upserts as they were.
         self._memo_gate_deadlines = workflow.patched("memo-gate-deadlines")
