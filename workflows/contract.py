@@ -301,7 +301,7 @@ class RunStatus(BaseModel):
 # (running, awaiting approval, held) under its own key, so a gate's readings upsert only its entry; the
 # other steps by MEMO_CHUNK under one key, `coldstart.steps.<first position>`, a list with a null where a
 # step in play is. The server keeps the memo in the run's mutable state and handles every key of it again
-# with each transaction of the run: a 200-step run's 201 keys cost each step about 0.5 ms more than the
+# with each transaction of the run: a 200-step run's 201 keys cost each step up to about 0.5 ms more than the
 # same bytes under 11 (bench/README.md). Runs started before chunks keep one key per step.
 MEMO_RUN = "coldstart.run"
 MEMO_STEP = "coldstart.step."
