@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _soak_figures import percentile
 from temporalio.testing import ActivityEnvironment
 
 from activities.containers import kill_inits
@@ -37,11 +38,6 @@ from lab.containers import ContainerHost, remove_sessions_cgroup, session_answer
 _PREFIX = "killfloor"
 _NETNS = "coldstart-killfloor"
 _HOST = "kf"
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 async def _probe(sockets: list[Path], every: float) -> None:
@@ -93,7 +89,7 @@ async def _measure(args: argparse.Namespace) -> None:
             print(f"round {r + 1}: {killed} killed, first signal to last {sent * 1000:.1f} ms, to every cgroup empty "
                   f"{emptied * 1000:.1f} ms (round {time.monotonic() - began:.1f} s)", flush=True)
     for name, values in (("first signal to last", signals), ("first signal to every cgroup empty", empty)):
-        print(f"{name} (s): p50 {statistics.median(values):.3f}, p95 {_quantile(values, 0.95):.3f}, "
+        print(f"{name} (s): p50 {statistics.median(values):.3f}, p95 {percentile(values, 95):.3f}, "
               f"max {max(values):.3f} over {len(values)} rounds")
 
 

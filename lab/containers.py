@@ -88,6 +88,14 @@ def remove_sessions_cgroup(prefix: str) -> list[str]:
     return removed
 
 
+def _value(entry: dict[str, Any]) -> Any:
+    """A KV entry's value as JSON; None when it is not JSON."""
+    try:
+        return json.loads(base64.b64decode(entry["Value"] or b""))
+    except ValueError:
+        return None
+
+
 class Refused(Exception):
     """A container the platform must not start (cordoned host, repl held elsewhere)."""
 
@@ -109,10 +117,7 @@ class SessionStore:
             return None
         r.raise_for_status()
         entry = r.json()[0]
-        try:
-            return entry["ModifyIndex"], json.loads(base64.b64decode(entry["Value"] or b""))
-        except ValueError:
-            return entry["ModifyIndex"], {}
+        return entry["ModifyIndex"], _value(entry) or {}
 
     async def cordon_reason(self, host: str) -> str | None:
         found = await self._get(f"{self.prefix}hosts/{host}")
@@ -138,13 +143,7 @@ class SessionStore:
         if r.status_code == 404:
             return []
         r.raise_for_status()
-        found = []
-        for entry in r.json():
-            try:
-                found.append(json.loads(base64.b64decode(entry["Value"] or b"")))
-            except ValueError:
-                continue
-        return found
+        return [value for entry in r.json() if (value := _value(entry)) is not None]
 
     async def drop(self, repl: str, container: str) -> bool:
         """Delete the repl's entry only while it still points at `container` (check-and-set on its index)."""

@@ -388,11 +388,10 @@ class StatusMemo:
         self._sent: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
         self._size = 0
-        self._entries: dict[str, tuple[tuple, dict[str, Any]]] = {}
-        # Chunked: each chunk's slots (first position -> an entry without its position, or None while the
-        # step is in play), and each step's slot entry, kept until its own entry changes.
+        # Each step's (fingerprint, entry, the entry without its position for a chunk's slot).
+        self._entries: dict[str, tuple[tuple, dict[str, Any], dict[str, Any]]] = {}
+        # Chunked: each chunk's slots (first position -> a slot entry, or None while the step is in play).
         self._slots: dict[int, list[dict[str, Any] | None]] = {}
-        self._slot_entries: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.full = False
 
     def changes(self, status: RunStatus) -> dict[str, Any]:
@@ -413,7 +412,9 @@ class StatusMemo:
             fingerprint = (position, step.id, step.kind, _step_fingerprint(step))
             kept = self._entries.get(key)
             if kept is None or kept[0] != fingerprint:
-                kept = self._entries[key] = (fingerprint, _step_entry(step, position, self._compact))
+                entry = _step_entry(step, position, self._compact)
+                slot = entry if self._chunk is None else {k: v for k, v in entry.items() if k != "position"}
+                kept = self._entries[key] = (fingerprint, entry, slot)
             if self._chunk is None or step.status in _IN_PLAY:
                 entries[key] = kept[1]
             else:
@@ -422,7 +423,7 @@ class StatusMemo:
                 first = position - position % self._chunk
                 slots = self._slots.setdefault(first, [])
                 slots.extend([None] * (position - first + 1 - len(slots)))
-                slots[position - first] = None if step.status in _IN_PLAY else self._slot_entry(key, kept[1])
+                slots[position - first] = None if step.status in _IN_PLAY else kept[2]
                 if not chunks or chunks[-1] != first:
                     chunks.append(first)
         for first in chunks:
@@ -439,13 +440,6 @@ class StatusMemo:
         self._sizes.update(sizes)
         self._size = size
         return changed
-
-    def _slot_entry(self, key: str, entry: dict[str, Any]) -> dict[str, Any]:
-        """`entry` without its position (the chunk's key and the slot give it), the same object while `entry` is."""
-        kept = self._slot_entries.get(key)
-        if kept is None or kept[0] is not entry:
-            kept = self._slot_entries[key] = (entry, {k: v for k, v in entry.items() if k != "position"})
-        return kept[1]
 
 
 def status_from_memo(memo: Mapping[str, Any]) -> RunStatus | None:
