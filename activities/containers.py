@@ -40,8 +40,12 @@ def _python(target: HostTarget) -> list[str]:
 # before the first signal, so a recycled PID is never signalled and the burst itself is only the
 # signals. The burst runs at real-time priority where allowed: at normal priority each killed init
 # wakes on the other core and preempts the sender, stretching 200 signals over 0.1 to 0.2 s on 2 cores.
+# A container's cgroup empties only once its init has exited and its parent (the runtime's shim) has
+# reaped it, so each init is raised to real-time priority just before its signal (it runs no user code
+# after it) and each parent for the kill, back to its own policy once the cgroups are empty: the rest
+# of the host no longer takes the cores from the exits and the reaping.
 _HOST_SCRIPT = r"""
-import json, os, resource, signal, sys, time
+import json, os, resource, select, signal, sys, time
 mode, parent, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 base = os.path.join("/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/pids", parent)
@@ -53,16 +57,23 @@ def procs(name):
     except OSError:  # gone, or being removed by the runtime (ENODEV): no process left in it
         return []
 
-def is_init(pid):
+def status(pid):
+    # (is a PID-namespace init, parent PID); (False, 0) once it is gone.
+    init, parent = False, 0
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
-                if line.startswith("NSpid:"):
+                if line.startswith("PPid:"):
+                    parent = int(line.split()[1])
+                elif line.startswith("NSpid:"):
                     ids = line.split()[1:]
-                    return len(ids) > 1 and ids[-1] == "1"
-    except OSError:
-        pass
-    return False
+                    init = len(ids) > 1 and ids[-1] == "1"
+    except (OSError, ValueError):
+        return False, 0
+    return init, parent
+
+def is_init(pid):
+    return status(pid)[0]
 
 def own_tasks():
     # Tasks in the parent itself, not in a container (v1 allows them; pids.current counts them too).
@@ -84,27 +95,60 @@ def empty():
         return None
 
 def pin(pid):
-    # A pidfd on the init, or None once it is gone or no longer an init; (None, pid) without pidfd support.
+    # (pidfd, pid, parent) for the init, or None once it is gone or no longer an init; pidfd None without
+    # pidfd support.
     if not hasattr(os, "pidfd_open"):
-        return (None, pid) if is_init(pid) else None
+        init, parent = status(pid)
+        return (None, pid, parent) if init else None
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return None
-    if is_init(pid):
-        return (fd, pid)
+    init, parent = status(pid)
+    if init:
+        return (fd, pid, parent)
     os.close(fd)
     return None
 
-def realtime(on):
+def realtime(pid, on):
     try:
         if on:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(1))
         else:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
         return True
     except (AttributeError, OSError):
         return False
+
+def raise_reaper(pid, reapers):
+    # Raise an init's parent to real-time priority for the kill, once, pinned by a pidfd so that it is
+    # put back only while it is still that process. Never the host's init, nor without a pidfd.
+    if pid <= 1 or pid in reapers or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+        own = (os.sched_getscheduler(pid), os.sched_getparam(pid))
+    except OSError:
+        return
+    if own[0] == os.SCHED_OTHER and realtime(pid, True):
+        reapers[pid] = (fd, own)
+    else:  # already real-time (or batch, idle): left as it is
+        os.close(fd)
+
+def lower_reapers(reapers):
+    # Every raised parent still alive goes back to its own policy; returns those that could not.
+    kept = []
+    for pid, (fd, (policy, param)) in reapers.items():
+        try:
+            if not select.select([fd], [], [], 0)[0]:  # a pidfd is readable once its process has exited
+                os.sched_setscheduler(pid, policy, param)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            kept.append(pid)
+        finally:
+            os.close(fd)
+    return kept
 
 names = sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))) if os.path.isdir(base) else []
 found = {n: procs(n) for n in names}
@@ -116,11 +160,15 @@ if mode == "kill":
     except (ValueError, OSError):
         pass
     pinned = [(name, p) for name, info in report["containers"].items() for pid in info["inits"] if (p := pin(pid))]
-    rt = realtime(True)
+    reapers = {}
+    rt = realtime(0, True)
     started = time.monotonic()
     signalled = {}
     try:
-        for name, (fd, pid) in pinned:
+        for name, (fd, pid, parent) in pinned:
+            if rt:
+                raise_reaper(parent, reapers)
+                realtime(pid, True)
             try:
                 if fd is not None:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
@@ -129,25 +177,32 @@ if mode == "kill":
                 signalled.setdefault(name, []).append(pid)
             except ProcessLookupError:
                 pass
+            except BaseException:
+                realtime(pid, False)  # still alive: back to normal priority
+                raise
     finally:
         sent = time.monotonic()
         if rt:
-            realtime(False)
-        for _, (fd, _) in pinned:
+            realtime(0, False)
+        for _, (fd, _, _) in pinned:
             if fd is not None:
                 os.close(fd)
     deadline = started + timeout
-    # One read a round while the kernel tears the namespaces down (reading every container's cgroup.procs
-    # each round took a core from it): v2's cgroup.events says whether any process is left below the
-    # parent, v1's pids.current counts them; each container is read only once that says none or at the end.
-    while time.monotonic() < deadline:
-        state = empty()
-        if state is True or (state is None and not any(procs(n) for n in names)):
-            break
-        time.sleep(0.001 if state is False else 0.005)
+    try:
+        # One read a round while the kernel tears the namespaces down (reading every container's cgroup.procs
+        # each round took a core from it): v2's cgroup.events says whether any process is left below the
+        # parent, v1's pids.current counts them; each container is read only once that says none or at the end.
+        while time.monotonic() < deadline:
+            state = empty()
+            if state is True or (state is None and not any(procs(n) for n in names)):
+                break
+            time.sleep(0.001 if state is False else 0.005)
+        emptied = time.monotonic()
+    finally:
+        kept = lower_reapers(reapers)
     left = {n: len(procs(n)) for n in names if procs(n)}
-    report.update(signalled=signalled, left=left, seconds=time.monotonic() - started,
-                  signalled_seconds=sent - started, realtime=rt)
+    report.update(signalled=signalled, left=left, seconds=emptied - started, signalled_seconds=sent - started,
+                  realtime=rt, reapers=len(reapers), reapers_kept_realtime=kept)
 print(json.dumps(report))
 """
 
@@ -264,6 +319,8 @@ async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
     if left:
         detail = ", ".join(f"{n} ({k} processes)" for n, k in sorted(left.items())[:10])
         hint = f"; no PID-namespace init found in: {', '.join(no_init[:10])}" if no_init else ""
+        if report["reapers_kept_realtime"]:
+            hint += f"; parents left at real-time priority: {report['reapers_kept_realtime'][:10]}"
         raise ApplicationError(
             f"{inp.host}: killed the inits of {len(killed)} containers, but {len(left)} still have processes "
             f"after {inp.verify_within_seconds:g}s: {detail}{hint}",
@@ -271,4 +328,5 @@ async def kill_inits(inp: KillInitsInput) -> KillInitsOutput:
     return KillInitsOutput(host=inp.host, cgroup=report["cgroup"], killed=killed, killed_count=len(killed),
                            already_gone=gone_before,
                            seconds=round(report["seconds"], 4),
-                           signalled_seconds=round(report["signalled_seconds"], 4), realtime=report["realtime"])
+                           signalled_seconds=round(report["signalled_seconds"], 4), realtime=report["realtime"],
+                           reapers=report["reapers"], reapers_kept_realtime=report["reapers_kept_realtime"])

@@ -86,7 +86,12 @@ class KillInitsOutput(ContractModel):
     seconds: float = Field(description="from the first signal until every container was empty (the kernel has reclaimed them)")
     signalled_seconds: float = Field(0.0, description="from the first signal to the last: every container's processes "
                                      "are dead to user space from then on")
-    realtime: bool = Field(False, description="the signals were sent at real-time priority (not preempted by the dying)")
+    realtime: bool = Field(False, description="the signals were sent at real-time priority (not preempted by the dying), "
+                           "and each init was raised to it just before its signal")
+    reapers: int = Field(0, description="the inits' parents (the runtime's shims, which reap them) run at real-time "
+                         "priority until the cgroups were empty, then put back to their own")
+    reapers_kept_realtime: list[int] = Field(default_factory=list, description="PIDs of parents still alive that could "
+                                             "not be put back (none unless the host refused it)")
 
 
 class NoticeInput(NamedHost):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -101,12 +102,58 @@ async def test_kill_inits_kills_each_namespace_with_one_signal_and_is_idempotent
     # Every init was pinned and checked before the first signal: the burst is inside the whole kill.
     assert 0 <= out.signalled_seconds <= out.seconds
     assert out.realtime  # root here: the burst ran at real-time priority
+    assert out.reapers == 6 and out.reapers_kept_realtime == []  # each init's unshare, raised until it reaped
     assert all(host.processes(n) == [] for n in listed.alive)
     for proc in host.procs.values():
         assert proc.wait(timeout=5) != 0  # unshare reports its child killed
 
     again = await kill_inits(_on(host, KillInitsInput))
     assert again.killed == [] and again.already_gone == sorted(listed.alive)
+
+
+# A shim that outlives its container, as a runtime's does: it makes a PID namespace, forks its init into
+# the container's cgroup, waits for the init to exit, records its own scheduling policy before it reaps
+# it (the cgroup still holds the zombie, so the kill is still waiting), reaps it and stays.
+_SHIM = """
+import ctypes, os, sys, time
+if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
+    raise OSError(ctypes.get_errno(), "unshare")
+init = os.fork()
+if init == 0:
+    with open(sys.argv[1], "w") as f:
+        f.write("0")
+    os.execvp("sleep", ["sleep", "600"])
+os.waitid(os.P_PID, init, os.WEXITED | os.WNOWAIT)
+with open(sys.argv[2], "w") as f:
+    f.write(str(os.sched_getscheduler(0)))
+os.waitpid(init, 0)
+time.sleep(600)
+"""
+
+
+def _start_shimmed(host: Host, name: str, seen: Path) -> subprocess.Popen:
+    group = host.base / name
+    group.mkdir()
+    shim = subprocess.Popen([sys.executable, "-c", _SHIM, str(group / "cgroup.procs"), str(seen)])
+    host.procs[name] = shim
+    deadline = time.monotonic() + 5
+    while not host.processes(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return shim
+
+
+async def test_kill_inits_reaps_at_real_time_priority_and_puts_a_surviving_shim_back(host, tmp_path):
+    seen = tmp_path / "policy-when-reaping"
+    shim = _start_shimmed(host, "box-shimmed", seen)
+    assert len(host.processes("box-shimmed")) == 1
+    assert os.sched_getscheduler(shim.pid) == os.SCHED_OTHER
+
+    out = await kill_inits(_on(host, KillInitsInput))
+    assert out.killed == ["box-shimmed"] and out.reapers == 1 and out.reapers_kept_realtime == []
+    assert int(seen.read_text()) == os.SCHED_FIFO  # it reaped its init at real-time priority
+    assert shim.poll() is None  # the shim itself is not killed
+    assert os.sched_getscheduler(shim.pid) == os.SCHED_OTHER  # and is back to its own policy
+    assert os.sched_getparam(shim.pid).sched_priority == 0
 
 
 async def test_kill_inits_leaves_processes_that_are_no_namespace_init_and_says_so(host):
