@@ -43,7 +43,8 @@ def _python(target: HostTarget) -> list[str]:
 # A container's cgroup empties only once its init has exited and its parent (the runtime's shim) has
 # reaped it, so each init is raised to real-time priority just before its signal (it runs no user code
 # after it) and each parent for the kill, back to its own policy once the cgroups are empty: the rest
-# of the host no longer takes the cores from the exits and the reaping.
+# of the host no longer takes the cores from the exits and the reaping. The script stays real-time while
+# it waits (a read a millisecond), so it sees them empty when they are, not when the host next has a core.
 _HOST_SCRIPT = r"""
 import json, os, resource, select, signal, sys, time
 mode, parent, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -182,8 +183,6 @@ if mode == "kill":
                 raise
     finally:
         sent = time.monotonic()
-        if rt:
-            realtime(0, False)
         for _, (fd, _, _) in pinned:
             if fd is not None:
                 os.close(fd)
@@ -200,6 +199,8 @@ if mode == "kill":
         emptied = time.monotonic()
     finally:
         kept = lower_reapers(reapers)
+        if rt:
+            realtime(0, False)
     left = {n: len(procs(n)) for n in names if procs(n)}
     report.update(signalled=signalled, left=left, seconds=emptied - started, signalled_seconds=sent - started,
                   realtime=rt, reapers=len(reapers), reapers_kept_realtime=kept)
