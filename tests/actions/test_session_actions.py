@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.containers import kill_inits, list_containers
+from activities.containers import _python, kill_inits, list_containers
 from activities.contracts.containers import KillInitsInput, ListInput
 from activities.contracts.sessions import CordonInput, ReleaseInput
-from activities.executors import HostTarget
+from activities.executors import HostTarget, executor_for
 from activities.sessions import cordon, release
 from lab.containers import cgroup_root, remove_sessions_cgroup, sessions_cgroup
 
@@ -171,6 +171,13 @@ async def test_kill_inits_leaves_processes_that_are_no_namespace_init_and_says_s
     assert "no PID-namespace init found in: box-plain" in message, message
     assert plain.poll() is None  # not ours to kill: not a container init
     assert host.processes("box-r0001") == []
+
+
+async def test_the_drains_host_scripts_start_at_real_time_priority(host):
+    target = host.targets[0]
+    async with executor_for(target) as ex:
+        rc, out, err = await ex.run(_python(target), input="import os; print(os.sched_getscheduler(0))", timeout=10)
+    assert (rc, err) == (0, "") and int(out) == os.SCHED_FIFO
 
 
 def test_unknown_host_is_refused_before_anything_runs(host):
