@@ -7,8 +7,8 @@ Needs root (the lab, under names of its own: `make test` can run beside it). Goa
 rounds: the kill of 200 containers under 0.1 s (seed 001: `docker kill` took 20 to 37 s), notice to
 drained under 2 s. The kill is printed twice: first signal to last (from then on no container runs user
 code) and first signal to every cgroup empty (the kernel has torn the namespaces down and reclaimed their
-memory). A table says where notice-to-drained goes: the alert firing, the trigger's start, then step by
-step. A set-up that fails (the lab, the graceful stop's or a round's: containers that do not answer on a
+memory). Two tables say where notice-to-drained goes: the alert firing, the trigger's start, then step by
+step, as medians over the rounds and for the slowest round (at 10 rounds, the p95). A set-up that fails (the lab, the graceful stop's or a round's: containers that do not answer on a
 loaded machine, a lab daemon restarting) is reported with its reason and not measured; the bench goes on
 with the next round. The graceful path sends SIGTERM to every container at once, waits up to --grace-s
 for each to exit (each session drains for --drain-s), SIGKILLs what is left, then drops the store
