@@ -88,8 +88,8 @@ class KillInitsOutput(ContractModel):
                                      "are dead to user space from then on")
     realtime: bool = Field(False, description="the signals were sent at real-time priority (not preempted by the dying), "
                            "and each init was raised to it just before its signal")
-    reapers: int = Field(0, description="the inits' parents (the runtime's shims, which reap them) run at real-time "
-                         "priority until the cgroups were empty, then put back to their own")
+    reapers: int = Field(0, description="the inits' parents (the runtime's shims, which reap them) raised to real-time "
+                         "priority until the cgroups were empty, then put back to their own policy")
     reapers_kept_realtime: list[int] = Field(default_factory=list, description="PIDs of parents still alive that could "
                                              "not be put back (none unless the host refused it)")
 
