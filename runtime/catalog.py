@@ -27,7 +27,7 @@ from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_d
 from workflows.spec import IdentityPolicy
 from workflows.yaml_safety import YamlRefused, load_text, read_text
 
-__all__ = ["CATALOG_ENV", "TARGETS_ENV", "Catalog", "CatalogRefused", "CatalogRunbook", "RunResolver"]
+__all__ = ["CATALOG_ENV", "TARGETS_ENV", "Catalog", "CatalogRefused", "CatalogRunbook", "CatalogWarmed", "RunResolver"]
 
 CATALOG_ENV = "COLDSTART_CATALOG"
 TARGETS_ENV = "COLDSTART_TARGETS"
@@ -48,6 +48,16 @@ def _runbook_name(text: str) -> str | None:
 
 class CatalogRefused(Refused):
     """A run request the catalog will not run; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class CatalogWarmed:
+    """What Catalog.warm parsed: the runbooks' names, how many runbook texts and which targets were parsed
+    anew (none once they are kept), and the targets whose inventory the catalog refuses, with why."""
+    runbooks: list[str]
+    runbooks_parsed: int
+    targets_parsed: list[str]
+    targets_refused: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,28 @@ class Catalog:
         # Kept with the text read before the parse: a file changed in between is parsed again next time.
         self._read_inventories[path] = (text, copy.deepcopy(inventory))
         return inventory
+
+    def warm(self) -> CatalogWarmed:
+        """Parse every catalogued runbook and target inventory now, so that a run's first resolution does not
+        (the worker calls it before its first poll: runtime/worker.warm_up). A target whose inventory is invalid
+        is reported, not raised: its runs are refused at resolution as before."""
+        known = set(self._names)
+        runbooks = self.runbooks()
+        parsed_runbooks = sum(1 for digest in self._names if digest not in known)
+        parsed_targets: list[str] = []
+        refused: dict[str, str] = {}
+        paths = sorted(self.targets_dir.glob("*.yaml")) if self.targets_dir is not None and self.targets_dir.is_dir() else []
+        for path in paths:
+            before = self._read_inventories.get(path)
+            try:
+                self.inventory(path.stem)
+            except CatalogRefused as exc:
+                refused[path.stem] = str(exc)
+                continue
+            if self._read_inventories.get(path) is not before:
+                parsed_targets.append(path.stem)
+        return CatalogWarmed(runbooks=sorted({r.name for r in runbooks.values()}), runbooks_parsed=parsed_runbooks,
+                             targets_parsed=parsed_targets, targets_refused=refused)
 
     def target(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
         """The inventory of the request's target, and whether it is a development target."""

@@ -25,7 +25,7 @@ from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
 from activities.telemetry import pace_readings
 from runtime.action_versions import catalog_build_id
-from runtime.catalog import Catalog, RunResolver
+from runtime.catalog import Catalog, CatalogWarmed, RunResolver
 from runtime.connection import connect, web_ui_url
 from runtime.notifications import Notifier
 from runtime.notifications import from_environment as notifier_from_environment
@@ -45,7 +45,7 @@ from workflows.runbook_workflow import RunbookWorkflow
 # whose worker was alive was handed to another (bench/soak.py saw one run twice). At 3 s the slack is 7 s.
 HEARTBEAT_FORWARD_EVERY = timedelta(seconds=3)
 
-__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker"]
+__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker", "warm_up"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -201,10 +201,27 @@ def _setting(environ: Mapping[str, str], name: str, default: float, *, at_most: 
     return value
 
 
+def warm_up(catalog: Catalog, registry: Registry) -> CatalogWarmed:
+    """Before the first poll: parse the catalog's runbooks and inventories and build every action's models.
+
+    Otherwise a worker's first run pays for them in its resolution and first steps (the models are built on
+    first use, to keep them off the CLI's start): 0.6 s of a drain's first run on a loaded machine, against
+    0.04 s for the runs after it. Returns what the catalog parsed, and the targets it refuses."""
+    warmed = catalog.warm()
+    for spec in registry.specs.values():
+        for model in (spec.input_model, spec.output_model):
+            if model is not None and not model.__pydantic_complete__:
+                model.model_rebuild()
+    return warmed
+
+
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
     client = await connect(runtime=worker_runtime(metrics_address))
     catalog = Catalog.from_environment()
+    warmed = await asyncio.to_thread(warm_up, catalog, load_registry())
+    for target, why in warmed.targets_refused.items():
+        log.warning("target refused by the catalog", target=target, reason=why)
     notifier = notifier_from_environment(link=lambda workflow_id: web_ui_url(client, workflow_id))
     worker = build_worker(client, queue, journal=journal, catalog=catalog, notifier=notifier)
     stop = asyncio.Event()
@@ -214,6 +231,7 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
     log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
              task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()), journal=journal,
              pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
+             runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
              notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None)
     async with worker:
         await stop.wait()

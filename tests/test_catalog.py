@@ -9,11 +9,14 @@ import pytest
 import yaml
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
+from activities.catalog import load_registry
 from cli.timeline import build_timeline, render_markdown
+from runtime import catalog as catalog_module
 from runtime.catalog import Catalog, CatalogRefused
 from runtime.runs import start_run
+from runtime.worker import warm_up
 from tests import support
-from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunStatus
+from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunRequest, RunStatus
 from workflows.loader import plan_run, runbook_digest
 
 GUARDED = """\
@@ -222,6 +225,50 @@ def test_the_catalog_reads_its_files_at_each_resolution_whatever_it_parsed_befor
     (targets / "prod.yaml").unlink()
     with pytest.raises(CatalogRefused, match="not in the controller's catalog"):
         catalog.inventory("prod")
+
+
+NOTED = """\
+metadata: {name: noted}
+target: prod
+steps:
+  - id: say
+    action: core.note
+    with: {message: hello}
+"""
+
+
+def test_the_worker_warms_the_catalog_and_the_action_models_before_its_first_run(tmp_path, monkeypatch):
+    """warm_up parses what a first resolution would: a resolution after it parses neither the catalog's runbooks
+    nor the target's inventory, a broken target is reported (its runs are still refused), and every action's
+    models are built."""
+    runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
+    runbooks.mkdir()
+    targets.mkdir()
+    (runbooks / "noted.yaml").write_text(NOTED)
+    (runbooks / "notes.yaml").write_text("just: a file\n")  # no runbook: not in the catalog
+    (targets / "prod.yaml").write_text("name: prod\ntelemetry: {prometheus: 'http://127.0.0.1:9'}\n")
+    (targets / "broken.yaml").write_text("name: broken\ntelemetry: {prometheus: 7}\n")
+    catalog, registry = Catalog(runbooks, targets), load_registry()
+
+    warmed = warm_up(catalog, registry)
+    assert warmed.runbooks == ["noted"] and warmed.runbooks_parsed == 2 and warmed.targets_parsed == ["prod"]
+    assert list(warmed.targets_refused) == ["broken"] and "inventory is invalid" in warmed.targets_refused["broken"]
+    assert all(spec.input_model.__pydantic_complete__ for spec in registry.specs.values())
+
+    request = RunRequest(runbook="noted", digest=runbook_digest(NOTED), text=NOTED, source="noted.yaml",
+                         target="prod", inventory=catalog.inventory("prod"), initiator="alice")
+
+    def parsed_again(*_args):
+        raise AssertionError("parsed again after warm_up")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(catalog_module, "_runbook_name", parsed_again)
+        patched.setattr(catalog_module, "load_inventory", parsed_again)
+        assert catalog.resolve(request, registry, "coldstart-prod").runbook.metadata.name == "noted"
+    again = catalog.warm()
+    assert (again.runbooks_parsed, again.targets_parsed) == (0, [])
+    with pytest.raises(CatalogRefused, match="inventory is invalid"):
+        catalog.inventory("broken")
 
 
 WIDENING = """\
