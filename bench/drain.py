@@ -8,19 +8,18 @@ rounds: the kill of 200 containers under 0.1 s (seed 001: `docker kill` took 20 
 drained under 2 s. The kill is printed twice: first signal to last (from then on no container runs user
 code) and first signal to every cgroup empty (the kernel has torn the namespaces down and reclaimed their
 memory). Two tables say where notice-to-drained goes: the alert firing, the trigger's start, then step by
-step, as medians over the rounds and for the slowest round (at 10 rounds, the p95). A set-up that fails (the lab, the graceful stop's or a round's: containers that do not answer on a
-loaded machine, a lab daemon restarting) is reported with its reason and not measured; the bench goes on
-with the next round. The graceful path sends SIGTERM to every container at once, waits up to --grace-s
-for each to exit (each session drains for --drain-s), SIGKILLs what is left, then drops the store
-entries; its sessions stay stuck until then. The stuck-session histogram is the session router's, before
-and after each path.
+step, as medians over the rounds and for the slowest round (at 10 rounds, the p95). A set-up that fails
+(the lab, the graceful stop's or a round's: containers that do not answer on a loaded machine, a lab
+daemon restarting) is reported with its reason and not measured; the bench goes on with the next round.
+The graceful path sends SIGTERM to every container at once, waits up to --grace-s for each to exit (each
+session drains for --drain-s), SIGKILLs what is left, then drops the store entries; its sessions stay
+stuck until then. The stuck-session histogram is the session router's, before and after each path.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+from _soak_figures import percentile
 from rich.console import Console
 from rich.table import Table
 
@@ -124,10 +124,11 @@ async def main(args: argparse.Namespace, root: Path) -> int:
             "after (cumulative)": runbook_after,
         }))
     console.print(_steps_table(reports, "median over rounds"))
-    drained = [r for r in reports if r.notice_to_drained_s is not None]
-    if len(drained) > 1:  # the p95 is the slowest round: where its time went
-        slowest = max(drained, key=lambda r: r.notice_to_drained_s or 0.0)
-        console.print(_steps_table([slowest], f"the slowest round, drained {slowest.notice_to_drained_s:.2f} s after the notice"))
+    drained_rounds = [r for r in reports if r.notice_to_drained_s is not None]
+    if len(drained_rounds) > 1:  # the p95 is the slowest round: where its time went
+        slowest = max(drained_rounds, key=lambda r: r.notice_to_drained_s or 0.0)
+        console.print(_steps_table([slowest], f"the slowest round, drained {slowest.notice_to_drained_s:.2f} s "
+                                              "after the notice"))
     signalled = [r.kill_signalled_seconds for r in reports if r.kill_signalled_seconds is not None]
     kills = [r.kill_seconds for r in reports if r.kill_seconds is not None]
     drained = [r.notice_to_drained_s for r in reports if r.notice_to_drained_s is not None]
@@ -136,13 +137,13 @@ async def main(args: argparse.Namespace, root: Path) -> int:
                          ("kill, first signal to every cgroup empty: the kernel has reclaimed them (s)", kills),
                          ("notice→drained (s)", drained)):
         if values:
-            console.print(f"{name}: p50 {_percentile(values, 50):.3f}, p95 {_percentile(values, 95):.3f}, "
+            console.print(f"{name}: p50 {percentile(values, 50):.3f}, p95 {percentile(values, 95):.3f}, "
                           f"max {max(values):.3f} over {len(values)} rounds")
     complete = not failed and not unmeasured and len(kills) == len(drained) == len(signalled) == args.runs
     verdicts = {
-        "signals < 0.1 s": complete and _percentile(signalled, 95) < 0.1,
-        "cgroups empty < 0.1 s": complete and _percentile(kills, 95) < 0.1,
-        "notice→drained < 2 s": complete and _percentile(drained, 95) < 2.0,
+        "signals < 0.1 s": complete and percentile(signalled, 95) < 0.1,
+        "cgroups empty < 0.1 s": complete and percentile(kills, 95) < 0.1,
+        "notice→drained < 2 s": complete and percentile(drained, 95) < 2.0,
     }
     console.print(f"goals (p95 over {args.runs} rounds): "
                   + ", ".join(f"{goal} {'met' if met else 'NOT met'}" for goal, met in verdicts.items())
@@ -186,12 +187,6 @@ def _steps_table(reports: list[DrainReport], which: str) -> Table:
         table.add_row(step, f"{statistics.median(t[0] for t in times):.2f}", f"{statistics.median(t[1] for t in times):.2f}",
                       f"{statistics.median(t[1] - t[0] for t in times):.2f}", str(len(times)))
     return table
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: p95 of 10 rounds is the slowest of them."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ Needs root. Each round starts --containers session containers as the lab's node 
 (lab/containers.ContainerHost: `unshare --pid --fork --mount-proc`, the same one-process workload, a
 cgroup each below one parent), waits until every one answers, then runs the drain's own action,
 `containers.kill_inits`, through Temporal's ActivityEnvironment and a network namespace of its own as the
-host (no server, no lab, no other step). It prints each round's first-signal-to-last and
-first-signal-to-every-cgroup-empty times and the whole action's, and their p50, p95 and max, and the load average at the start:
-the floor `bench/drain.py`'s "cgroups empty" figure is measured against. With --probe-every, a task
+host (no server, no lab, no other step). It prints each round's first-signal-to-last,
+first-signal-to-every-cgroup-empty and whole-action times, their p50, p95 and max, and the load average at
+the start: the floor `bench/drain.py`'s "cgroups empty" figure is measured against. With --probe-every, a task
 probes every session as the lab's session router does (lab/session_router.py: all of them, every 0.25 s
 there), through the kill too.
 """

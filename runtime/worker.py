@@ -218,18 +218,18 @@ def warm_up(catalog: Catalog, registry: Registry) -> CatalogWarmed:
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
     client = await connect(runtime=worker_runtime(metrics_address))
-    catalog = Catalog.from_environment()
-    warmed = await asyncio.to_thread(warm_up, catalog, load_registry())
+    catalog, registry = Catalog.from_environment(), load_registry()
+    warmed = await asyncio.to_thread(warm_up, catalog, registry)
     for target, why in warmed.targets_refused.items():
         log.warning("target refused by the catalog", target=target, reason=why)
     notifier = notifier_from_environment(link=lambda workflow_id: web_ui_url(client, workflow_id))
-    worker = build_worker(client, queue, journal=journal, catalog=catalog, notifier=notifier)
+    worker = build_worker(client, queue, registry=registry, journal=journal, catalog=catalog, notifier=notifier)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
-             task_queue=queue, metrics=metrics_address, actions=len(load_registry().names()), journal=journal,
+             task_queue=queue, metrics=metrics_address, actions=len(registry.names()), journal=journal,
              pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
              runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
              notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None)
