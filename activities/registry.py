@@ -99,6 +99,17 @@ class Registry:
             raise Unimplemented(f"actions declared without an implementation: {', '.join(missing)}")
         return [spec.fn for spec in self.specs.values() if spec.fn is not None]
 
+    def build_models(self) -> int:
+        """Build every action's input and output models now (they are built on first use otherwise, to keep
+        them off the CLI's start); how many were built. For long-lived processes, before their first run."""
+        built = 0
+        for spec in self.specs.values():
+            for model in (spec.input_model, spec.output_model):
+                if model is not None and not model.__pydantic_complete__:
+                    model.model_rebuild()
+                    built += 1
+        return built
+
     def merged(self, *others: Registry) -> Registry:
         combined = Registry(self.specs)
         for other in others:

@@ -562,3 +562,31 @@ async def test_the_starter_connects_before_the_first_alert_and_a_temporal_down_t
         assert await down.warm() is False
         with pytest.raises(TemporalUnavailable, match="cannot connect to Temporal"):
             await down.connect()
+
+
+def test_the_receiver_builds_the_plans_models_and_reads_its_targets_before_the_first_alert(tmp_path):
+    """warm_up builds the models an action's first plan would (a deferred one here, so that nothing else built it
+    first) and reads each trigger's target once; a target it cannot read is reported with why, not raised."""
+    from pydantic import BaseModel, ConfigDict
+
+    from activities.registry import Registry, declare
+    from triggers.receiver import warm_up
+
+    class Deferred(BaseModel):
+        model_config = ConfigDict(defer_build=True)
+        host: str
+
+    registry = Registry()
+    declare("test.deferred", Deferred, Deferred, doc="A model built on first use.", registry=registry)
+    assert not Deferred.__pydantic_complete__
+    (tmp_path / "lab.yaml").write_text("name: lab\ntelemetry: {prometheus: 'http://127.0.0.1:9'}\n")
+    (tmp_path / "broken.yaml").write_text("name: broken\ntelemetry: {prometheus: 7}\n")
+    config = TriggersFile.model_validate({"version": 1, "triggers": [
+        {**CONFIG.triggers[0].model_dump(), "name": name, "target": target}
+        for name, target in (("lab", "lab"), ("again", "lab"), ("broken", "broken"), ("gone", "gone"))]})
+
+    unreadable = warm_up(config, tmp_path, registry)
+
+    assert Deferred.__pydantic_complete__
+    assert sorted(unreadable) == ["broken", "gone"]
+    assert "broken.yaml:2:25: telemetry.prometheus" in unreadable["broken"] and "no inventory for target 'gone'" in unreadable["gone"]
