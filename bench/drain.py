@@ -2,6 +2,7 @@
 in one lab, and the notice-to-drained time through the alert trigger and the runbook.
 
     .venv/bin/python bench/drain.py [--containers 200] [--runs 10] [--drain-s 2] [--grace-s 10] [--keep-dir DIR]
+                                    [--controller-weight 1000] [--alternate]
 
 Needs root (the lab, under names of its own: `make test` can run beside it). Goals, at p95 over --runs
 rounds: the kill of 200 containers under 0.1 s (seed 001: `docker kill` took 20 to 37 s), notice to
@@ -14,6 +15,11 @@ daemon restarting) is reported with its reason and not measured; the bench goes 
 The graceful path sends SIGTERM to every container at once, waits up to --grace-s for each to exit (each
 session drains for --drain-s), SIGKILLs what is left, then drops the store entries; its sessions stay
 stuck until then. The stuck-session histogram is the session router's, before and after each path.
+
+The controller's processes (the Temporal server, the worker and the hosts' scripts it starts, the trigger) run in
+a CPU cgroup of weight --controller-weight (systemd's CPUWeight; every other process's group or session has 100),
+as docs/production.md deploys them; 0 runs them as any other process. --alternate runs --runs rounds each way,
+turn about, so both see the same neighbours: the goals are judged on the weighted rounds, both are printed.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ async def main(args: argparse.Namespace, root: Path) -> int:
     unmeasured: list[str] = []
     graceful: dict | None = None
     before_graceful = after_graceful = None
+    weighted = args.controller_weight or None
+    # Weighted first when alternating: the first round after the lab's start is the one most likely to be slow.
+    weights: list[int | None] = [weighted, None] * args.runs if args.alternate and weighted else [weighted] * args.runs
     try:
         async with DrainDrill(root, containers=args.containers, drain_s=args.drain_s, log=log, names=DRAIN_BENCH_LAB) as drill:
             # Graceful: every container SIGTERMed at once, waited for, then the store entries dropped.
@@ -73,12 +82,16 @@ async def main(args: argparse.Namespace, root: Path) -> int:
                 log(f"the graceful stop not measured: {_reason(exc)}")
             # Kill path: the notice, the alert, the trigger, the runbook (cordon, kill inits, release, gates).
             failed_in_a_row = 0
-            for n in range(1, args.runs + 1):
+            for n in range(1, len(weights) + 1):
+                weight = weights[n - 1]
                 if failed_in_a_row >= _GIVE_UP_AFTER:
                     unmeasured.append(f"round {n}: not tried, {_GIVE_UP_AFTER} set-ups in a row failed")
                     continue
                 try:
-                    reports.append(await drill.round(notice_s=args.notice_s))
+                    drill.weigh_controller(weight)
+                    report = await drill.round(notice_s=args.notice_s)
+                    report.controller_weight = weight
+                    reports.append(report)
                     failed_in_a_row = 0
                 except _SET_UP_FAILURES as exc:
                     failed_in_a_row += 1
@@ -104,7 +117,7 @@ async def main(args: argparse.Namespace, root: Path) -> int:
                       f"{graceful['seconds']:.3f}", f"{graceful['released_after_seconds']:.3f}", "-", "-",
                       f"{graceful['stopped']} stopped, {graceful['timed_out']} SIGKILLed after the grace")
     for n, r in enumerate(reports, 1):
-        table.add_row(f"PID-namespace init kill (runbook), round {n}",
+        table.add_row(f"PID-namespace init kill (runbook), round {n}, {_weight(r.controller_weight)}",
                       f"{r.kill_seconds:.3f}" if r.kill_seconds else "?", f"{r.notice_to_released_s}",
                       f"{r.notice_to_run_started_s}", f"{r.notice_to_drained_s}",
                       f"{r.state}: {r.killed} killed, {r.released} released, {r.containers_left} containers and "
@@ -123,6 +136,28 @@ async def main(args: argparse.Namespace, root: Path) -> int:
             "kill via runbook": runbook_after.minus(runbook_before),
             "after (cumulative)": runbook_after,
         }))
+    variants = [weighted, None] if args.alternate and weighted else [weighted]
+    verdicts: dict[str, bool] = {}
+    for weight in variants:
+        rounds = [r for r in reports if r.controller_weight == weight]
+        missed = args.runs - len(rounds)
+        console.print(f"[bold]the controller at {_weight(weight)}[/bold]: {len(rounds)} rounds", highlight=False)
+        judged = _summary(console, rounds, complete=not unmeasured and not missed, runs=args.runs)
+        if weight == variants[0]:  # the goals are judged on the deployment's weight
+            verdicts = judged
+    console.print(f"goals (p95 over {args.runs} rounds, the controller at {_weight(variants[0])}): "
+                  + ", ".join(f"{goal} {'met' if met else 'NOT met'}" for goal, met in verdicts.items())
+                  + f"; {len(reports)} rounds measured, {len(unmeasured)} not measured; total "
+                  f"{time.monotonic() - started:.1f} s (lab up/down included)")
+    return 0 if all(verdicts.values()) else 1
+
+
+def _weight(weight: int | None) -> str:
+    return f"CPU weight {weight}" if weight else "no CPU weight of its own"
+
+
+def _summary(console: Console, reports: list[DrainReport], *, complete: bool, runs: int) -> dict[str, bool]:
+    """The steps' medians, the slowest round's steps, the figures and whether each goal is met over `reports`."""
     console.print(_steps_table(reports, "median over rounds"))
     drained_rounds = [r for r in reports if r.notice_to_drained_s is not None]
     if len(drained_rounds) > 1:  # the p95 is the slowest round: where its time went
@@ -139,18 +174,14 @@ async def main(args: argparse.Namespace, root: Path) -> int:
         if values:
             console.print(f"{name}: p50 {percentile(values, 50):.3f}, p95 {percentile(values, 95):.3f}, "
                           f"max {max(values):.3f} over {len(values)} rounds")
-    complete = not failed and not unmeasured and len(kills) == len(drained) == len(signalled) == args.runs
-    verdicts = {
+    if failed:
+        console.print(f"{len(failed)} rounds not drained or with a step repeated")
+    complete = complete and not failed and len(kills) == len(drained) == len(signalled) == runs
+    return {
         "signals < 0.1 s": complete and percentile(signalled, 95) < 0.1,
         "cgroups empty < 0.1 s": complete and percentile(kills, 95) < 0.1,
         "notice→drained < 2 s": complete and percentile(drained, 95) < 2.0,
     }
-    console.print(f"goals (p95 over {args.runs} rounds): "
-                  + ", ".join(f"{goal} {'met' if met else 'NOT met'}" for goal, met in verdicts.items())
-                  + f"; {len(reports)} rounds measured, {len(failed)} not drained or with a "
-                  f"step repeated, {len(unmeasured)} not measured; total {time.monotonic() - started:.1f} s "
-                  "(lab up/down included)")
-    return 0 if all(verdicts.values()) else 1
 
 
 # What a loaded machine does to a set-up: a timeout, a daemon that answers 5xx or not at all, a process
@@ -197,6 +228,10 @@ if __name__ == "__main__":
     parser.add_argument("--grace-s", type=float, default=10.0, help="the graceful stop's timeout (docker stop's default)")
     parser.add_argument("--notice-s", type=float, default=30.0)
     parser.add_argument("--keep-dir", type=Path, help="state dir (journal, logs, temporal.db) to keep")
+    parser.add_argument("--controller-weight", type=int, default=1000,
+                        help="the controller's CPU weight, 1 to 10000 (others have 100); 0: none of its own")
+    parser.add_argument("--alternate", action="store_true",
+                        help="also --runs rounds without the weight, turn about with the weighted ones")
     args = parser.parse_args()
     root = args.keep_dir or Path(tempfile.mkdtemp(prefix="coldstart-drain-"))
     sys.exit(asyncio.run(main(args, root)))

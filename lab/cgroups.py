@@ -1,4 +1,5 @@
-"""CPU throttling of lab processes with the kernel's CFS bandwidth control (cgroup v2 `cpu.max`, or v1 `cpu.cfs_*`)."""
+"""CPU cgroups for lab processes: throttling with CFS bandwidth control (cgroup v2 `cpu.max`, or v1 `cpu.cfs_*`),
+and a weight (v2 `cpu.weight`, v1 `cpu.shares`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuStat", "cgroup_root", "cpu_stat", "groups", "pids", "release", "throttle"]
+__all__ = ["CpuStat", "cgroup_root", "cpu_stat", "groups", "pids", "release", "throttle", "weigh"]
 
 _ROOT = Path("/sys/fs/cgroup")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,60}$")
@@ -64,6 +65,31 @@ def throttle(name: str, pids: list[int], cpu_fraction: float | None, period_us: 
     else:
         (group / "cpu.cfs_period_us").write_text(str(period_us))
         (group / "cpu.cfs_quota_us").write_text(str(quota or -1))
+    for pid in pids:
+        (group / "cgroup.procs").write_text(str(pid))
+    return group
+
+
+def weigh(name: str, pids: list[int], weight: int, rt_runtime_us: int = 200_000) -> Path:
+    """Put `pids` (whole processes, every thread, and the children they start from then on) in cgroup `name`
+    with CPU weight `weight` against the default 100 of every other group and session (systemd's CPUWeight:
+    v2 `cpu.weight`, v1 `cpu.shares` = weight x 10.24). On v1 with real-time group scheduling the group also
+    gets `rt_runtime_us` of each second for real-time tasks (a new group gets none, and a process in it could
+    not take a real-time policy)."""
+    if not 1 <= weight <= 10_000:
+        raise ValueError(f"CPU weight {weight} out of range 1..10000")
+    group = _group(name)
+    if _v2():
+        subtree = _ROOT / "cgroup.subtree_control"
+        if "cpu" not in subtree.read_text().split():
+            subtree.write_text("+cpu")
+    group.mkdir(exist_ok=True)
+    if _v2():
+        (group / "cpu.weight").write_text(str(weight))
+    else:
+        (group / "cpu.shares").write_text(str(max(2, round(weight * 10.24))))
+        if (group / "cpu.rt_runtime_us").exists():
+            (group / "cpu.rt_runtime_us").write_text(str(rt_runtime_us))
     for pid in pids:
         (group / "cgroup.procs").write_text(str(pid))
     return group

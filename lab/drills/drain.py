@@ -111,6 +111,7 @@ class DrainReport:
     workflow_id: str = ""
     run_initiator: str = ""
     trigger_answers: list[str] = field(default_factory=list)
+    controller_weight: int | None = None  # the controller's CPU weight in this round (None: as every process)
 
     @property
     def repeats(self) -> list[Any]:
@@ -150,6 +151,9 @@ class DrainDrill(LabHarness):
                  "--token-file", str(Secrets(self.cfg).file("trigger-token")), "--targets-dir", str(self.targets)],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         wait_port(self.cfg.ports.trigger, host=gateway, timeout=60, process=self.trigger)
+
+    def controller_pids(self) -> list[int]:
+        return [*super().controller_pids(), *([self.trigger.pid] if self.trigger else [])]
 
     async def close(self) -> None:
         stop_process(self.trigger, grace=5)

@@ -140,6 +140,34 @@ class LabHarness:
                                     {"VAULT_TOKEN": token, "COLDSTART_TARGETS": str(self.targets)})
         await asyncio.to_thread(self.worker.start)
 
+    @property
+    def controller_cgroup(self) -> str:
+        """The CPU cgroup the controller's processes go to (lab down removes it with the lab's others)."""
+        return f"coldstart-{self.cfg.prefix}-controller"
+
+    def controller_pids(self) -> list[int]:
+        """The controller's processes: the Temporal server and the worker (the host scripts it starts follow it)."""
+        return [p for p in (self.server.process.pid if self.server.process else None, self.worker and self.worker.pid)
+                if p is not None]
+
+    def weigh_controller(self, weight: int | None) -> list[int]:
+        """Give the controller's processes CPU weight `weight` in one cgroup, as a deployment reserves CPU for its
+        controller (systemd's CPUWeight; every other group and session has 100), or None: back among every
+        other process, at the same weight. Returns the PIDs moved; OSError where there is no CPU controller."""
+        from lab import cgroups
+
+        pids = self.controller_pids()
+        if weight is not None:
+            cgroups.weigh(self.controller_cgroup, pids, weight)
+            return pids
+        moved = cgroups.pids(self.controller_cgroup)
+        for pid in moved:
+            try:
+                (cgroups.cgroup_root() / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:  # a host script that ended meanwhile
+                pass
+        return moved
+
     async def close(self) -> None:
         from lab import lifecycle
 
