@@ -582,9 +582,13 @@ def create_app(config: TriggersFile, token: str, *, starter: Starter | None = No
 async def _warm_in_background(app: web.Application, starter: TemporalStarter, planning: Callable[[], dict[str, str]]) -> None:
     # A task, so the port answers (healthz, alerts) while Temporal is being reached and the plans' models built.
     async def warm() -> bool:
-        for target, why in (await asyncio.to_thread(planning)).items():
-            _log.warning("trigger_target_unreadable_at_start", target=target, error=why)
-        return await starter.warm()
+        connected = await starter.warm()
+        try:
+            for target, why in (await asyncio.to_thread(planning)).items():
+                _log.warning("trigger_target_unreadable_at_start", target=target, error=why)
+        except Exception:  # noqa: BLE001 - only a warm-up: the first alert plans as it always did
+            _log.exception("trigger_warm_up_failed")
+        return connected
 
     app[_WARMING] = asyncio.create_task(warm())  # kept: a task nobody holds may be collected
 
