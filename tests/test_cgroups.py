@@ -55,9 +55,9 @@ def test_weigh_gives_the_processes_and_their_later_children_the_weight_and_a_rea
         child = int(answer)
         assert sorted(cgroups.pids(group)) == sorted([shell.pid, child])
     finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)  # its sleep, before it is orphaned
         shell.kill()
         shell.wait()
-        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
 
 
 def test_weigh_refuses_a_weight_out_of_range(group):
