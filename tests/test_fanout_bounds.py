@@ -119,7 +119,7 @@ async def test_thousands_of_large_outputs_stay_small_and_the_undo_is_exact(env, 
         status = await support.status(handle)
         sizes = await run_payloads(env.client, handle.id)
     change, undo = status.steps[0].outputs, status.steps[1].outputs
-    assert (change["succeeded"], change["failed"]) == (ITEMS - len(FAILING), len(FAILING))
+    assert (change["succeeded"], change["failed"]) == (ITEMS - len(FAILING), len(FAILING)), change["failures"]
     assert [r for r in change["done"]] == [[a, b] for a, b in _gaps(ITEMS, FAILING)]
     assert "results" not in change and "not shown" in change["results_kept"]  # 4.5 MB: not in the status
     assert "results" not in undo  # no later step reads them: the batches never handed them back
