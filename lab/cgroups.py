@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuStat", "cgroup_root", "cpu_stat", "groups", "pids", "release", "throttle", "weigh"]
+__all__ = ["CpuStat", "cgroup_root", "cpu_stat", "groups", "pids", "release", "throttle", "vacate", "weigh"]
 
 _ROOT = Path("/sys/fs/cgroup")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,60}$")
@@ -48,25 +48,35 @@ def _group(name: str) -> Path:
     return cgroup_root() / name
 
 
-def throttle(name: str, pids: list[int], cpu_fraction: float | None, period_us: int = 100_000) -> Path:
-    """Put `pids` (whole processes, every thread) in cgroup `name`, limited to `cpu_fraction` of one
-    CPU (None: no limit, so its cpu.stat is there to read before any fault)."""
-    if cpu_fraction is not None and not 0.001 <= cpu_fraction <= 64:
-        raise ValueError(f"cpu_fraction {cpu_fraction} out of range")
+def _made(name: str) -> Path:
+    """Cgroup `name`, created if missing (on v2 with the cpu controller enabled for the root's children)."""
     group = _group(name)
     if _v2():
         subtree = _ROOT / "cgroup.subtree_control"
         if "cpu" not in subtree.read_text().split():
             subtree.write_text("+cpu")
     group.mkdir(exist_ok=True)
+    return group
+
+
+def _place(group: Path, pids: list[int]) -> None:
+    for pid in pids:
+        (group / "cgroup.procs").write_text(str(pid))
+
+
+def throttle(name: str, pids: list[int], cpu_fraction: float | None, period_us: int = 100_000) -> Path:
+    """Put `pids` (whole processes, every thread) in cgroup `name`, limited to `cpu_fraction` of one
+    CPU (None: no limit, so its cpu.stat is there to read before any fault)."""
+    if cpu_fraction is not None and not 0.001 <= cpu_fraction <= 64:
+        raise ValueError(f"cpu_fraction {cpu_fraction} out of range")
+    group = _made(name)
     quota = None if cpu_fraction is None else max(1000, int(period_us * cpu_fraction))
     if _v2():
         (group / "cpu.max").write_text(f"{quota or 'max'} {period_us}")
     else:
         (group / "cpu.cfs_period_us").write_text(str(period_us))
         (group / "cpu.cfs_quota_us").write_text(str(quota or -1))
-    for pid in pids:
-        (group / "cgroup.procs").write_text(str(pid))
+    _place(group, pids)
     return group
 
 
@@ -78,20 +88,14 @@ def weigh(name: str, pids: list[int], weight: int, rt_runtime_us: int = 200_000)
     not take a real-time policy)."""
     if not 1 <= weight <= 10_000:
         raise ValueError(f"CPU weight {weight} out of range 1..10000")
-    group = _group(name)
-    if _v2():
-        subtree = _ROOT / "cgroup.subtree_control"
-        if "cpu" not in subtree.read_text().split():
-            subtree.write_text("+cpu")
-    group.mkdir(exist_ok=True)
+    group = _made(name)
     if _v2():
         (group / "cpu.weight").write_text(str(weight))
     else:
         (group / "cpu.shares").write_text(str(max(2, round(weight * 10.24))))
         if (group / "cpu.rt_runtime_us").exists():
             (group / "cpu.rt_runtime_us").write_text(str(rt_runtime_us))
-    for pid in pids:
-        (group / "cgroup.procs").write_text(str(pid))
+    _place(group, pids)
     return group
 
 
@@ -102,8 +106,8 @@ def pids(name: str) -> list[int]:
         return []
 
 
-def release(name: str) -> list[int]:
-    """Move every process out of cgroup `name` (back to the root) and remove it; returns the moved PIDs."""
+def vacate(name: str) -> list[int]:
+    """Move every process out of cgroup `name` (back to the root), keeping the group; returns the moved PIDs."""
     group = _group(name)
     if not group.exists():
         return []
@@ -111,9 +115,17 @@ def release(name: str) -> list[int]:
     for pid in moved:
         try:
             (group.parent / "cgroup.procs").write_text(str(pid))
-        except ProcessLookupError:
+        except ProcessLookupError:  # one that ended meanwhile
             pass
-    os.rmdir(group)
+    return moved
+
+
+def release(name: str) -> list[int]:
+    """Move every process out of cgroup `name` (back to the root) and remove it; returns the moved PIDs."""
+    if not _group(name).exists():
+        return []
+    moved = vacate(name)
+    os.rmdir(_group(name))
     return moved
 
 

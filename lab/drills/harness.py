@@ -160,13 +160,7 @@ class LabHarness:
         if weight is not None:
             cgroups.weigh(self.controller_cgroup, pids, weight)
             return pids
-        moved = cgroups.pids(self.controller_cgroup)
-        for pid in moved:
-            try:
-                (cgroups.cgroup_root() / "cgroup.procs").write_text(str(pid))
-            except ProcessLookupError:  # a host script that ended meanwhile
-                pass
-        return moved
+        return cgroups.vacate(self.controller_cgroup)
 
     async def close(self) -> None:
         from lab import lifecycle
