@@ -6,7 +6,7 @@ import asyncio
 import math
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -113,6 +113,7 @@ def build_worker(
     sandboxed: bool = False,
     catalog: Catalog | None = None,
     notifier: Notifier | None = None,
+    interceptors: Sequence[Interceptor] = (),
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
@@ -124,7 +125,8 @@ def build_worker(
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER).
     catalog: the runbooks and targets this worker runs (runtime/catalog.py; default $COLDSTART_CATALOG and
     $COLDSTART_TARGETS, else runbooks/ and targets/): every new run is resolved against it first.
-    notifier: where the runs' events go (runtime/notifications.py; one per process, never awaited by a step)."""
+    notifier: where the runs' events go (runtime/notifications.py; one per process, never awaited by a step).
+    interceptors: more of them for the runs' worker, innermost (a test's seam into its workflow tasks)."""
     if notifier is not None:
         set_event_sink(notifier.offer)
     registry = registry or load_registry()
@@ -132,10 +134,10 @@ def build_worker(
     resolver = RunResolver(catalog, registry)
     readiness = ScheduledReadiness(catalog, registry)
     # Outermost: a failure is cut to size after every other interceptor has seen it whole.
-    interceptors: list[Interceptor] = [FailureBoundsInterceptor(), HistoryTagInterceptor()]
+    chain: list[Interceptor] = [FailureBoundsInterceptor(), HistoryTagInterceptor()]
     if journal:
         mutating = {name: spec.mutating for name, spec in registry.specs.items()}
-        interceptors.append(JournalInterceptor(ActionJournal(
+        chain.append(JournalInterceptor(ActionJournal(
             journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
     rate, share = reading_settings()
     load = StepLoad(share=readings_share or share)
@@ -149,7 +151,7 @@ def build_worker(
         activities=[*registry.activities(), resolver.resolve, readiness.check],
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
-        interceptors=[*interceptors, StepLoadInterceptor(load)],
+        interceptors=[*chain, StepLoadInterceptor(load), *interceptors],
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
         build_id=build_id,
         max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
@@ -166,7 +168,7 @@ def build_worker(
         activities=reading_activities,
         max_concurrent_activities=readings_in_flight(rate, load.slowest_share),
         max_activities_per_second=rate,
-        interceptors=interceptors,
+        interceptors=chain,
         build_id=build_id,
         max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
     )

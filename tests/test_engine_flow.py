@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-import pytest
-from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+import asyncio
+import threading
 
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.worker import (
+    HandleUpdateInput,
+    Interceptor,
+    Replayer,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
+
+from runtime.connection import DATA_CONVERTER
+from runtime.worker import SANDBOXED_RUNNER, UNSANDBOXED_RUNNER
 from tests import support
 from workflows.contract import ApproveRequest, ControlRequest, RunResult
+from workflows.runbook_workflow import RunbookWorkflow
 
 
 @pytest.fixture
@@ -137,6 +151,70 @@ async def test_approval_rejections_and_four_eyes(env, task_queue, tmp_path):
     assert status.steps[0].approvals[0].approver == "bob"
     assert status.steps[0].approvals[0].comment == "looked at it"
     assert support.lines(out)[-1].endswith("after")
+
+
+class _HoldTheUpdatesTask(Interceptor):
+    """Keeps the worker inside the workflow task that runs an Update's handler until the test lets it go,
+    so the test can land a signal while that task is in flight, as a timer firing or an operator might."""
+
+    def __init__(self) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput):
+        hold = self
+
+        class _Held(WorkflowInboundInterceptor):
+            async def handle_update_handler(self, input: HandleUpdateInput):
+                hold.entered.set()
+                hold.released.wait(timeout=1.5)  # under the SDK's 2 s deadlock detector
+                return await super().handle_update_handler(input)
+
+        return _Held
+
+
+@pytest.mark.parametrize("verb", ["approve", "abort"])
+async def test_an_update_that_ends_the_run_is_answered_though_an_event_lands_during_its_task(
+        env, task_queue, tmp_path, verb):
+    """The server refuses a task that ends a run while an event it has not shown the run waits (here a
+    signal; in the suite it was the view's timer firing), and answers an Update that task carried with
+    "unexpected workflow task failure", not applied. The run answers the Update in one task and ends in
+    the next, so the approval or abort lands and the server fails no task."""
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: last-word}
+        target: t
+        approvers: [alice]
+        steps:
+          - id: ok
+            approval: {prompt: "go?"}
+    """)
+    hold = _HoldTheUpdatesTask()
+    # Unsandboxed: the sandbox would import this module afresh, and with it events the test cannot set.
+    async with support.worker(env.client, task_queue, sandboxed=False, interceptors=[hold]):
+        handle = await support.start(env.client, book, task_queue)
+        await support.wait_for(lambda: _awaiting(handle, "ok"))
+        request = (ApproveRequest(step="ok", approver="alice") if verb == "approve"
+                   else ControlRequest(actor="alice", reason="drill over"))
+        answer = asyncio.ensure_future(handle.execute_update(verb, request))
+        assert await asyncio.to_thread(hold.entered.wait, 10)
+        await handle.signal("approve_signal", {"step": "nothing-here", "approver": "alice"})  # refused, harmlessly
+        hold.released.set()
+        await answer
+        if verb == "approve":
+            assert (await handle.result()).state == "succeeded"
+        else:
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert "aborted by alice: drill over" in str(failure.value.cause)
+    history = await handle.fetch_history()
+    failed = [e.workflow_task_failed_event_attributes for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+    assert failed == []
+    kinds = [e.event_type for e in history.events]
+    answered = kinds.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED)
+    assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED in kinds[answered:]
+    # The wait is deterministic: the run's history replays, in the sandbox and out of it.
+    for runner in (UNSANDBOXED_RUNNER, SANDBOXED_RUNNER):
+        replayer = Replayer(workflows=[RunbookWorkflow], data_converter=DATA_CONVERTER, workflow_runner=runner)
+        assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
 
 
 async def _awaiting(handle, step):

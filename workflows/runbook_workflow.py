@@ -96,6 +96,8 @@ _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
 # How long the timers that show an approval's instructions run before the next ones replace them.
 NOTES_RENEWED_EVERY = timedelta(days=1)
+# How long a run that answered an Update in its last workflow task waits before it ends (_answers_land).
+ANSWERS_LAND_IN = timedelta(milliseconds=1)
 # What a Temporal Schedule appends to the workflow id of each run it starts.
 _SCHEDULED_ID = re.compile(r"-\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
@@ -117,6 +119,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._awaiting: dict[str, ApprovalSpec] = {}
         self._granted: dict[str, ApprovalRecord] = {}
         self._rejected_signals: list[str] = []
+        self._answered_in = -1  # the history length of the workflow task that last ran an Update's handler
         self._state = "running"
         self._error: str | None = None
         self._ended_at = None
@@ -220,12 +223,17 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 if index > first and workflow.info().is_continue_as_new_suggested():
                     await self._continue_as_new(index)
                 await self._run_step(steps[index])
+            # Each way out waits for the Updates to land before it says how the run ended: the view then
+            # shows the end in the task that ends the run, never before it (_answers_land).
+            await self._answers_land()
             self._state = "succeeded"
         except DeadlineMissed as exc:
+            await self._answers_land()
             self._error = str(exc)
             self._state = "failed"
             await self._deadline_missed()
         except RunAborted:
+            await self._answers_land()
             self._state = "aborted"
             who = self._abort.actor if self._abort else "operator"
             self._error = f"aborted by {who}" + (f": {self._abort.reason}" if self._abort and self._abort.reason else "")
@@ -238,6 +246,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 left = ", ".join(f"{r.step} ({r.action})" for r in reversed(self._undo))
                 self._error = f"{self._error}; left in place, not undone: {left}"
         except StepFailed as exc:
+            await self._answers_land()
             self._error = str(exc)
             if exc.rollback:
                 await self._rollback()
@@ -248,6 +257,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._publish(None)
         workflow.set_current_details(self._details(None))
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._answers_land()
         assert self._state != "running"  # every way out of the steps above set how the run ended
         result = RunResult(state=self._state, steps=list(self._steps.values()), error=self._error,
                            ended_at=self._ended_at, controls=list(self._controls))
@@ -321,8 +331,22 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             self._error = f"{self._error}; on_miss stopped: {exc}"
         self._error = f"{self._error}; on_miss ran: {', '.join(done) or 'nothing'}"
 
+    async def _answers_land(self) -> None:
+        """End the run only in a workflow task that answered no Update: if this one did, wait for the next.
+
+        The server refuses a task that ends the run while events the run has not seen wait for it (a
+        timer that fired, a signal): it fails the task and answers each Update the task carried with
+        "unexpected workflow task failure", not applied, so the operator's final approve or abort
+        would be lost to a coincidence. A task that answers and ends nothing cannot be refused that
+        way. Yields only when it waits, so a run that answered nothing keeps its commands' order.
+        Patched: runs that ended before it replay as they ran."""
+        while self._answered_in == workflow.info().get_current_history_length() and workflow.patched("answers-land"):
+            await workflow.sleep(ANSWERS_LAND_IN, summary="the run ends after the Update it just answered")
+            await workflow.wait_condition(workflow.all_handlers_finished)
+
     async def _continue_as_new(self, next_index: int) -> None:
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._answers_land()
         resume = ResumeState(
             next_index=next_index,
             steps=self._steps,
@@ -989,6 +1013,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def approve(self, req: Any) -> ApprovalRecord:
+        self._answered()
         return self._approve(parse_request(ApproveRequest, req))
 
     @approve.validator
@@ -997,6 +1022,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def retry(self, req: Any) -> str:
+        self._answered()
         return self._decide(parse_request(ControlRequest, req), "retry")
 
     @retry.validator
@@ -1005,6 +1031,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def skip(self, req: Any) -> str:
+        self._answered()
         return self._decide(parse_request(ControlRequest, req), "skip")
 
     @skip.validator
@@ -1013,6 +1040,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def abort(self, req: Any) -> str:
+        self._answered()
         return self._abort_run(parse_request(ControlRequest, req))
 
     @abort.validator
@@ -1021,6 +1049,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def pause(self, req: Any) -> str:
+        self._answered()
         return self._set_paused(parse_request(ControlRequest, req), "pause")
 
     @pause.validator
@@ -1029,11 +1058,16 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.update
     def resume(self, req: Any) -> str:
+        self._answered()
         return self._set_paused(parse_request(ControlRequest, req), "resume")
 
     @resume.validator
     def _validate_resume(self, req: Any) -> None:
         self._check_pausing(parse_request(ControlRequest, req), "resume")
+
+    def _answered(self) -> None:
+        """Note the workflow task this Update's handler runs in (see _answers_land)."""
+        self._answered_in = workflow.info().get_current_history_length()
 
     # Fire-and-forget twins of the Updates: same checks, a rejection is logged and kept in status.
     @workflow.signal(name="approve_signal")
