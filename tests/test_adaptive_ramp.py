@@ -81,9 +81,10 @@ def test_a_gate_trending_past_its_threshold_holds_the_ramp():
 async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task_queue, tmp_path):
     prom = await support.ScriptedPrometheus().start()
     prom.default = 10.0
-    # At 30 %: the gate's two readings pass but climb fast (20, 70). Held: 75, then 120 after the bake, which
-    # fails, so the gate is waited for (90, 90). Held again: flat at 90, little room: the smallest step.
-    prom.script('db_load{percent="30"}', 20, 70, 75, 120, 90, 90, 90, 90)
+    # At 30 %: 10 as the bake starts, then the gate's two readings pass but climb fast (20, 70). Held: 75, then
+    # 120 after the bake, which fails, so the gate is waited for (90, 90). Held again: flat at 90, little room:
+    # the smallest step.
+    prom.script('db_load{percent="30"}', 10, 20, 70, 75, 120, 90, 90, 90, 90)
     [players] = (await _ramp_run(env, task_queue, tmp_path, prom)).steps
     said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
     assert said == [(10, 30, 20), (30, 30, 10), (30, 30, 5), (30, 35, 5), (35, 50, 15), (50, 75, 25),
@@ -94,6 +95,24 @@ async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task
     assert players.status == "succeeded" and players.percent == 100
     at_30 = [r.value for r in players.readings if r.percent == 30]
     assert at_30[-8:] == [20, 70, 75, 120, 90, 90, 90, 90], at_30  # the failing end of the hold was waited out
+
+
+async def test_a_gate_read_once_after_the_bake_still_shows_its_move_over_the_bake(env, task_queue, tmp_path):
+    """The lab's gates read once after the bake (consecutive 1): the reading as the bake starts is what shows a
+    gate falling toward its threshold, as a cache emptied mid-ramp pulls its hit ratio down."""
+    prom = await support.ScriptedPrometheus().start()
+    prom.default = 10.0
+    # At 30 %: 10 as the bake starts, 70 after it (room 0.3, but 0.6 of it gone over one bake): hold. Read
+    # again: 75 and 75 after the bake, steady with room 0.25: on, at the step the hold halved.
+    prom.script('db_load{percent="30"}', 10, 70, 75, 75)
+    [players] = (await _ramp_run(env, task_queue, tmp_path, prom, consecutive=1)).steps
+    said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
+    assert said[:3] == [(10, 30, 20), (30, 30, 10), (30, 40, 10)], said
+    assert players.ramp_decisions[1].headroom == {"db-load": pytest.approx(0.3 - 0.6)}
+    assert "hold at 30%" in players.ramp_decisions[1].reason
+    # Each percentage is read as its bake starts and once after it; at 30 % twice more, for the hold.
+    assert [r.value for r in players.readings if r.percent == 30] == [10, 70, 75, 75]
+    assert players.status == "succeeded" and players.percent == 100
 
 
 def test_an_adaptive_ramp_is_checked(tmp_path):
@@ -145,10 +164,11 @@ async def test_the_timeline_explains_each_step(env, task_queue, tmp_path):
     assert decisions[0][1].startswith("headroom 0.90 at least 0.4: step 10 -> 50"), decisions
 
 
-async def _ramp_run(env, task_queue, tmp_path, prom):
+async def _ramp_run(env, task_queue, tmp_path, prom, consecutive: int = 2):
     """The adaptive ramp (min 5, max 30, +10, x0.5, headroom 0.2) against the scripted Prometheus, to its end."""
     book = support.write_runbook(tmp_path, _BOOK.format(
-        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}"))
+        adaptive="adaptive: {min_step: 5, max_step: 30, increase: 10, backoff: 0.5, headroom: 0.2}",
+    ).replace("consecutive: 2", f"consecutive: {consecutive}"))
     inventory = {"name": f"ramp-{task_queue[-8:]}", "telemetry": {"prometheus": prom.url}}
     try:
         async with support.worker(env.client, task_queue):

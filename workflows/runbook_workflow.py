@@ -831,9 +831,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         return {"percent": last_good}
 
     async def _ramp_to(self, step: RampStep, state: StepState, action: ActionDefaults, percent: int,
-                       last_good: int) -> datetime:
+                       last_good: int, *, trend: bool = False) -> datetime:
         """One ramp step: approval if asked, set `percent`, bake, then every gate. A gate that fails sets the
-        ramp back to `last_good` and raises its StepFailed. Returns when `percent` was set."""
+        ramp back to `last_good` and raises its StepFailed. Returns when `percent` was set.
+
+        trend: read every gate once as the bake starts too (an adaptive ramp's), so the policy sees each gate's
+        move over the bake, not one reading after it; those readings decide nothing themselves."""
         spec = step.ramp
         await self._checkpoint()
         if spec.approval is not None:
@@ -843,6 +846,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         state.percent = percent
         self._publish(step.id)
         workflow.set_current_details(self._details(step))
+        if trend:
+            await self._read_every_gate(step, state, percent, last_good)
         await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
         try:
             context = self._ramp_context(percent, last_good)
@@ -865,7 +870,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         backoffs = holds = 0
         while True:
             try:
-                set_at = await self._ramp_to(step, state, action, percent, last_good)
+                # Patched: adaptive ramps before it read their gates after the bake alone.
+                set_at = await self._ramp_to(step, state, action, percent, last_good,
+                                             trend=workflow.patched("ramp-trend-over-bake"))
             except StepFailed as exc:
                 smaller = max(policy.min_step, int(size * policy.backoff))
                 if backoffs >= policy.max_backoffs or smaller >= size:
@@ -910,24 +917,28 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         A gate failing at the end is waited for as at any step (its timeout fails the step): a ramp never moves
         on from a percentage whose gates do not pass."""
         here: dict[str, list[GateReading]] = {}
-        context = self._ramp_context(percent, previous)
-        gates = [(gate, gate.name or f"gate{g + 1}") for g, gate in enumerate(step.ramp.gates)]
-
-        async def read_every_gate() -> list[GateReading]:
-            readings = await asyncio.gather(*(self._read(step.id, self._resolved_gate(gate, context), name, percent)
-                                              for gate, name in gates))
-            for reading in readings:
-                _keep_reading(state, reading)
-                here.setdefault(reading.gate, []).append(reading)
-            self._publish(step.id)
-            return readings
-
-        await read_every_gate()
+        await self._read_every_gate(step, state, percent, previous, here)
         await self._sleep(step.ramp.bake, timer_summary(step.id, f"hold at {percent}%"))
-        for (gate, name), reading in zip(gates, await read_every_gate(), strict=True):
+        readings = await self._read_every_gate(step, state, percent, previous, here)
+        context = self._ramp_context(percent, previous)
+        for g, (gate, reading) in enumerate(zip(step.ramp.gates, readings, strict=True)):
             if not reading.passed:
-                await self._gate(step.id, gate, name, percent, ramp=context)
+                await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
         return here
+
+    async def _read_every_gate(self, step: RampStep, state: StepState, percent: int, previous: int,
+                               here: dict[str, list[GateReading]] | None = None) -> list[GateReading]:
+        """Each of the ramp's gates read once, at the same time, kept on the step (and added to `here`)."""
+        context = self._ramp_context(percent, previous)
+        readings = await asyncio.gather(*(
+            self._read(step.id, self._resolved_gate(gate, context), gate.name or f"gate{g + 1}", percent)
+            for g, gate in enumerate(step.ramp.gates)))
+        for reading in readings:
+            _keep_reading(state, reading)
+            if here is not None:
+                here.setdefault(reading.gate, []).append(reading)
+        self._publish(step.id)
+        return list(readings)
 
     async def _confirm_fallback(self, step: RampStep, percent: int, failed: int) -> str:
         """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""
