@@ -87,19 +87,62 @@ async def _series(prometheus: str, query: str, start: float, end: float) -> list
     return [float(v) for _, v in result[0]["values"]] if result else []
 
 
-async def _measure(result: Result, status: Any, prometheus: str) -> None:
+@dataclass(frozen=True)
+class _Reading:
+    gate: str
+    percent: int | None
+    value: float | None
+    passed: bool
+
+
+async def _all_readings(client: Any, handle: Any, kept: list[Any]) -> list[_Reading]:
+    """Every reading of the players step, from the run's history: its status keeps only the newest 60. Each is
+    judged by its gate's comparator and threshold, as the kept readings carry them."""
+    from temporalio.api.enums.v1 import EventType
+
+    from activities.contracts.telemetry import READ_ACTIONS
+    from workflows.calls import compare
+
+    bounds = {r.gate: (r.comparator, r.threshold) for r in kept if r.comparator is not None and r.threshold is not None}
+    converter = client.data_converter
+    scheduled: dict[int, list[dict[str, Any]]] = {}
+    readings: list[_Reading] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name in READ_ACTIONS:
+                [args] = await converter.decode(attrs.input.payloads)
+                scheduled[event.event_id] = args.get("reads") or [args]
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attrs = event.activity_task_completed_event_attributes
+            reads = scheduled.pop(attrs.scheduled_event_id, None)
+            if reads is None:
+                continue
+            [value] = await converter.decode(attrs.result.payloads)
+            results = value.get("readings", [value])
+            for read, got in zip(reads, results, strict=False):
+                gate, number = read.get("gate"), got.get("value")
+                if read.get("step") != "players" or gate not in bounds:
+                    continue
+                comparator, threshold = bounds[gate]
+                passed = number is not None and got.get("error") is None and compare(number, comparator, threshold)
+                readings.append(_Reading(gate, read.get("percent"), number, passed))
+    return readings
+
+
+async def _measure(result: Result, status: Any, prometheus: str, client: Any, handle: Any) -> None:
     warm = next((s for s in status.steps if s.id == "warm"), None)
     if warm is not None and warm.started_at and warm.ended_at:
         result.warm = f"{(warm.ended_at - warm.started_at).total_seconds():.1f} s, {warm.outputs.get('written')} keys"
     players = next(s for s in status.steps if s.id == "players")
-    readings = players.readings
+    readings = await _all_readings(client, handle, players.readings)
     result.readings = len(readings)
     result.failed_readings = sum(not r.passed for r in readings)
     # A violation is a health gate (not the convergence gate) read with a value outside its threshold; a step "into" one is a
     # percentage the ramp stepped to, other than its first (a cold start) and the one the bench flushed at.
     # A reading with no value (an empty window, an unreachable Prometheus) fails its gate but measures nothing.
     result.health_failed = [(r.gate, r.percent) for r in readings
-                            if not r.passed and r.gate != CONVERGENCE_GATE and r.value is not None and r.error is None]
+                            if not r.passed and r.gate != CONVERGENCE_GATE and r.value is not None]
     first = result.percents[0] if result.percents else None
     result.stepped_into = sorted({p for _, p in result.health_failed
                                   if p is not None and p not in (first, result.flushed_at)})
@@ -159,7 +202,7 @@ async def _ramp(client: Any, run: Any, queue: str, cfg: Any, name: str, herd: bo
     result.outcome = status.state
     prometheus = run.target["telemetry"]["prometheus"]
     await asyncio.sleep(3)  # one more scrape and rule evaluation past the ramp's end
-    await _measure(result, status, prometheus)
+    await _measure(result, status, prometheus, client, handle)
     if not flushed_cold:
         result.outcome += " (the cache was never flushed cold)"
     return result

@@ -846,9 +846,11 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         state.percent = percent
         self._publish(step.id)
         workflow.set_current_details(self._details(step))
-        if trend:
-            await self._read_every_gate(step, state, percent, last_good)
+        # Read while the bake runs, not before it: the bake is the wait, the reading must not lengthen it.
+        starting = asyncio.ensure_future(self._read_every_gate(step, state, percent, last_good)) if trend else None
         await self._sleep(spec.bake, timer_summary(step.id, f"bake at {percent}%"))
+        if starting is not None:
+            await starting
         try:
             context = self._ramp_context(percent, last_good)
             for g, gate in enumerate(spec.gates):
