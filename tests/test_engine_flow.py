@@ -166,7 +166,7 @@ class _HoldTheUpdatesTask(Interceptor):
         class _Held(WorkflowInboundInterceptor):
             async def handle_update_handler(self, input: HandleUpdateInput):
                 hold.entered.set()
-                hold.released.wait(timeout=1.5)  # under the SDK's 2 s deadlock detector
+                hold.released.wait(timeout=1.0)  # well under the SDK's 2 s deadlock detector
                 return await super().handle_update_handler(input)
 
         return _Held
