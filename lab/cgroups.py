@@ -122,10 +122,10 @@ def vacate(name: str) -> list[int]:
 
 def release(name: str) -> list[int]:
     """Move every process out of cgroup `name` (back to the root) and remove it; returns the moved PIDs."""
-    if not _group(name).exists():
-        return []
     moved = vacate(name)
-    os.rmdir(_group(name))
+    group = _group(name)
+    if group.exists():
+        os.rmdir(group)
     return moved
 
 

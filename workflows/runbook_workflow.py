@@ -853,8 +853,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             await starting
         try:
             context = self._ramp_context(percent, last_good)
-            for g, gate in enumerate(spec.gates):
-                await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
+            for gate, name in _named_gates(spec.gates):
+                await self._gate(step.id, gate, name, percent, ramp=context)
         except StepFailed:
             await self._ramp_set(step, action, last_good, percent, after="gate-failed")
             state.percent = last_good
@@ -923,9 +923,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         await self._sleep(step.ramp.bake, timer_summary(step.id, f"hold at {percent}%"))
         readings = await self._read_every_gate(step, state, percent, previous, here)
         context = self._ramp_context(percent, previous)
-        for g, (gate, reading) in enumerate(zip(step.ramp.gates, readings, strict=True)):
+        for (gate, name), reading in zip(_named_gates(step.ramp.gates), readings, strict=True):
             if not reading.passed:
-                await self._gate(step.id, gate, gate.name or f"gate{g + 1}", percent, ramp=context)
+                await self._gate(step.id, gate, name, percent, ramp=context)
         return here
 
     async def _read_every_gate(self, step: RampStep, state: StepState, percent: int, previous: int,
@@ -933,8 +933,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         """Each of the ramp's gates read once, at the same time, kept on the step (and added to `here`)."""
         context = self._ramp_context(percent, previous)
         readings = await asyncio.gather(*(
-            self._read(step.id, self._resolved_gate(gate, context), gate.name or f"gate{g + 1}", percent)
-            for g, gate in enumerate(step.ramp.gates)))
+            self._read(step.id, self._resolved_gate(gate, context), name, percent)
+            for gate, name in _named_gates(step.ramp.gates)))
         for reading in readings:
             _keep_reading(state, reading)
             if here is not None:
@@ -946,9 +946,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         """One reading of each gate after stepping back, so the operator sees whether the fallback is healthy."""
         failing = []
         context = self._ramp_context(percent, failed)
-        for g, gate in enumerate(step.ramp.gates):
+        for gate, name in _named_gates(step.ramp.gates):
             resolved = self._resolved_gate(gate, context)
-            name = gate.name or f"gate{g + 1}"
             reading = await self._read(step.id, resolved, name, percent)
             _keep_reading(self._steps[step.id], reading)
             if not reading.passed:
@@ -1171,6 +1170,11 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     @workflow.query
     def rejected_signals(self) -> list[str]:
         return list(self._rejected_signals)
+
+
+def _named_gates(gates: list[GateSpec]) -> list[tuple[GateSpec, str]]:
+    """A ramp's gates with the names their readings carry: their own, else gateN by position."""
+    return [(gate, gate.name or f"gate{g + 1}") for g, gate in enumerate(gates)]
 
 
 def _keep_reading(state: StepState, reading: GateReading) -> None:
