@@ -31,8 +31,10 @@ RUNBOOK = REPO / "bench" / "ramp.yaml"
 LABS = {name: {"prefix": f"cs{name}", "bridge": f"cs{name}br0", "veth_prefix": f"cs{name}v", "subnet": subnet}
         for name, subnet in (("r", "10.226.0.0/24"), ("q", "10.227.0.0/24"), ("u", "10.228.0.0/24"))}
 HERD_AT = 60  # the mid-ramp flush: once the ramp's target reaches this percentage (both ramps set 60 on their way)
+ZONE_POLL_S = 0.05  # how often the herd case reads the zone: the flush lands this long at most after the ramp sets it
 CONVERGENCE_GATE = "admitted-on-target"  # waits for players to see a new percentage: no health reading
 HIT_RATIO_MIN = 0.8  # bench/ramp.yaml's cache_hit_ratio_min
+HIT_RATIO_GATE = "cache-hit-ratio"
 RESOLVER_SWEEP_S = 8.0  # lab/players.py re-resolves every 5 s: after this every player sees maintenance
 
 
@@ -54,6 +56,8 @@ class Result:
     percents: list[int] = field(default_factory=list)  # the percentages the ramp set, in order
     decisions: list[str] = field(default_factory=list)
     flushed_at: int | None = None
+    flush_lag_s: float | None = None  # from the zone first reading flushed_at to the flush done
+    hit_ratio_at_flush: list[float] = field(default_factory=list)  # the hit-ratio gate's readings at flushed_at
     warm: str | None = None  # the warm-up's time and keys written, when the variant warms the cache
 
 
@@ -147,6 +151,8 @@ async def _measure(result: Result, status: Any, prometheus: str, client: Any, ha
     result.stepped_into = sorted({p for _, p in result.health_failed
                                   if p is not None and p not in (first, result.flushed_at)})
     result.decisions = [d.reason for d in players.ramp_decisions]
+    result.hit_ratio_at_flush = [r.value for r in readings if r.gate == HIT_RATIO_GATE and r.percent == result.flushed_at
+                                 and r.value is not None]
     if players.started_at is None:
         return
     start = players.started_at.timestamp()
@@ -164,16 +170,59 @@ async def _measure(result: Result, status: Any, prometheus: str, client: Any, ha
     result.max_over_target = max((v for v in over if not math.isnan(v)), default=None)
 
 
+async def _flush_at_herd(cfg: Any, dns: dict[str, Any], result: Result) -> None:
+    """Flush the cache the moment a server's zone says HERD_AT % or more: read from the zone itself, every
+    ZONE_POLL_S, so both ramps' gates at that percentage read the same time after the flush (the run's status
+    would add its view's pace and the bench's poll, up to a second, and decide whether a 4 s bake sees it)."""
+    from activities.dns.axfr import read_state
+    from lab import faults
+
+    zone = dns["zone"] if dns["zone"].endswith(".") else dns["zone"] + "."
+    fqdn = dns["name"] if dns["name"].endswith(".") else f"{dns['name']}.{zone}"
+    armed = False  # the zone may still hold the last run's 100 % until this run's maintenance step sets 0
+    while True:
+        states = await asyncio.gather(*(read_state(s, zone, fqdn, 1.0) for s in dns["servers"]),
+                                      return_exceptions=True)
+        percents = [s.percent for s in states if not isinstance(s, BaseException) and s.percent is not None]
+        armed = armed or (len(percents) == len(states) and max(percents) < HERD_AT)
+        if armed and percents and max(percents) >= HERD_AT:
+            seen = time.monotonic()
+            await asyncio.to_thread(faults.inject, cfg, "cold-cache")
+            result.flushed_at, result.flush_lag_s = int(max(percents)), time.monotonic() - seen
+            return
+        await asyncio.sleep(ZONE_POLL_S)
+
+
 async def _ramp(client: Any, run: Any, queue: str, cfg: Any, name: str, herd: bool) -> Result:
     """Run one variant: maintenance, a flush once every player sees it, the settle wait, the ramp (and a flush at
     HERD_AT % when `herd`). A held step is aborted: unattended, nobody answers it."""
-    from lab import faults
-    from runtime.polling import read_full_status, read_kept_status
+    from runtime.polling import read_full_status
     from runtime.runs import start_run
-    from workflows.contract import ControlRequest
 
     result = Result(name=name, outcome="running")
     handle = await start_run(client, run, queue)
+    herd_flush = asyncio.ensure_future(_flush_at_herd(cfg, run.target["dns"], result)) if herd else None
+    try:
+        await _follow(handle, cfg, result)
+    finally:
+        if herd_flush is not None and not herd_flush.done():
+            herd_flush.cancel()
+    status = await read_full_status(handle)  # the memo keeps only the newest readings
+    result.outcome = status.state
+    prometheus = run.target["telemetry"]["prometheus"]
+    await asyncio.sleep(3)  # one more scrape and rule evaluation past the ramp's end
+    await _measure(result, status, prometheus, client, handle)
+    if herd_flush is not None and herd_flush.done() and not herd_flush.cancelled() and herd_flush.exception():
+        result.outcome += f" (the flush failed: {herd_flush.exception()})"
+    return result
+
+
+async def _follow(handle: Any, cfg: Any, result: Result) -> None:
+    """Follow the run to its end: flush the cache cold while it settles, note each percentage set, abort a hold."""
+    from lab import faults
+    from runtime.polling import read_kept_status
+    from workflows.contract import ControlRequest
+
     settle_seen: float | None = None
     flushed_cold = False
     while True:
@@ -191,21 +240,12 @@ async def _ramp(client: Any, run: Any, queue: str, cfg: Any, name: str, herd: bo
         players = steps["players"]
         if players.percent is not None and (not result.percents or result.percents[-1] != players.percent):
             result.percents.append(players.percent)
-        if herd and result.flushed_at is None and (players.percent or 0) >= HERD_AT:
-            await asyncio.to_thread(faults.inject, cfg, "cold-cache")
-            result.flushed_at = players.percent
         if status.over:
             break
         if status.held:
             await handle.execute_update("abort", ControlRequest(actor="ramp-bench", reason=f"held: {status.held}"))
-    status = await read_full_status(handle)  # the memo keeps only the newest readings
-    result.outcome = status.state
-    prometheus = run.target["telemetry"]["prometheus"]
-    await asyncio.sleep(3)  # one more scrape and rule evaluation past the ramp's end
-    await _measure(result, status, prometheus, client, handle)
     if not flushed_cold:
         result.outcome += " (the cache was never flushed cold)"
-    return result
 
 
 async def _bench(args: argparse.Namespace, state_dir: Path) -> list[Result]:
@@ -279,7 +319,8 @@ def _table(results: list[Result]) -> None:
         ("time hit ratio < 0.8", lambda r: "-" if r.hit_ratio_low_s is None else f"{r.hit_ratio_low_s:.0f} s"),
         ("admitted over target (points)", lambda r: _fmt(r.max_over_target, "+.1f")),
         ("steps set (%)", lambda r: " ".join(map(str, r.percents))),
-        ("cache flushed at", lambda r: "-" if r.flushed_at is None else f"{r.flushed_at} %"),
+        ("cache flushed at", lambda r: "-" if r.flushed_at is None else f"{r.flushed_at} % (+{r.flush_lag_s:.2f} s)"),
+        ("hit ratio read there", lambda r: " ".join(f"{v:.2f}" for v in r.hit_ratio_at_flush[:6]) or "-"),
         ("warm-up before the ramp", lambda r: r.warm or "-"),
     ]
     width = max(len(label) for label, _ in rows)

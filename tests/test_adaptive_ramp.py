@@ -63,7 +63,7 @@ def test_a_gate_trending_past_its_threshold_holds_the_ramp():
     # Both readings pass, but the ratio is near 0.8 and still falling: stay, read again.
     held = decide(spec, at=60, stop=100, step=30, readings=falling, took=timedelta(seconds=10), may_hold=True)
     assert (held.at, held.next, held.step) == (60, 60, 15)
-    assert held.headroom["hit-ratio"] == pytest.approx(0.0625 - 0.125)
+    assert held.headroom["hit-ratio"] == pytest.approx(0.0625 - 2 * 0.125)  # its fall projected two bakes ahead
     assert "hit-ratio still moving toward its threshold" in held.reason and "hold at 60%" in held.reason
     # Near the threshold but steady: a smaller step, no hold; moving toward it with room to spare: no hold.
     steady = {"hit-ratio": [_reading(0.85, ">=", 0.8, offset=0), _reading(0.85, ">=", 0.8, offset=4)]}
@@ -78,6 +78,24 @@ def test_a_gate_trending_past_its_threshold_holds_the_ramp():
     assert decide(spec, at=60, stop=100, step=30, readings=rising, took=timedelta(seconds=10), may_hold=True).next > 60
 
 
+def test_a_fall_just_begun_is_projected_past_the_next_bake():
+    """What a gate reads trails what happened: a cache emptied during the bake shows only its first misses by
+    the reading after it, and its hit ratio goes on falling. Projected one bake ahead (the lab's runbook, as it
+    was) the ramp stepped on the full step into the fall; projected two (the default), it holds."""
+    lab = AdaptiveSpec(min_step=5, max_step=30, increase=10, backoff=0.5, headroom=0.05)
+    begun = {"cache-hit-ratio": [_reading(0.99, ">=", 0.8, offset=0), _reading(0.93, ">=", 0.8, offset=4)]}
+    one_bake = decide(lab, at=60, stop=100, step=30, readings=begun, took=timedelta(seconds=9), may_hold=True,
+                      lookahead=1)
+    assert (one_bake.next, one_bake.step) == (90, 30) and "same step 30" in one_bake.reason
+    held = decide(lab, at=60, stop=100, step=30, readings=begun, took=timedelta(seconds=9), may_hold=True)
+    assert (held.next, held.step) == (60, 15) and "hold at 60%" in held.reason
+    assert held.headroom["cache-hit-ratio"] == pytest.approx(0.1625 - 2 * 0.075)
+    # A gate steady over the bake is where it was, whatever the lookahead.
+    steady = {"cache-hit-ratio": [_reading(0.93, ">=", 0.8, offset=0), _reading(0.93, ">=", 0.8, offset=4)]}
+    assert decide(lab, at=60, stop=100, step=30, readings=steady, took=timedelta(seconds=9), may_hold=True,
+                  lookahead=5).next == 90
+
+
 async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task_queue, tmp_path):
     prom = await support.ScriptedPrometheus().start()
     prom.default = 10.0
@@ -90,7 +108,7 @@ async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task
     assert said == [(10, 30, 20), (30, 30, 10), (30, 30, 5), (30, 35, 5), (35, 50, 15), (50, 75, 25),
                     (75, 100, 30)], said
     assert "hold at 30%" in players.ramp_decisions[1].reason and "hold at 30%" in players.ramp_decisions[2].reason
-    assert players.ramp_decisions[2].headroom == {"db-load": pytest.approx(-0.2 - 0.45)}
+    assert players.ramp_decisions[2].headroom == {"db-load": pytest.approx(-0.2 - 2 * 0.45)}
     assert players.ramp_decisions[3].headroom == {"db-load": pytest.approx(0.1)}
     assert players.status == "succeeded" and players.percent == 100
     at_30 = [r.value for r in players.readings if r.percent == 30]
@@ -108,7 +126,7 @@ async def test_a_gate_read_once_after_the_bake_still_shows_its_move_over_the_bak
     [players] = (await _ramp_run(env, task_queue, tmp_path, prom, consecutive=1)).steps
     said = [(d.at, d.next, d.step) for d in players.ramp_decisions]
     assert said[:3] == [(10, 30, 20), (30, 30, 10), (30, 40, 10)], said
-    assert players.ramp_decisions[1].headroom == {"db-load": pytest.approx(0.3 - 0.6)}
+    assert players.ramp_decisions[1].headroom == {"db-load": pytest.approx(0.3 - 2 * 0.6)}
     assert "hold at 30%" in players.ramp_decisions[1].reason
     # Each percentage is read as its bake starts and once after it; at 30 % twice more, for the hold.
     assert [r.value for r in players.readings if r.percent == 30] == [10, 70, 75, 75]

@@ -27,24 +27,26 @@ def _room_and_trend(readings: Sequence[GateReading]) -> tuple[float, float] | No
     return room, trend
 
 
-def headroom(readings: Sequence[GateReading]) -> float | None:
+def headroom(readings: Sequence[GateReading], lookahead: float = 1.0) -> float | None:
     """A gate's room before its threshold, as a share of the threshold, from its readings at one percentage:
-    the last value's, or less if the readings trend toward the threshold (projected one bake ahead). None
-    without a numeric reading."""
-    return _headroom_of(_room_and_trend(readings))
+    the last value's, or less if the readings trend toward the threshold (their move projected `lookahead`
+    times ahead). None without a numeric reading."""
+    return _headroom_of(_room_and_trend(readings), lookahead)
 
 
-def _headroom_of(measured: tuple[float, float] | None) -> float | None:
-    return None if measured is None else measured[0] - max(0.0, measured[1])
+def _headroom_of(measured: tuple[float, float] | None, lookahead: float) -> float | None:
+    return None if measured is None else measured[0] - lookahead * max(0.0, measured[1])
 
 
 def decide(spec: AdaptiveSpec, *, at: int, stop: int, step: int, readings: Mapping[str, Sequence[GateReading]],
-           took: timedelta, may_hold: bool = False) -> RampDecision:
+           took: timedelta, may_hold: bool = False, lookahead: float | None = None) -> RampDecision:
     """The next percentage after the gates passed at `at`, having taken `took` since it was set. With `may_hold`,
     a gate near its threshold (headroom under `spec.headroom`) and still moving toward it keeps the ramp at `at`
-    (next == at): a cohort just admitted, or a cache just emptied, is still pushing that gate."""
+    (next == at): a cohort just admitted, or a cache just emptied, is still pushing that gate. Each gate's move
+    over the readings counts `lookahead` times (default `spec.lookahead`)."""
+    ahead = spec.lookahead if lookahead is None else lookahead
     measured = {name: _room_and_trend(values) for name, values in readings.items()}
-    rooms = {name: _headroom_of(m) for name, m in measured.items()}
+    rooms = {name: _headroom_of(m, ahead) for name, m in measured.items()}
     known = {name: room for name, room in rooms.items() if room is not None}
     worst = min(known, key=known.__getitem__, default=None)
     least = known[worst] if worst is not None else None

@@ -897,18 +897,22 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             for reading in state.readings:
                 if reading.percent == percent and reading.at >= set_at:
                     here.setdefault(reading.gate, []).append(reading)
+            # Patched: before it, a gate's move over a bake was projected one bake ahead, whatever the runbook said.
+            ahead = policy.lookahead if workflow.patched("ramp-lookahead") else 1.0
             decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
-                                        took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
+                                        took=workflow.now() - set_at, may_hold=holds < policy.max_holds,
+                                        lookahead=ahead)
             # Asked only when the policy would hold, so histories from before holds existed replay unchanged.
             while decision.next == percent and workflow.patched("ramp-hold"):
                 state.add_ramp_decision(decision)
                 holds += 1
                 here = await self._hold_readings(step, state, percent, last_good)
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=decision.step, readings=here,
-                                            took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
+                                            took=workflow.now() - set_at, may_hold=holds < policy.max_holds,
+                                            lookahead=ahead)
             if decision.next == percent:  # a history from before holds: the policy's step as it was then
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
-                                            took=workflow.now() - set_at)
+                                            took=workflow.now() - set_at, lookahead=ahead)
             holds = 0
             state.add_ramp_decision(decision)
             size, percent = decision.step, decision.next

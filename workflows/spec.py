@@ -157,8 +157,8 @@ class AdaptiveSpec(StrictModel):
     while every gate keeps at least twice `headroom` (a share of its threshold, trend included), shrinks by
     `backoff` when one has less than `headroom`, and stays between `min_step` and `max_step`. While that gate
     is still moving toward its threshold, the ramp holds where it is and reads again after a bake, up to
-    `max_holds` times in a row. A failed gate steps back to the last good
-    percentage, shrinks the step and tries again, up to `max_backoffs` times."""
+    `max_holds` times in a row. A gate's move over a bake is projected `lookahead` bakes ahead. A failed gate
+    steps back to the last good percentage, shrinks the step and tries again, up to `max_backoffs` times."""
 
     min_step: Annotated[int, Field(ge=1, le=100)] = 5
     max_step: Annotated[int, Field(ge=1, le=100)] = 30
@@ -169,6 +169,10 @@ class AdaptiveSpec(StrictModel):
         default=None, description="a boot-rate limit: at most this many percentage points a minute")
     max_backoffs: Annotated[int, Field(ge=0, le=20)] = 3
     max_holds: Annotated[int, Field(ge=0, le=100)] = 10
+    # Two: the next percentage's bake, and one more because what a gate reads trails what happened (a scrape,
+    # a rule's evaluation, a rate over a window): a cache emptied during a bake has shown only its first misses.
+    lookahead: Annotated[float, Field(ge=1, le=10)] = Field(
+        default=2.0, description="how many bakes ahead a gate's move over the last bake is projected")
 
     @model_validator(mode="after")
     def _bounds(self) -> AdaptiveSpec:
