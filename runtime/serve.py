@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from runtime.eviction_watch import EXIT_STUCK
 from runtime.queues import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV
 
 __all__ = ["leave", "serve"]
@@ -35,12 +36,12 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     configure_logging(log_level)
-    asyncio.run(run_worker(task_queue, metrics or None, journal or None))
-    leave()
+    clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None))
+    leave(0 if clean else EXIT_STUCK)
 
 
-def leave() -> None:
-    """Exit 0 once a worker has stopped cleanly (the journal is written as it goes), logs flushed.
+def leave(code: int = 0) -> None:
+    """Exit with `code` once a worker has stopped (the journal is written as it goes), logs flushed.
 
     Temporal's native core keeps threads that can hold the interpreter's finalization (a worker seen
     alive 30 s after SIGTERM with its Python done), so it leaves without finalizing, as the CLI does."""
@@ -49,4 +50,4 @@ def leave() -> None:
     flush_logging()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

@@ -6,7 +6,7 @@ import asyncio
 import math
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -27,6 +27,7 @@ from activities.telemetry import pace_readings
 from runtime.action_versions import catalog_build_id
 from runtime.catalog import Catalog, CatalogWarmed, RunResolver
 from runtime.connection import connect, web_ui_url
+from runtime.eviction_watch import EXIT_STUCK, watching_evictions
 from runtime.notifications import Notifier
 from runtime.notifications import from_environment as notifier_from_environment
 from runtime.readiness.scheduled import ScheduledReadiness
@@ -45,7 +46,7 @@ from workflows.runbook_workflow import RunbookWorkflow
 # whose worker was alive was handed to another (bench/soak.py saw one run twice). At 3 s the slack is 7 s.
 HEARTBEAT_FORWARD_EVERY = timedelta(seconds=3)
 
-__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_worker", "warm_up"]
+__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "leave_stuck", "reading_settings", "readings_in_flight", "run_until_stopped", "run_worker", "warm_up"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -214,8 +215,12 @@ def warm_up(catalog: Catalog, registry: Registry) -> CatalogWarmed:
     return warmed
 
 
-async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> None:
-    """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks."""
+STUCK_GRACE = timedelta(seconds=10)
+
+
+async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> bool:
+    """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks. Returns True when it stopped cleanly
+    (False: a run could not be evicted, see run_until_stopped)."""
     client = await connect(runtime=worker_runtime(metrics_address))
     catalog, registry = Catalog.from_environment(), load_registry()
     warmed = await asyncio.to_thread(warm_up, catalog, registry)
@@ -232,10 +237,44 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
              pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
              runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
              notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None)
-    async with worker:
-        await stop.wait()
-        log.info("worker stopping: finishing in-flight tasks")
+    clean = await run_until_stopped(worker, stop)
     if notifier is not None:
         set_event_sink(None)
         await asyncio.to_thread(notifier.close)
     log.info("worker stopped")
+    return clean
+
+
+async def run_until_stopped(worker: ControllerWorker, stop: asyncio.Event, *, grace: timedelta = STUCK_GRACE,
+                            started: Callable[[], None] | None = None) -> bool:
+    """Run `worker` until `stop` is set, then finish in-flight tasks; True when it stopped cleanly.
+
+    A run the SDK cannot evict (runtime/eviction_watch.py) sets `stop` too: that run makes no progress in
+    this worker and holds its shutdown, so the worker stops polling, gives in-flight activities `grace` to
+    finish and leaves the process with EXIT_STUCK, for its supervisor to start it again. The run resumes by
+    replay in the new process, as after any crash."""
+    loop = asyncio.get_running_loop()
+
+    def on_stuck(message: str) -> None:
+        log.error("a run cannot be evicted from this worker: stopping it, for its supervisor to start again",
+                  sdk=message, exit_code=EXIT_STUCK, grace_s=grace.total_seconds())
+        loop.call_soon_threadsafe(stop.set)
+
+    with watching_evictions(on_stuck) as watch:
+        async with worker:
+            if started is not None:
+                started()
+            await stop.wait()
+            log.info("worker stopping: finishing in-flight tasks")
+            if watch.stuck is not None:
+                # The SDK's shutdown waits for the eviction, which never ends: leave after the grace.
+                loop.call_later(grace.total_seconds(), leave_stuck)
+    return watch.stuck is None
+
+
+def leave_stuck() -> None:
+    """Exit with EXIT_STUCK, logs flushed, without waiting for the SDK's shutdown."""
+    from runtime.logs import flush_logging
+
+    flush_logging()
+    os._exit(EXIT_STUCK)

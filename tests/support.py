@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -192,11 +192,12 @@ def worker(client: Client, task_queue: str, **options: Any):
                         **options)
 
 
-def spawn_worker(address: str, queue: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn_worker(address: str, queue: str, env: dict[str, str] | None = None,
+                 args: Sequence[str] = ()) -> subprocess.Popen:
     """tests/worker_process.py (the real worker plus the test actions) in its own process group, so a
-    test can SIGKILL it; returns once it polls. env: extra variables (an envconfig profile)."""
+    test can SIGKILL it; returns once it polls. env: extra variables (an envconfig profile); args: its options."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.worker_process", address, queue],
+        [sys.executable, "-m", "tests.worker_process", address, queue, *args],
         cwd=Path(__file__).resolve().parents[1], env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )

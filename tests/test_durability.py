@@ -1,4 +1,4 @@
-"""Durability: a killed worker resumes with no step done twice; single flight per target; continue-as-new."""
+"""Durability: a killed or stuck worker resumes with no step done twice; single flight per target; continue-as-new."""
 
 from __future__ import annotations
 
@@ -7,15 +7,27 @@ import os
 import signal
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.connection import DATA_CONVERTER
+from runtime.eviction_watch import EXIT_STUCK
 from runtime.runs import TargetBusy
 from runtime.server_config import dynamic_config_flags
 from tests import support
 from tests.conftest import SERVER_STARTUP, TEMPORAL_CLI
 from workflows import search
 from workflows.contract import ApproveRequest, ControlRequest
+
+
+async def _finish_in_a_new_worker(address: str, task_queue: str, handle):
+    """A fresh worker process takes the run over; the run's result once it ends (a minute at most)."""
+    second = support.spawn_worker(address, task_queue)
+    try:
+        return await asyncio.wait_for(handle.result(), 60)
+    finally:
+        os.killpg(second.pid, signal.SIGKILL)
+        second.wait()
 
 
 async def test_worker_killed_mid_run_resumes_without_repeating_steps(env, task_queue, tmp_path):
@@ -47,12 +59,7 @@ async def test_worker_killed_mid_run_resumes_without_repeating_steps(env, task_q
         os.killpg(first.pid, signal.SIGKILL)  # no graceful shutdown: the process just dies
         first.wait()
         assert [line.split()[-1] for line in support.lines(out)] == ["a", "b"]
-        second = support.spawn_worker(address, task_queue)
-        try:
-            await handle.result()
-        finally:
-            os.killpg(second.pid, signal.SIGKILL)
-            second.wait()
+        await _finish_in_a_new_worker(address, task_queue, handle)
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
@@ -110,6 +117,39 @@ async def _has_line(path, line: str) -> bool:
 async def _step_status(handle, step, wanted):
     status = await support.status(handle)
     return next(s for s in status.steps if s.id == step).status == wanted
+
+
+async def test_a_run_its_worker_cannot_evict_ends_that_worker_and_resumes_in_the_next(env, task_queue, tmp_path):
+    """temporalio cannot evict a run whose workflow task its deadlock detector interrupted (a task over 2 s, as
+    on a starved machine) while another of the run's tasks waits on a timer (the status view): the run would
+    hang in that worker, which could not shut down either. The worker notices, stops and exits with
+    EXIT_STUCK; the next worker finishes the run, every step once."""
+    out = tmp_path / "executions.txt"
+    steps = "".join(f"""
+          - id: {label}
+            action: test.append
+            with: {{path: "{out}", label: {label}}}""" for label in "abcd")
+    book = support.write_runbook(tmp_path, f"""
+        metadata: {{name: stuck}}
+        target: t
+        steps:{steps}
+    """)
+    address = env.client.service_client.config.target_host
+    first = support.spawn_worker(address, task_queue, args=["--stall-once", "3", "--grace", "1"])
+    try:
+        handle = await support.start(env.client, book, task_queue)
+        code = await asyncio.to_thread(first.wait, 60)
+        assert first.stdout is not None
+        said = first.stdout.read()
+        assert code == EXIT_STUCK, said
+        assert "Potential deadlock detected" in said and "a run cannot be evicted from this worker" in said, said
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        result = await _finish_in_a_new_worker(address, task_queue, handle)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert result.state == "succeeded"
+    assert [line.split()[-1] for line in support.lines(out)] == ["a", "b", "c", "d"]
 
 
 async def test_single_flight_per_target(env, task_queue, tmp_path):
