@@ -56,7 +56,7 @@ class Result:
     percents: list[int] = field(default_factory=list)  # the percentages the ramp set, in order
     decisions: list[str] = field(default_factory=list)
     flushed_at: int | None = None
-    flush_lag_s: float | None = None  # from the zone first reading flushed_at to the flush done
+    flush_lag_s: float | None = None  # the flush's own time, from the zone read at flushed_at (after a poll of ZONE_POLL_S at most)
     hit_ratio_at_flush: list[float] = field(default_factory=list)  # the hit-ratio gate's readings at flushed_at
     warm: str | None = None  # the warm-up's time and keys written, when the variant warms the cache
 
