@@ -84,16 +84,16 @@ def test_a_fall_just_begun_is_projected_past_the_next_bake():
     was) the ramp stepped on the full step into the fall; projected two (the default), it holds."""
     lab = AdaptiveSpec(min_step=5, max_step=30, increase=10, backoff=0.5, headroom=0.05)
     begun = {"cache-hit-ratio": [_reading(0.99, ">=", 0.8, offset=0), _reading(0.93, ">=", 0.8, offset=4)]}
-    one_bake = decide(lab, at=60, stop=100, step=30, readings=begun, took=timedelta(seconds=9), may_hold=True,
-                      lookahead=1)
+    one_bake = decide(lab.model_copy(update={"lookahead": 1.0}), at=60, stop=100, step=30, readings=begun,
+                      took=timedelta(seconds=9), may_hold=True)
     assert (one_bake.next, one_bake.step) == (90, 30) and "same step 30" in one_bake.reason
     held = decide(lab, at=60, stop=100, step=30, readings=begun, took=timedelta(seconds=9), may_hold=True)
     assert (held.next, held.step) == (60, 15) and "hold at 60%" in held.reason
     assert held.headroom["cache-hit-ratio"] == pytest.approx(0.1625 - 2 * 0.075)
     # A gate steady over the bake is where it was, whatever the lookahead.
     steady = {"cache-hit-ratio": [_reading(0.93, ">=", 0.8, offset=0), _reading(0.93, ">=", 0.8, offset=4)]}
-    assert decide(lab, at=60, stop=100, step=30, readings=steady, took=timedelta(seconds=9), may_hold=True,
-                  lookahead=5).next == 90
+    assert decide(lab.model_copy(update={"lookahead": 5.0}), at=60, stop=100, step=30, readings=steady,
+                  took=timedelta(seconds=9), may_hold=True).next == 90
 
 
 async def test_the_ramp_holds_while_a_gate_trends_toward_its_threshold(env, task_queue, tmp_path):

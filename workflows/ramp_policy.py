@@ -39,14 +39,13 @@ def _headroom_of(measured: tuple[float, float] | None, lookahead: float) -> floa
 
 
 def decide(spec: AdaptiveSpec, *, at: int, stop: int, step: int, readings: Mapping[str, Sequence[GateReading]],
-           took: timedelta, may_hold: bool = False, lookahead: float | None = None) -> RampDecision:
+           took: timedelta, may_hold: bool = False) -> RampDecision:
     """The next percentage after the gates passed at `at`, having taken `took` since it was set. With `may_hold`,
     a gate near its threshold (headroom under `spec.headroom`) and still moving toward it keeps the ramp at `at`
     (next == at): a cohort just admitted, or a cache just emptied, is still pushing that gate. Each gate's move
-    over the readings counts `lookahead` times (default `spec.lookahead`)."""
-    ahead = spec.lookahead if lookahead is None else lookahead
+    over the readings counts `spec.lookahead` times."""
     measured = {name: _room_and_trend(values) for name, values in readings.items()}
-    rooms = {name: _headroom_of(m, ahead) for name, m in measured.items()}
+    rooms = {name: _headroom_of(m, spec.lookahead) for name, m in measured.items()}
     known = {name: room for name, room in rooms.items() if room is not None}
     worst = min(known, key=known.__getitem__, default=None)
     least = known[worst] if worst is not None else None

@@ -898,21 +898,20 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 if reading.percent == percent and reading.at >= set_at:
                     here.setdefault(reading.gate, []).append(reading)
             # Patched: before it, a gate's move over a bake was projected one bake ahead, whatever the runbook said.
-            ahead = policy.lookahead if workflow.patched("ramp-lookahead") else 1.0
+            if not workflow.patched("ramp-lookahead"):
+                policy = policy.model_copy(update={"lookahead": 1.0})
             decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
-                                        took=workflow.now() - set_at, may_hold=holds < policy.max_holds,
-                                        lookahead=ahead)
+                                        took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
             # Asked only when the policy would hold, so histories from before holds existed replay unchanged.
             while decision.next == percent and workflow.patched("ramp-hold"):
                 state.add_ramp_decision(decision)
                 holds += 1
                 here = await self._hold_readings(step, state, percent, last_good)
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=decision.step, readings=here,
-                                            took=workflow.now() - set_at, may_hold=holds < policy.max_holds,
-                                            lookahead=ahead)
+                                            took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
             if decision.next == percent:  # a history from before holds: the policy's step as it was then
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
-                                            took=workflow.now() - set_at, lookahead=ahead)
+                                            took=workflow.now() - set_at)
             holds = 0
             state.add_ramp_decision(decision)
             size, percent = decision.step, decision.next
