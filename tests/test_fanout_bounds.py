@@ -119,7 +119,9 @@ async def test_thousands_of_large_outputs_stay_small_and_the_undo_is_exact(env, 
         status = await support.status(handle)
         sizes = await run_payloads(env.client, handle.id)
     change, undo = status.steps[0].outputs, status.steps[1].outputs
-    assert (change["succeeded"], change["failed"]) == (ITEMS - len(FAILING), len(FAILING)), change["failures"]
+    # The message names the failures that were not injected first: pytest shortens a long list in the middle.
+    unexpected = [f for f in change["failures"] if "injected failure" not in f]
+    assert (change["succeeded"], change["failed"]) == (ITEMS - len(FAILING), len(FAILING)), (unexpected, change["done"])
     assert [r for r in change["done"]] == [[a, b] for a, b in _gaps(ITEMS, FAILING)]
     assert "results" not in change and "not shown" in change["results_kept"]  # 4.5 MB: not in the status
     assert "results" not in undo  # no later step reads them: the batches never handed them back
