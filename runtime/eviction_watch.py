@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["EVICTION_LOGGER", "EXIT_STUCK", "EvictionWatch", "watching_evictions"]
+__all__ = ["CANNOT_EVICT", "EVICTION_LOGGER", "EXIT_STUCK", "EvictionWatch", "watching_evictions"]
 
 EXIT_STUCK = 75  # EX_TEMPFAIL, a worker's exit when a run is stuck in it: started again, it works
 
@@ -14,8 +14,10 @@ EXIT_STUCK = 75  # EX_TEMPFAIL, a worker's exit when a run is stuck in it: start
 # workflow task that ran over 2 s (a CPU-starved worker is enough) in a run with a second task waiting on a
 # timer (every RunbookWorkflow: its status view): the eviction leaves tasks it cancelled that never wake, the
 # SDK retries it forever, the run's workflow tasks time out on this worker, and the worker cannot shut down.
+# Log text is not an API: tests/test_eviction_watch.py reads the installed SDK for it, so an upgrade that rewords
+# it fails there by name.
 EVICTION_LOGGER = "temporalio.worker._workflow"
-_CANNOT_EVICT = ("Failed running eviction job", "Timed out running eviction job")
+CANNOT_EVICT = ("Failed running eviction job", "Timed out running eviction job")
 
 
 class EvictionWatch(logging.Handler):
@@ -28,7 +30,7 @@ class EvictionWatch(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if self.stuck is None and message.startswith(_CANNOT_EVICT):
+        if self.stuck is None and message.startswith(CANNOT_EVICT):
             self.stuck = message.split(". ", 1)[0]
             self._on_stuck(self.stuck)
 
