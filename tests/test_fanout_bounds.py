@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -73,8 +74,8 @@ def big_undo(inp: Restore) -> Restore:
 
 def _reached(path) -> list[str]:
     """The labels a fake wrote, each once; the same label at the same attempt twice is a repeat, not a retry."""
-    writes = [tuple(line.split()) for line in path.read_text().splitlines()]
-    repeats = sorted({w for w in writes if writes.count(w) > 1})
+    writes = Counter(tuple(line.split()) for line in path.read_text().splitlines())
+    repeats = sorted(w for w, times in writes.items() if times > 1)
     assert not repeats, f"written twice at the same attempt: {repeats}"
     return sorted({label for label, _ in writes})
 
