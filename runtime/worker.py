@@ -46,7 +46,7 @@ from workflows.runbook_workflow import RunbookWorkflow
 # whose worker was alive was handed to another (bench/soak.py saw one run twice). At 3 s the slack is 7 s.
 HEARTBEAT_FORWARD_EVERY = timedelta(seconds=3)
 
-__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "leave_stuck", "reading_settings", "readings_in_flight", "run_until_stopped", "run_worker", "warm_up"]
+__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_until_stopped", "run_worker", "warm_up"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -268,13 +268,7 @@ async def run_until_stopped(worker: ControllerWorker, stop: asyncio.Event, *, gr
             log.info("worker stopping: finishing in-flight tasks")
             if watch.stuck is not None:
                 # The SDK's shutdown waits for the eviction, which never ends: leave after the grace.
-                loop.call_later(grace.total_seconds(), leave_stuck)
+                from runtime.serve import leave
+
+                loop.call_later(grace.total_seconds(), leave, EXIT_STUCK)
     return watch.stuck is None
-
-
-def leave_stuck() -> None:
-    """Exit with EXIT_STUCK, logs flushed, without waiting for the SDK's shutdown."""
-    from runtime.logs import flush_logging
-
-    flush_logging()
-    os._exit(EXIT_STUCK)

@@ -58,6 +58,7 @@ async def main(address: str, queue: str, stall_once: int | None, grace_s: float)
         async with support.worker(client, queue):
             print("worker ready", flush=True)
             await asyncio.Event().wait()
+        return
     # Unsandboxed, as production runs: the sandbox would import this module afresh for each run.
     worker = support.worker(client, queue, sandboxed=False, interceptors=[_StallOnce(stall_once)])
     await run_until_stopped(worker, asyncio.Event(), grace=timedelta(seconds=grace_s),
