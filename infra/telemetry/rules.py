@@ -42,6 +42,9 @@ class Alert:
     description: str
     extra_labels: dict[str, str] = field(default_factory=dict)
     extra_annotations: dict[str, str] = field(default_factory=dict)
+    # Prometheus's keep_firing_for: an alert whose series misses an evaluation (a scrape that timed out marks it
+    # stale) stays one firing instead of resolving and firing again with a new startsAt.
+    keep_firing_for: str = ""
 
 
 def recording_rules() -> list[RecordingRule]:
@@ -247,6 +250,9 @@ def alert_rules(t: AlertThresholds | None = None) -> list[Alert]:
             "The provider terminates the host at the deadline (30 s of notice). coldstart's trigger starts "
             "runbooks/preempted-host-drain.yaml for it; if it did not, run it by hand at once.",
             extra_annotations={"deadline": '{{ printf "%.3f" $value }}'},
+            # One notice, one firing: a scrape of a busy host that times out mid-drain would otherwise resolve
+            # the alert and fire it again, and the trigger would start a second run for the same notice.
+            keep_firing_for="10s",
         ),
         # --- The telemetry stack: it must say when it is blind.
         Alert(
@@ -301,6 +307,7 @@ def render_rules(thresholds: AlertThresholds | None = None, runbook_base_url: st
             "alert": a.name,
             "expr": a.expr,
             **({"for": a.for_} if a.for_ not in ("0m", "0s") else {}),
+            **({"keep_firing_for": a.keep_firing_for} if a.keep_firing_for else {}),
             "labels": {"severity": a.severity, "team": "platform", **a.extra_labels},
             "annotations": {
                 "summary": a.summary,
