@@ -24,17 +24,20 @@ SERVER_STARTUP = timedelta(seconds=30)
 
 # The tests that build labs (network namespaces, real agents, load generators, gates timed against them)
 # run one after another on one worker under `pytest -n 2`: two labs at once on two cores starve each
-# other's gates (a cold cohort's cache warms too slowly), and some share host-wide names (the session lab
-# and tests/hosts share a veth prefix). The lab group is handed out first, the longest of it first; every
-# other test is scheduled alone, on the other worker. (xdist's own `--dist loadgroup` renames node ids,
-# which pytest 9 no longer lets a plugin do; a scheduler that groups by node id needs no renaming.)
+# other's gates (a cold cohort's cache warms too slowly), and some share host-wide names (the shared lab
+# and tests/hosts share a veth prefix). The lab group is handed out first, in the order below; every
+# other module is scheduled as a whole, on whichever worker is free, so a module's fixtures (real agents, a
+# server) start once, not once on each worker. (xdist's own `--dist loadgroup` renames node ids, which pytest
+# 9 no longer lets a plugin do; a scheduler that groups by node id needs no renaming.)
 _LAB_TESTS = (  # node id prefixes, in the order the lab worker runs them
     "tests/lab/test_cold_start_drill.py::",
     "tests/lab/test_fault_drills.py::",
+    "tests/lab/test_teardown.py::",  # before the shared lab, so no two labs run at once
+    # The shared lab (tests/lab/conftest.py's `lab`, package-scoped) serves these three, then goes down as the
+    # worker leaves tests/lab for tests/hosts, instead of running its load until the session ends.
     "tests/lab/test_lab.py::",
-    "tests/lab/test_consul_agents_streaming.py::",  # on test_lab.py's lab (the session's `lab` fixture)
-    "tests/lab/test_readiness_faults.py::",  # on the same lab
-    "tests/lab/test_teardown.py::",
+    "tests/lab/test_consul_agents_streaming.py::",
+    "tests/lab/test_readiness_faults.py::",
     "tests/hosts/",
     "tests/lab/test_drain_drill.py::",
     "tests/infra/test_pulumi_deploy.py::",  # a namespace host of its own: not beside another lab's timed gates
@@ -43,7 +46,7 @@ LAB_GROUP = "lab"
 
 
 def lab_group(nodeid: str) -> str | None:
-    """The group a test runs in: the lab group, or None (scheduled alone)."""
+    """The group a test runs in: the lab group, or None (scheduled with the rest of its module)."""
     return LAB_GROUP if nodeid.startswith(_LAB_TESTS) else None
 
 
@@ -56,12 +59,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scope scheduler with a scope per lab group, and per test elsewhere."""
+    """xdist's scope scheduler with one scope for the lab group, and one per module elsewhere."""
     from xdist.scheduler import LoadScopeScheduling
 
     class LabGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return lab_group(nodeid) or nodeid
+            return lab_group(nodeid) or nodeid.split("::", 1)[0]
 
     return LabGroups(config, log)
 

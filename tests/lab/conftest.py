@@ -1,4 +1,4 @@
-"""One lab per test session on its own prefix/bridge/subnet, always torn down."""
+"""The lab tests' shared lab on its own prefix/bridge/subnet, always torn down."""
 
 from __future__ import annotations
 
@@ -68,9 +68,11 @@ def _real_agents_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab(tmp_path_factory):
-    """The session lab on the real Consul, Nomad and Vault (the reference), or skipped saying which is missing."""
+    """The shared lab on the real Consul, Nomad and Vault (the reference), or skipped saying which is missing.
+    Package-scoped: it goes down once the worker leaves tests/lab, not at the session's end (tests/conftest.py
+    runs its three modules together)."""
     if reason := _skip_reason() or _real_agents_reason():
         pytest.skip(reason)
     from lab.lifecycle import down, up

@@ -13,7 +13,7 @@ from tests.lab.conftest import _skip_reason
 
 pytestmark = pytest.mark.timeout(1200)  # a drill takes about 6 minutes, and its first test brings it up
 
-# Apart from the session lab (cst/10.214), a developer's lab (cs/10.213) and each other.
+# Apart from the shared lab (cst/10.214), a developer's lab (cs/10.213) and each other.
 DRILL_LAB = {"prefix": "csd", "bridge": "csdbr0", "veth_prefix": "csdv", "subnet": "10.215.0.0/24"}
 STANDIN_DRILL_LAB = {"prefix": "csw", "bridge": "cswbr0", "veth_prefix": "cswv", "subnet": "10.220.0.0/24"}
 
