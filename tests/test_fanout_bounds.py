@@ -24,8 +24,8 @@ from tests import support
 from workflows.fanout import RESULTS_BUDGET, reads_results
 
 fakes = Registry()
-# 1,500 items of 1.5 KB outputs: 2.2 MB of results, nine times the results budget, so the undo's batches shrink to
-# fit it and the run has many of them (bench/fanout.py takes the same path to 10,000 services).
+# 1,500 items of 1.5 KB outputs: 2.2 MB of results, nine times the results budget. The undo reads them, so the
+# change step's batches shrink to hand them back within it, and the run has many (bench/fanout.py: 10,000 items).
 ITEMS = int(os.environ.get("FANOUT_TEST_ITEMS", "1500"))
 FAILING = set(range(7, ITEMS, 300))  # 5 items: within the step's 1 %
 WARN = 512 * 1024
