@@ -82,7 +82,9 @@ class HistoryFact:
     """What the run's history says beyond the timeline: retries and hand-overs between workers."""
 
     at: datetime
-    kind: str  # "activity retried" | "workflow task timed out" | "worker took over" | "workflow task failed"
+    # "activity retried" | "workflow task timed out" | "worker took over" | "workflow task superseded" |
+    # "workflow task failed"
+    kind: str
     detail: str
     who: str = ""  # the worker identity (pid@host), or "retry policy"
 
@@ -92,7 +94,7 @@ async def history_facts(client: Any, workflow_id: str, run_id: str | None = None
     RetryPolicy ran it again, after a failure or a timeout of a vanished worker), workflow tasks that
     timed out, and the worker identity changing (another worker took the run over)."""
     from temporalio.api.enums.v1 import EventType as E
-    from temporalio.api.enums.v1 import TimeoutType
+    from temporalio.api.enums.v1 import TimeoutType, WorkflowTaskFailedCause
 
     history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
     facts: list[HistoryFact] = []
@@ -120,7 +122,11 @@ async def history_facts(client: Any, workflow_id: str, run_id: str | None = None
             facts.append(HistoryFact(at, "workflow task timed out", TimeoutType.Name(attrs.timeout_type)))
         elif kind == E.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             attrs = event.workflow_task_failed_event_attributes
-            facts.append(HistoryFact(at, "workflow task failed", attrs.failure.message[:240], attrs.identity))
+            # UnhandledCommand: new events (an activity's completion, a timer) reached the run while its task
+            # ran, so the server asked for the task again with them. Temporal's own race, not a failed task.
+            superseded = attrs.cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+            facts.append(HistoryFact(at, "workflow task superseded" if superseded else "workflow task failed",
+                                     attrs.failure.message[:240], attrs.identity))
     return facts
 
 
