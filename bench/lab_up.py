@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--subnet", default="10.217.0.0/24", help="kept apart from a default lab")
+    ap.add_argument("--subnet", default="10.225.0.0/24", help="kept apart from a default lab, the tests and the drills")
     args = ap.parse_args(argv)
     backends = ["standin"]
     if missing := missing_binaries():

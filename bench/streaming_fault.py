@@ -33,7 +33,7 @@ from lab.services import Secrets
 from lab.settings import CONSUL_HOSTS, LabConfig
 from workflows.loader import read_inventory
 
-LAB = {"prefix": "css", "bridge": "cssbr0", "veth_prefix": "cssv", "subnet": ipaddress.IPv4Network("10.217.0.0/24")}
+LAB = {"prefix": "css", "bridge": "cssbr0", "veth_prefix": "cssv", "subnet": ipaddress.IPv4Network("10.224.0.0/24")}
 
 
 def _server_cpu(cfg: LabConfig) -> float:

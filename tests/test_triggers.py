@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -456,11 +457,12 @@ def test_the_receiver_serves_https_with_its_certificate(tmp_path):
         [str(Path(sys.prefix) / "bin" / "coldstart"), "triggers", "serve", "--config", "triggers/lab.yaml", "--port",
          str(port), "--token-file", str(token), "--tls-cert", str(cert), "--tls-key", str(key)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"})
+    trusted = ssl.create_default_context(cafile=str(ca.path))  # httpx deprecates verify=<path>
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                answer = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca.path), timeout=2)
+                answer = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=trusted, timeout=2)
                 break
             except httpx.TransportError:
                 assert serving.poll() is None, serving.stderr.read() if serving.stderr else ""
@@ -475,7 +477,7 @@ def test_the_receiver_serves_https_with_its_certificate(tmp_path):
             line = serving.stderr.readline()
             assert line, f"the receiver exited: {said.decode()[-2000:]}"
             said += line
-        assert httpx.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca.path), timeout=2).text == "ok"
+        assert httpx.get(f"https://127.0.0.1:{port}/healthz", verify=trusted, timeout=2).text == "ok"
     finally:
         serving.terminate()
         serving.wait(timeout=15)
