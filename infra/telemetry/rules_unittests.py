@@ -38,7 +38,8 @@ _C3 = 'instance="10.0.1.3:8500",job="consul"'
 _N = 'node_status="ready",node_scheduling_eligibility="eligible"'
 _E = 'instance="10.0.5.1:9102",job="game_edge"'
 _R = 'runbook="consul-cold-start",target="prod",instance="10.0.9.1:9100",job="node"'
-# 5 s scrapes: the notice, a scrape that timed out (stale), the notice again, then gone from 25 s on.
+# The notice, a scrape that timed out (stale), the notice again, then gone from 75 s on. promtool evaluates
+# every group at the file's 15 s step (the hosts group runs every 5 s in Prometheus), so the scrapes are 15 s apart.
 _NOTICE_WITH_A_MISSED_SCRAPE = {
     'coldstart_host_preemption_deadline_timestamp_seconds{host="cache3",instance="10.0.2.3:9103",job="cache"}':
         "1800000030.25 1800000030.25 stale 1800000030.25 1800000030.25 stale"}
@@ -193,19 +194,19 @@ CASES: tuple[Case, ...] = (
               "0 0 0 0"}, "3m",
          fires=(({"host": "cache3"}, "cache3 is preempted: terminated at 2027-01-15 08:00:30.249 +0000 UTC"),),
          annotations={"deadline": "1800000030.250"}),
-    # A scrape of the busy host that times out mid-drain marks the series stale for one evaluation (the hosts group
-    # runs every 5 s); keep_firing_for holds the alert through it, so it never fires again with a new startsAt that
-    # the trigger would take for a second notice. Once the notice is gone it resolves 10 s later.
+    # A scrape of the busy host that times out mid-drain marks the series stale for one evaluation; keep_firing_for
+    # holds the alert through it, so it never fires again with a new startsAt that the trigger would take for a
+    # second notice. Once the notice is gone it resolves keep_firing_for (10 s) later: by the next 15 s step here.
     Case("HostPreemptionNotice", "one missed scrape mid-notice: still the same firing",
-         _NOTICE_WITH_A_MISSED_SCRAPE, "10s",
-         fires=(({"host": "cache3"}, "cache3 is preempted: terminated at 2027-01-15 08:00:30.249 +0000 UTC"),),
-         interval="5s", annotations={"deadline": "1800000030.250"}),
-    Case("HostPreemptionNotice", "the notice gone 5 s ago: still firing",
          _NOTICE_WITH_A_MISSED_SCRAPE, "30s",
          fires=(({"host": "cache3"}, "cache3 is preempted: terminated at 2027-01-15 08:00:30.249 +0000 UTC"),),
-         interval="5s", annotations={"deadline": "1800000030.250"}),
-    Case("HostPreemptionNotice", "the notice gone 15 s ago: resolved", _NOTICE_WITH_A_MISSED_SCRAPE, "40s",
-         interval="5s"),
+         interval="15s", annotations={"deadline": "1800000030.250"}),
+    Case("HostPreemptionNotice", "the notice just gone: still firing",
+         _NOTICE_WITH_A_MISSED_SCRAPE, "75s",
+         fires=(({"host": "cache3"}, "cache3 is preempted: terminated at 2027-01-15 08:00:30.249 +0000 UTC"),),
+         interval="15s", annotations={"deadline": "1800000030.250"}),
+    Case("HostPreemptionNotice", "the notice gone 15 s ago: resolved", _NOTICE_WITH_A_MISSED_SCRAPE, "90s",
+         interval="15s"),
     Case("HostPreemptionNotice", "no notice", {
         'coldstart_host_preemption_deadline_timestamp_seconds{host="cache3",instance="10.0.2.3:9103",job="cache"}':
             "0x5"}, "3m"),
@@ -257,16 +258,7 @@ def render_rules_tests(runbook_base_url: str = DEFAULT_RUNBOOK_BASE) -> dict:
                 for expr, value in case.records
             ]
         tests.append(group)
-    # promtool evaluates every group at this one step, so it is the shortest group's interval (the hosts group's 5 s):
-    # a longer step would skip the evaluations that the hosts cases are about.
-    return {"rule_files": [f"rules/{RULES_FILENAME}"], "evaluation_interval": _shortest_group_interval(),
-            "tests": tests}
-
-
-def _shortest_group_interval() -> str:
-    units = {"s": 1, "m": 60}
-    intervals = [g["interval"] for g in render_rules()["groups"] if "interval" in g] + ["15s"]
-    return min(intervals, key=lambda i: int(i[:-1]) * units[i[-1]])
+    return {"rule_files": [f"rules/{RULES_FILENAME}"], "evaluation_interval": "15s", "tests": tests}
 
 
 def committed_tests_path() -> Path:
