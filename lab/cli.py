@@ -65,7 +65,7 @@ def up(
 
     cfg = _cfg(state_dir, subnet, inventory, worker_metrics=worker_metrics, **_ports(ports))
     try:
-        info = do_up(cfg)
+        info = do_up(cfg, owned=False)  # left up on purpose: only `lab down` takes it down
     except LabError as exc:
         _out.print(f"[red]lab up failed:[/red] {exc}\n(run `coldstart lab down` to clean up)")
         raise typer.Exit(1) from None

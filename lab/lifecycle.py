@@ -34,6 +34,7 @@ from lab.hosts import create, destroy, leftovers, netns_usable, setup_ssh, ssh_t
 from lab.hosts.processes import pid_alive, start_daemon, wait_for_port
 from lab.hosts.shell import LabError, sh
 from lab.hosts.state import load_state
+from lab.hosts.tenancy import OWNER_FILE, occupant, record_owner
 from lab.identity import identity_facts
 from lab.inventory import write_inventory
 from lab.services import (
@@ -54,7 +55,7 @@ from lab.users import register_users, user_services, write_users_file
 from workflows.loader import read_inventory
 from workflows.yaml_safety import load_file
 
-__all__ = ["CONFIG", "MANIFEST", "build_inventory", "down", "recorded_backends", "saved_config", "status", "up"]
+__all__ = ["CONFIG", "MANIFEST", "build_inventory", "claim", "down", "recorded_backends", "saved_config", "status", "up"]
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "lab-files.json"
@@ -206,8 +207,23 @@ def _alertmanager(cfg: LabConfig, sec: Secrets):
     return start_daemon(cfg.spec, "prom", "alertmanager", argv)
 
 
-def up(cfg: LabConfig) -> dict[str, Any]:
-    """Create or complete the lab; safe to run again (running pieces are kept)."""
+def claim(cfg: LabConfig) -> None:
+    """`up`'s first act: make the prefix's namespaces this lab's. Sweep a lab whose owner ended without taking it
+    down (a killed test session); refuse one that someone still runs (its daemons would clash with ours)."""
+    other = occupant(cfg.spec)
+    if other is None:
+        return
+    if not other.abandoned:
+        raise LabError(f"lab {cfg.prefix} is already up from another state dir: {other.describe()}; take it down "
+                       f"with `coldstart lab down --state-dir {other.state_dir}`, or use another prefix")
+    down(saved_config(other.state_dir) or cfg.model_copy(update={"state_dir": other.state_dir}))
+
+
+def up(cfg: LabConfig, *, owned: bool = True) -> dict[str, Any]:
+    """Create or complete the lab; safe to run again (running pieces are kept).
+
+    owned: this process takes the lab down when it is done (tests, drills, benches); a lab it leaves up after
+    ending is swept by the next `up` on the same prefix. False for a lab left up on purpose (`coldstart lab up`)."""
     if reason := netns_usable():
         raise LabError(f"cannot run the lab: {reason}")
     from lab.postgres import initdb, postgres_argv, seed
@@ -215,7 +231,9 @@ def up(cfg: LabConfig) -> dict[str, Any]:
     _env()
     t0 = time.monotonic()
     spec = cfg.spec
+    claim(cfg)
     cfg.path().mkdir(parents=True, exist_ok=True)
+    record_owner(cfg.path(), os.getpid() if owned else None)
     _write_manifest(cfg)  # before anything else: a crash from here on is still cleaned by `down`
     create(spec)
     _write_manifest(cfg)
@@ -409,8 +427,14 @@ def _signal_daemons(cfg: LabConfig) -> None:
 
 
 def down(cfg: LabConfig) -> list[str]:
-    """Remove processes, namespaces, rules and files of the lab; works after a crash."""
+    """Remove processes, namespaces, rules and files of the lab; works after a crash.
+
+    Another lab still running on the same prefix (from another state dir) is left alone: only this lab's own
+    files go, since its `up` was refused before it made anything there."""
     removed: list[str] = []
+    other = occupant(cfg.spec)
+    if other is not None and not other.abandoned:
+        return _forget_files(cfg) + [f"kept namespaces of prefix {cfg.prefix}: {other.describe()}"]
     manifest: dict[str, Any] = {}
     try:
         manifest = json.loads(cfg.path(MANIFEST).read_text())
@@ -425,6 +449,17 @@ def down(cfg: LabConfig) -> list[str]:
     # Containers outlive a killed node agent (their own process trees): their cgroups say what is left.
     removed += [f"container {name}" for name in remove_sessions_cgroup(cfg.prefix)]
     removed += destroy(cfg.spec)
+    return removed + _forget_files(cfg, manifest)
+
+
+def _forget_files(cfg: LabConfig, manifest: dict[str, Any] | None = None) -> list[str]:
+    """The lab's files in its state dir (logs stay), and its inventory if it wrote it."""
+    removed: list[str] = []
+    if manifest is None:
+        try:
+            manifest = json.loads(cfg.path(MANIFEST).read_text())
+        except (OSError, ValueError):
+            manifest = {}
     for sub in manifest.get("subdirs", STATE_SUBDIRS):
         path = cfg.path(sub)
         if path.exists():
@@ -434,9 +469,8 @@ def down(cfg: LabConfig) -> list[str]:
     if inv.exists() and _is_our_inventory(inv, cfg):
         inv.unlink()
         removed.append(f"file {inv}")
-    cfg.path(MANIFEST).unlink(missing_ok=True)
-    cfg.path(CONFIG).unlink(missing_ok=True)
-    cfg.path("faults.json").unlink(missing_ok=True)
+    for name in (MANIFEST, CONFIG, "faults.json", OWNER_FILE):
+        cfg.path(name).unlink(missing_ok=True)
     return removed
 
 

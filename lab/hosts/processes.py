@@ -10,6 +10,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from lab.hosts.spec import LabSpec
 from lab.hosts.state import DaemonRecord, load_state, updating_state
+from lab.hosts.tenancy import daemon_env
 from runtime.processes import adopt, kill_pid, pid_alive, process_starttime
 
 __all__ = [
@@ -60,6 +61,7 @@ def start_daemon(spec: LabSpec, host: str, name: str, argv: list[str], *, host_s
                 [*enter, *argv],
                 stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C meant for the test runner must not hit daemons
+                env=daemon_env(spec),  # marked with its lab: another lab on the same prefix is told apart
             )
         adopt(proc)
         starttime = process_starttime(proc.pid) or 0
