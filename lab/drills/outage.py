@@ -25,6 +25,7 @@ from cli.report import print_scorecard
 from cli.scorecard import Scorecard, score
 from cli.timeline import build_timeline, render_markdown
 from lab.drills.demo import DRILL_APPROVER, auto_approve
+from lab.hosts.tenancy import record_owner
 from runtime.connection import connect
 from runtime.processes import free_port, start_process
 from runtime.runs import start_run, workflow_id_for
@@ -257,7 +258,9 @@ async def run_lab_drill(name: str, state_dir: Path, console: Console, *, interac
             timeline = await build_timeline(client, handle.id)
         curve = await _admitted_curve(inventory["telemetry"]["prometheus"], ramp_started, time.time())
     finally:
-        if not keep:
+        if keep:
+            record_owner(cfg.path(), None)  # left up on purpose: the next `lab up` on its prefix refuses, not sweeps
+        else:
             await asyncio.to_thread(lifecycle.down, cfg)
             console.print("lab down")
     wall = time.monotonic() - started

@@ -39,7 +39,7 @@ class Occupant:
         return not pid_alive(*self.owner)
 
     def describe(self) -> str:
-        owner = ("no owner: brought up by `coldstart lab up`" if self.owner is None
+        owner = ("no owner: left up on purpose" if self.owner is None
                  else f"owner pid {self.owner[0]} {'ended' if self.abandoned else 'running'}")
         return f"the lab in {self.state_dir} ({len(self.pids)} processes, {owner})"
 

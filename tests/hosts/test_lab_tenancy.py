@@ -95,6 +95,6 @@ def test_a_lab_left_up_on_purpose_has_no_owner_and_is_refused(labs):
     first, second = labs
     daemon = start_daemon(first.spec, "nomad", "sleeper", ["sleep", "300"])
     record_owner(first.path(), None)  # `coldstart lab up`
-    with pytest.raises(LabError, match="no owner: brought up by `coldstart lab up`"):
+    with pytest.raises(LabError, match="no owner: left up on purpose"):
         claim(second)
     assert pid_alive(daemon.pid, daemon.starttime)
