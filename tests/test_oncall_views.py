@@ -135,8 +135,10 @@ async def test_a_held_gate_says_why_and_what_to_do_next(env, task_queue, tmp_pat
         operators: [carol]
         steps:
           - id: ready
+            # 20 s: the window in which `coldstart status` (a process of its own) must catch it reading, on a loaded
+            # machine too.
             gate: {{name: prometheus-up, endpoint: "http://127.0.0.1:9", query: up, comparator: ">=", threshold: 1,
-                    interval: 1s, timeout: 10s}}
+                    interval: 1s, timeout: 20s}}
             on_failure: hold
           - id: cache
             gate: {{name: cache_hit_ratio, endpoint: "${{{{ target.telemetry.prometheus }}}}", query: cache_hit_ratio,

@@ -38,8 +38,13 @@ def test_promtool_test_rules(tmp_path):
 
 
 def test_promtool_notices_a_broken_rule(tmp_path):
-    """Guard against a harness that always passes: weaken one threshold and the suite must fail."""
+    """Guard against a harness that always passes: weaken one threshold and its cases must fail."""
     path = write_rules_tests(tmp_path)
+    # Only the weakened alert's cases: the whole file is test_promtool_test_rules's (a tenth of the time).
+    tests = yaml.safe_load(path.read_text())
+    tests["tests"] = [group for group in tests["tests"] if group["name"].startswith("ConsulKVApplySlow: ")]
+    assert len(tests["tests"]) == 3
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
     rules_file = tmp_path / "rules" / "coldstart.rules.yml"
     rules = yaml.safe_load(rules_file.read_text())
     for group in rules["groups"]:
