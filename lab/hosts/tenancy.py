@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from lab.hosts.shell import ip_json, sh
+from lab.hosts.shell import sh
 from lab.hosts.spec import LabSpec
 from runtime.processes import pid_alive, process_starttime
 
@@ -83,9 +83,11 @@ def occupant(spec: LabSpec) -> Occupant | None:
     """Another lab (another state dir) with processes in this spec's namespaces, or None.
 
     Processes with no mark (started by hand, or before daemons were marked) are nobody's here."""
+    from lab.hosts.network import list_netns  # here, not at the top: network imports processes, which imports us
+
     mine = _state_dir(spec.state_dir)
     found: dict[Path, list[int]] = {}
-    for ns in sorted(entry["name"] for entry in ip_json("netns", "list") if spec.owns_netns(entry["name"])):
+    for ns in sorted(ns for ns in list_netns() if spec.owns_netns(ns)):
         for pid in map(int, sh(["ip", "netns", "pids", ns], check=False).stdout.split()):
             lab = _lab_of(pid)
             if lab is not None and lab != mine:
