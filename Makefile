@@ -56,15 +56,9 @@ schema: bootstrap
 # requirements.lock: every runtime, test and check dependency pinned with its hashes, for Linux x86_64 /
 # CPython 3.11 (what bootstrap installs). Existing pins are kept; to move some on:
 # `make lock LOCK_ARGS='--upgrade-package NAME'` (or `LOCK_ARGS=--upgrade` for all). The resolver
-# (uv, pinned) lives in .cache/lock-tool, never in .venv.
-LOCK_TOOL := .cache/lock-tool
-UV_VERSION := $(shell sed -n 's/^uv==\([^ ]*\) .*/\1/p' requirements-tools.lock)
+# (uv, pinned) lives in .cache/lock-tool, never in .venv (scripts/uv.sh; bootstrap installs with it too).
 lock:
-	@[ -x $(LOCK_TOOL)/bin/uv ] && $(LOCK_TOOL)/bin/uv --version | grep -qF ' $(UV_VERSION) ' || { \
-	  rm -rf $(LOCK_TOOL) && $${PYTHON:-python3.11} -m venv $(LOCK_TOOL) && \
-	  grep -E '^uv==' requirements-tools.lock > $(LOCK_TOOL)/uv.txt && \
-	  $(LOCK_TOOL)/bin/pip install -q --require-hashes --no-deps -r $(LOCK_TOOL)/uv.txt; }
-	UV_CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_TOOL)/bin/uv pip compile -q pyproject.toml --all-extras \
+	uv=$$(scripts/uv.sh) && UV_CUSTOM_COMPILE_COMMAND='make lock' $$uv pip compile -q pyproject.toml --all-extras \
 	  --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	  -o requirements.lock $(LOCK_ARGS)
 
