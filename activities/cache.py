@@ -25,9 +25,15 @@ _QUERY_ERRORS = ("22", "25", "42")
 async def _hot_rows(inp: WarmInput) -> list[tuple[str, str, str]]:
     """(shard, key, value) of the first max_keys rows, read in a read-only transaction."""
     try:
-        conn = await asyncpg.connect(inp.dsn, password=await asyncio.to_thread(secret_of, inp.password), timeout=10)
+        # The mode is passed, not left to asyncpg: its default (prefer, or $PGSSLMODE) takes plaintext silently.
+        conn = await asyncpg.connect(inp.dsn, password=await asyncio.to_thread(secret_of, inp.password), timeout=10,
+                                     ssl=inp.sslmode)
+    except asyncpg.ClientConfigurationError as exc:
+        # The worker's TLS setup (no CA file for verify-full, say): a retry cannot change it.
+        raise invalid_argument(f"database {inp.dsn} (sslmode {inp.sslmode}): "
+                               f"{exc.args[0] if exc.args else exc}") from None
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        raise unavailable(f"database {inp.dsn}: {exc}") from None
+        raise unavailable(f"database {inp.dsn} (sslmode {inp.sslmode}): {exc}") from None
     try:
         async with conn.transaction(readonly=True):
             rows = []

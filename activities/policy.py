@@ -9,9 +9,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 
 from activities.retry import Duration
 
-__all__ = ["Blackout", "DrillCheck", "DrillSafety", "TargetIdentity", "TargetPolicy", "narrowed"]
+__all__ = ["OPERATOR_VERBS", "Blackout", "DrillCheck", "DrillSafety", "TargetIdentity", "TargetPolicy", "narrowed"]
 
 _VERBS = Literal["start", "approve", "skip", "retry", "abort", "pause", "resume"]
+
+# The controls that steer a whole run: who may is TargetPolicy.run_operators, and where the target verifies
+# identity each needs a verified token, whatever `controls` lists.
+OPERATOR_VERBS = ("retry", "pause", "resume", "abort")
 
 
 class TargetIdentity(BaseModel):
@@ -27,7 +31,8 @@ class TargetIdentity(BaseModel):
     ca_cert: str | None = Field(default=None, description="the CA that signs the Vault's https certificate")
     controls: list[_VERBS] = Field(
         default_factory=lambda: ["start", "approve", "skip", "retry", "abort", "pause", "resume"],
-        description="the decisions that need a verified token (every one, starting included, by default)")
+        description="the decisions that need a verified token (every one, starting included, by default); retry, "
+                    "pause, resume and abort need one on this target whether listed or not")
 
 
 class DrillCheck(BaseModel):
@@ -84,7 +89,8 @@ class TargetPolicy(BaseModel):
 
     starters: list[str] | None = Field(default=None, description="who may start runs; omitted: anyone who can reach Temporal")
     approvers: list[str] | None = Field(default=None, description="who may approve and skip; omitted: as the runbook says")
-    operators: list[str] | None = Field(default=None, description="who may retry, pause, resume and abort (approvers too)")
+    operators: list[str] | None = Field(default=None, description="who may retry, pause, resume and abort (approvers "
+                                                                  "too); omitted: as the runbook says, else its approvers")
     four_eyes: bool = Field(default=False, description="true: the starter never approves, and a skip needs two approvers")
     identity: TargetIdentity | None = Field(
         default=None, description="verified identity for decisions on this target; four eyes then compares "
@@ -98,6 +104,26 @@ class TargetPolicy(BaseModel):
     def of(cls, target: dict[str, Any]) -> TargetPolicy:
         """The policy in a target's inventory (as runbooks see it); none set: nothing restricted."""
         return cls.model_validate(target.get("policy") or {})
+
+    def run_approvers(self, approvers: list[str]) -> list[str]:
+        """A run's approvers (who may skip a held step): the runbook's `approvers` within the target's; nobody
+        when neither names any."""
+        return narrowed(self.approvers, list(approvers) or None) or []
+
+    def run_operators(self, operators: list[str], approvers: list[str]) -> list[str]:
+        """Who may retry, pause, resume and abort a run of a runbook naming `operators` and `approvers` here.
+
+        Named operators, with the approvers: the target's (its `operators` and its `approvers`, the run's
+        approvers where it leaves those to the runbook), narrowed by the runbook's. Where neither names an
+        operator, the run's approvers alone; nobody when nobody is named. Never anyone who types a name: an
+        abort ends a recovery, and a pause or a retry steers it."""
+        if self.operators is None and not operators:
+            return self.run_approvers(approvers)
+        held = None
+        if self.operators is not None or self.approvers is not None:
+            held = sorted(set(self.operators or []) | set(self.approvers if self.approvers is not None else approvers))
+        asked = sorted(set(operators) | set(approvers)) if operators else None
+        return narrowed(held, asked) or []
 
 
 def narrowed(held: list[str] | None, asked: list[str] | None) -> list[str] | None:

@@ -72,15 +72,16 @@ def _token(ref: VaultSecretRef) -> str:
     return token
 
 
-def read_kv_secret(ref: VaultSecretRef) -> str:
+def read_kv_secret(ref: VaultSecretRef, *, token: str | None = None) -> str:
     """Return the field's value. Blocking (hvac is sync): call it via asyncio.to_thread.
 
     Errors never carry the value; permission and missing-path errors are non-retryable,
     connection trouble is left retryable because Vault may just be coming back up. A ref with
     `cache_seconds` is read once per that many seconds per worker (keyed by the login token too,
-    so a rotated Vault token reads again).
+    so a rotated Vault token reads again). `token`: the Vault login to read with, where the caller
+    holds one of its own (readiness's AppRole login); else the reference's token_file or token_env.
     """
-    token = _token(ref)
+    token = token or _token(ref)
     if ref.cache_seconds <= 0:
         return _read(ref, token)
     key = (ref.model_dump_json(), token)

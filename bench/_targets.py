@@ -1,4 +1,5 @@
-"""Development targets for the benches' runs, written where the worker's catalog reads them ($COLDSTART_TARGETS)."""
+"""Development targets for the benches' runs, written where the worker's catalog reads them ($COLDSTART_TARGETS);
+the benches' workers are started with allow_development (--allow-development) to run their own runbooks on them."""
 
 from __future__ import annotations
 

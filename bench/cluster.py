@@ -41,7 +41,7 @@ def _book(work: Path, name: str, steps: int) -> Path:
 
 async def _per_step(client, book: Path, queue: str) -> tuple[list[float], float]:
     registry = load_registry()
-    async with build_worker(client, queue, registry=registry):
+    async with build_worker(client, queue, registry=registry, allow_development=True):
         run = plan_run(book, registry=registry, inventory=development_target(f"overhead-{queue}"), initiator="bench")
         started = time.monotonic()
         handle = await start_run(client, run, queue)
@@ -52,7 +52,8 @@ async def _per_step(client, book: Path, queue: str) -> tuple[list[float], float]
 async def _throughput(cluster: Cluster, book: Path, work: Path, seconds: float, in_flight: int) -> dict[str, float]:
     client = await cluster.client()
     registry = load_registry()
-    worker = WorkerProcess(cluster.address, "bench-throughput", work / "actions.jsonl", work / "worker.log", {})
+    worker = WorkerProcess(cluster.address, "bench-throughput", work / "actions.jsonl", work / "worker.log", {},
+                           allow_development=True)
     await asyncio.to_thread(worker.start)
     latencies: list[float] = []
     counter = iter(range(10**9))

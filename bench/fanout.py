@@ -210,7 +210,7 @@ async def main(count: int, concurrency: int, failing: int) -> None:
             run = plan_run(book, registry=__import__("activities.catalog").catalog.load_registry(),
                            params={"services": services}, inventory=development_target("bench"), initiator="bench")
             async with build_worker(env.client, "fanout", executor=ThreadPoolExecutor(concurrency + 10),
-                                    max_concurrent_activities=concurrency + 10):
+                                    max_concurrent_activities=concurrency + 10, allow_development=True):
                 started, cpu_before = time.monotonic(), _cpu_seconds()
                 handle = await start_run(env.client, run, "fanout")
                 await handle.result()

@@ -75,7 +75,7 @@ async def main() -> None:
         (use_development_targets() / "bench-demo.yaml").write_text(
             f"name: bench-demo\ndevelopment: true\ntelemetry: {{prometheus: '{prometheus.url}'}}\n")
         registry = load_registry()
-        async with build_worker(env.client, "bench", registry=registry):
+        async with build_worker(env.client, "bench", registry=registry, allow_development=True):
             run = plan_run(ROOT / "runbooks" / "demo.yaml", registry=registry, inventory=inventory, initiator="bench")
             started = time.monotonic()
             handle = await start_run(env.client, run, "bench")

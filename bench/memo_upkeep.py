@@ -58,7 +58,7 @@ async def record(path: Path) -> None:
         steps = "\n".join(f"  - id: s{i}\n    action: core.wait\n    with: {{seconds: 0}}" for i in range(STEPS))
         book.write_text(f"metadata: {{name: upkeep}}\ntarget: memo-upkeep\nsteps:\n{steps}\n")
         registry = load_registry()
-        async with build_worker(env.client, "bench", registry=registry):
+        async with build_worker(env.client, "bench", registry=registry, allow_development=True):
             run = plan_run(book, registry=registry, inventory=development_target("memo-upkeep"), initiator="bench")
             handle = await start_run(env.client, run, "bench")
             await handle.result()

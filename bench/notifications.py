@@ -93,7 +93,7 @@ async def main(rounds: int) -> None:
     per_step: dict[str, list[float]] = {"no notifier": [], "three sinks": []}
     registry = load_registry()
     try:
-        async with build_worker(env.client, "bench", registry=registry):
+        async with build_worker(env.client, "bench", registry=registry, allow_development=True):
             for r in range(rounds):
                 order = list(per_step) if r % 2 == 0 else list(reversed(per_step))
                 for side in order:

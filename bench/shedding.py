@@ -155,7 +155,7 @@ def _intervals(rounds: list[tuple[list[float], list[float]]]) -> tuple[tuple[flo
 
 
 def _worker_main(flood_per_s: int) -> None:
-    """The worker as `python worker.py` runs it, plus a thread logging `flood_per_s` records a second."""
+    """The worker as `python worker.py --allow-development` runs it, plus a thread logging `flood_per_s` records a second."""
     import structlog
 
     from runtime.logs import configure_logging
@@ -172,7 +172,8 @@ def _worker_main(flood_per_s: int) -> None:
                 time.sleep(0.1)
 
         threading.Thread(target=flood, daemon=True).start()
-    asyncio.run(run_worker(os.environ[TASK_QUEUE_ENV], os.environ.get("COLDSTART_METRICS") or None))
+    asyncio.run(run_worker(os.environ[TASK_QUEUE_ENV], os.environ.get("COLDSTART_METRICS") or None,
+                           allow_development=True))  # the bench's runbooks run on its development targets
     leave()
 
 

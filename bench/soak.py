@@ -475,7 +475,9 @@ async def main(args: argparse.Namespace, work: Path) -> int:
         f"{share:g} while other runs' steps run: ${READINGS_SHARE_ENV}); load average {os.getloadavg()[0]:.2f}; state in {work}")
     prometheus = Prometheus(work / "prometheus")
     dns = PowerDns(work / "dns")
-    workers = [WorkerProcess("", QUEUE, work / "actions.jsonl", work / f"worker-{i}.log", {}) for i in range(WORKERS)]
+    # Development targets: the soak runs its own drain runbook (bench/soak-drain.yaml), not a catalogued one.
+    workers = [WorkerProcess("", QUEUE, work / "actions.jsonl", work / f"worker-{i}.log", {}, allow_development=True)
+               for i in range(WORKERS)]
     try:
         await asyncio.to_thread(prometheus.start)
         await asyncio.to_thread(dns.start)

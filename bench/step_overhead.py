@@ -137,7 +137,8 @@ async def main(rounds: int) -> None:
     try:
         registry = load_registry()
         # The same runner, executor size and activity limit as build_worker gives the interpreter.
-        async with build_worker(env.client, "bench", registry=registry, max_concurrent_activities=100), Worker(
+        async with build_worker(env.client, "bench", registry=registry, max_concurrent_activities=100,
+                                allow_development=True), Worker(
             env.client, task_queue="bench-bare", workflows=[BareActivities], activities=registry.activities(),
             activity_executor=ThreadPoolExecutor(100), max_concurrent_activities=100,
             workflow_runner=UNSANDBOXED_RUNNER,

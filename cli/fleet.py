@@ -17,6 +17,7 @@ from runtime.runs import TargetBusy
 from workflows import search
 from workflows.contract import FleetInput, FleetMember, FleetOnFailure, FleetStatus, RunInput, RunStatus
 from workflows.fleet import FleetWorkflow, fleet_workflow_id
+from workflows.names import NameRefused, check_name
 
 __all__ = ["FleetInvalid", "combined_timeline", "plan_fleet", "render_status", "start_fleet", "wave_of"]
 
@@ -28,6 +29,11 @@ class FleetInvalid(InvalidInput):
 def wave_of(targets: list[str], waves: list[int] | None) -> dict[str, int]:
     """Each target's wave: `waves` are the sizes of the first waves in target order (1,2 = a canary, then two);
     targets past them form one last wave. No waves: one wave of every target."""
+    for target in targets:
+        try:
+            check_name("target", target)
+        except NameRefused as exc:
+            raise FleetInvalid(f"--targets: {exc}") from None
     if len(set(targets)) != len(targets):
         raise FleetInvalid(f"--targets names a target twice: {', '.join(t for t in targets if targets.count(t) > 1)}")
     sizes = list(waves or [])
@@ -51,8 +57,13 @@ def plan_fleet(plan_one: Callable[[str], RunInput], targets: list[str], waves: l
     """Plan every target's run before anything starts: one invalid target stops the whole fleet (plan_one
     raises what the loader raises for it)."""
     assigned = wave_of(targets, waves)
-    members = [FleetMember(target=target, wave=wave, run=plan_one(target)) for target, wave in assigned.items()]
-    runbooks = {m.run.runbook.metadata.name for m in members}
+    members = []
+    for target, wave in assigned.items():
+        request = plan_one(target).request
+        if request is None:
+            raise FleetInvalid(f"target {target}: the plan carries no request to start")
+        members.append(FleetMember(target=target, wave=wave, request=request))
+    runbooks = {m.request.runbook for m in members}
     runbook = runbooks.pop()
     return FleetInput(name=name or runbook, runbook=runbook, initiator=initiator, members=members,
                       max_parallel=max_parallel, on_failure=on_failure)

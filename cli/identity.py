@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from activities.errors import ColdstartError
 from activities.oidc import DECISION_REDIRECT_URI
 
 __all__ = ["DEFAULT_ROLE", "REDIRECT_URI", "DecisionSource", "IdentityTokenError", "decision_source",
-           "fetch_decision_token", "fetch_identity_token", "start_source"]
+           "fetch_decision_token", "fetch_identity_token", "own_vault", "same_vault", "start_source"]
 
 DEFAULT_ROLE = "coldstart-approver"
 REDIRECT_URI = DECISION_REDIRECT_URI
@@ -165,6 +166,33 @@ def fetch_decision_token(
     if not isinstance(signed, str) or not signed:
         raise IdentityTokenError(f"Vault answered provider {provider!r}'s token endpoint without an id token")
     return signed
+
+
+def same_vault(one: str, other: str) -> bool:
+    """Whether two Vault addresses name the same server: scheme and host compared without case, a port left out
+    read as the scheme's, a trailing slash ignored."""
+    def key(address: str) -> tuple[str, str, int | None, str]:
+        parts = urlsplit(address.strip())
+        try:
+            port = parts.port or {"https": 443, "http": 80}.get(parts.scheme.lower())
+        except ValueError:  # a port that is not a number: compared as written
+            return (address.strip(), "", None, "")
+        return (parts.scheme.lower(), (parts.hostname or "").lower(), port, parts.path.rstrip("/"))
+    return key(one) == key(other)
+
+
+def own_vault(configured: str | None, named: str) -> str:
+    """The Vault an operator's login goes to: their own (`configured`, from VAULT_ADDR or --vault-addr), when it
+    is the one the run names (`named`, where its tokens verify); IdentityTokenError in one line otherwise. Never
+    the run's address in place of a configured one: what a run's status says comes from whoever started it or
+    answers its queries, and the login carries the operator's password or token."""
+    if not configured or not configured.strip():
+        raise IdentityTokenError(f"no Vault of your own configured: set VAULT_ADDR (or pass --vault-addr) to your "
+                                 f"Vault; this run's tokens come from {named}")
+    if not same_vault(configured, named):
+        raise IdentityTokenError(f"your Vault is {configured} (VAULT_ADDR or --vault-addr) and this run's tokens come "
+                                 f"from {named}: your login goes to your own Vault only")
+    return configured.strip()
 
 
 @dataclass(frozen=True)

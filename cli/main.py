@@ -165,7 +165,9 @@ _OPT_VAULT_LOGIN = typer.Option(
     help="fetch the identity token from Vault with your own login (userpass: --vault-user, password from "
          "$VAULT_PASSWORD or asked; --vault-auth token: $VAULT_TOKEN or ~/.vault-token)")
 _OPT_VAULT_ADDR = typer.Option(None, "--vault-addr", envvar="VAULT_ADDR", show_envvar=True,
-                               rich_help_panel=_IDENTITY_PANEL, help="the Vault to log in to (with --vault-login)")
+                               rich_help_panel=_IDENTITY_PANEL,
+                               help="your Vault, the one --vault-login logs in to (a run whose tokens come from "
+                                    "another Vault is refused)")
 _OPT_IDENTITY_ROLE = typer.Option("coldstart-approver", "--identity-role", rich_help_panel=_IDENTITY_PANEL,
                                   help="the Vault OIDC role to fetch the token from (with --vault-login)")
 _OPT_VAULT_USER = typer.Option(None, "--vault-user", rich_help_panel=_IDENTITY_PANEL,
@@ -242,6 +244,7 @@ def run(
                                                                          "(default: the runbook's)"),
     identity_token: str | None = _OPT_IDENTITY_TOKEN,
     vault_login: bool = _OPT_VAULT_LOGIN,
+    vault_addr: str | None = _OPT_VAULT_ADDR,
     vault_user: str | None = _OPT_VAULT_USER,
     vault_auth: str = _OPT_VAULT_AUTH,
 ) -> None:
@@ -265,7 +268,7 @@ def run(
     if vault_login and source is None:
         _fail(f"--vault-login: runbook {plan_input.runbook.metadata.name} on target {plan_input.target_name} verifies "
               "no starter (no identity provider)", EXIT_INVALID)
-    token = _identity_token(identity_token, vault_login, None, "", vault_user, vault_auth, _whoami(), source)
+    token = _identity_token(identity_token, vault_login, vault_addr, "", vault_user, vault_auth, _whoami(), source)
 
     async def go() -> int:
         from runtime.connection import web_ui_url
@@ -602,11 +605,17 @@ def _identity_token(token: str | None, vault_login: bool, vault_addr: str | None
         return None
     if vault_auth not in ("userpass", "token"):
         _fail(f"--vault-auth {vault_auth!r}: use userpass or token", EXIT_INVALID)
+    from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token, own_vault
+
     if source is not None:
-        vault_addr = source.vault  # the run's own Vault: a token from another would not verify
+        # The login goes to the operator's own Vault, and only when it is the run's: the run says where its tokens
+        # verify, never where a password or token is sent.
+        try:
+            vault_addr = own_vault(vault_addr, source.vault)
+        except IdentityTokenError as exc:
+            _fail(f"--vault-login: {exc}", EXIT_INVALID)
     if not vault_addr:
         _fail("--vault-login: set VAULT_ADDR or pass --vault-addr", EXIT_INVALID)
-    from cli.identity import IdentityTokenError, fetch_decision_token, fetch_identity_token
 
     def fetch(**login: Any) -> str:
         if source is None:
@@ -759,6 +768,7 @@ def identity_token_command(
     step: str | None = typer.Option(None, "--step", help="the step decided on (approve, skip, retry)"),
     who: str = typer.Option(None, "--as", help="your name (default: $COLDSTART_USER or your login)"),
     vault_login: bool = typer.Option(True, "--vault-login/--no-vault-login", hidden=True),
+    vault_addr: str | None = _OPT_VAULT_ADDR,
     vault_user: str | None = _OPT_VAULT_USER,
     vault_auth: str = _OPT_VAULT_AUTH,
 ) -> None:
@@ -773,7 +783,7 @@ def identity_token_command(
     if source is None:
         _fail(f"{_workflow_id(run_ref)} binds no decision token (its runbook and target set no identity provider)",
               EXIT_INVALID)
-    token = _identity_token(None, True, None, "", vault_user, vault_auth, who or _whoami(), source)
+    token = _identity_token(None, True, vault_addr, "", vault_user, vault_auth, who or _whoami(), source)
     sys.stdout.write(f"{token}\n")
 
 
@@ -1004,8 +1014,9 @@ def readiness(
         None, "--temporal-config", help="the Temporal server's config YAML, checked for Consul, Nomad or Vault too"),
     schedule: str | None = typer.Option(
         None, "--schedule", metavar="CRON", help="instead of checking now, check on this cron (e.g. '0 6 * * *') on a "
-                                                "worker: its catalog's runbook, from its host; --metrics-file is a "
-                                                "path on the worker"),
+                                                "worker: its catalog's runbook, from its host; its metrics go where the "
+                                                "worker's $COLDSTART_READINESS_METRICS_DIR and $COLDSTART_READINESS_PUSH "
+                                                "say"),
     trial_restore: bool = typer.Option(False, "--trial-restore", help="also restore the newest Consul snapshot into a "
                                                                       "scratch agent and compare its key count (weekly)"),
 ) -> None:
@@ -1023,7 +1034,11 @@ def readiness(
 
     planned = _plan(file, param, target, placeholders=True)
     if schedule:
-        _schedule_readiness(planned, param, schedule, timeout, metrics_file, push, trial_restore)
+        if metrics_file is not None or push is not None:
+            # The request a Schedule starts names no file or URL: where a worker writes is its own configuration.
+            _fail("--metrics-file and --push go with a check run here; a scheduled check's metrics go where its worker "
+                  "says ($COLDSTART_READINESS_METRICS_DIR, $COLDSTART_READINESS_PUSH)", EXIT_INVALID)
+        _schedule_readiness(planned, param, schedule, timeout, trial_restore)
         return
     try:
         settings = settings_for(task_queue(), timeout=timeout, temporal_config=temporal_config,
@@ -1039,15 +1054,13 @@ def readiness(
     raise typer.Exit(report.exit_code)
 
 
-def _schedule_readiness(planned: Any, param: list[str], cron: str, timeout: float, metrics_file: Path | None,
-                        push: str | None, trial_restore: bool) -> None:
+def _schedule_readiness(planned: Any, param: list[str], cron: str, timeout: float, trial_restore: bool) -> None:
     from cli.schedules import schedule_readiness
     from runtime.connection import task_queue
     from workflows.readiness import ReadinessRequest
 
     request = ReadinessRequest(runbook=planned.runbook.metadata.name, target=planned.target_name,
-                               params=_params(param), timeout_seconds=timeout, push=push, trial_restore=trial_restore,
-                               metrics_file=str(metrics_file) if metrics_file else None)
+                               params=_params(param), timeout_seconds=timeout, trial_restore=trial_restore)
 
     async def go() -> None:
         client = await _client()
@@ -1095,8 +1108,14 @@ def drill(
 def _schedule(name: str, cron: str, file: Path | None, target: str | None, paused: bool) -> None:
     from cli.schedules import DrillTargetRefused, schedule_drill
     from runtime.connection import task_queue
+    from workflows.names import NameRefused, named_file
 
-    run = _plan(file or Path("runbooks") / f"{name}.yaml", [], target, drill=True)
+    if file is None:
+        try:
+            file = named_file(Path("runbooks"), "runbook", name)
+        except NameRefused as exc:
+            _fail(str(exc), EXIT_INVALID)
+    run = _plan(file, [], target, drill=True)
 
     async def go() -> None:
         client = await _client()
@@ -1113,9 +1132,11 @@ def _schedule(name: str, cron: str, file: Path | None, target: str | None, pause
 
 
 def _mount_worker() -> None:
+    from cli.seal_keys import seal_keys_app
     from runtime.serve import serve
 
     app.command("worker", help="Run a worker (same as `python worker.py`).")(serve)
+    app.add_typer(seal_keys_app, name="seal-keys", help="The workers' keys that seal what runs hand on.")
 
 
 _mount_worker()

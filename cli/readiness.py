@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from rich import box
@@ -51,8 +52,9 @@ async def readiness_report(run: RunInput, settings: ReadinessSettings, *, metric
                            push: str | None = None, command: str = "") -> Report:
     """Run every check the planned run needs; write or push the metrics when asked; when readiness turned red
     (or ready again) since the last check, tell $COLDSTART_NOTIFY's sinks, waiting at most 5 s for them."""
-    async with worker_vault_token(run.target):
-        report = await run_checks(run.runbook.metadata.name, run.target_name, plan_checks(run, settings))
+    async with worker_vault_token(run.target) as login:
+        report = await run_checks(run.runbook.metadata.name, run.target_name,
+                                  plan_checks(run, replace(settings, vault=login)))
     if metrics_file:
         write_textfile(report, metrics_file)
     if push:

@@ -14,6 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from activities.policy import OPERATOR_VERBS, TargetPolicy
 from activities.retry import format_duration
 from workflows.contract import GateReading, RunInput, RunStatus, StepState, workflow_id_for
 from workflows.refs import REF, RefError, lookup
@@ -112,12 +113,24 @@ def _describe(step: AnyStep, run: RunInput) -> str:
 
 
 def _access(run: RunInput) -> str:
-    book = run.runbook
-    skip = ", ".join(book.approvers) if book.approvers else "nobody (no approvers)"
-    parts = [f"approve and skip: {skip}" + (" (four eyes)" if book.four_eyes else ""),
-             "retry/pause/resume/abort: " + (", ".join(sorted(set(book.operators) | set(book.approvers))) if book.operators else "anyone named")]
-    if book.identity:
-        parts.append(f"verified identity for {', '.join(book.identity.controls)} (Vault role {book.identity.role})")
+    """Who may decide what in this run: the target's policy narrowed by the runbook, as the run enforces it
+    (workflows/controls.py)."""
+    from workflows.identity import effective_identity
+
+    book, policy = run.runbook, TargetPolicy.of(run.target)
+    approvers = policy.run_approvers(book.approvers)
+    operators = policy.run_operators(book.operators, book.approvers)
+    skip = ", ".join(approvers) if approvers else "nobody (no approvers)"
+    parts = [f"approve and skip: {skip}" + (" (four eyes)" if book.four_eyes or policy.four_eyes else ""),
+             "retry/pause/resume/abort: " + (", ".join(operators) if operators
+                                             else "nobody (no operators or approvers named)")]
+    identity = effective_identity(book.identity, policy.identity)
+    if identity:
+        # The target's verified identity covers every control that steers the run, listed or not.
+        controls = list(identity.controls)
+        if policy.identity is not None:
+            controls += [verb for verb in OPERATOR_VERBS if verb not in controls]
+        parts.append(f"verified identity for {', '.join(controls)} (Vault {identity.vault})")
     return "access: " + "; ".join(parts)
 
 

@@ -274,10 +274,13 @@ async def build_timeline(client: Client, workflow_id: str, run_id: str | None = 
                     attrs = event.workflow_execution_started_event_attributes
                     args = await _decode(client, attrs.input)
                     if args and isinstance(args[0], dict):
-                        run = args[0]
-                        timeline.runbook = run.get("runbook", {}).get("metadata", {}).get("name", "")
-                        timeline.target = run.get("target_name", "")
-                        timeline.initiator = run.get("initiator", "")
+                        # A run starts from its request (the names its starter gave; the resolved plan is the
+                        # resolve activity's result) or, continued, from its sealed plan.
+                        start = args[0]
+                        request, plan = start.get("request") or {}, (start.get("sealed") or {}).get("plan") or {}
+                        timeline.runbook = request.get("runbook") or plan.get("runbook", {}).get("metadata", {}).get("name", "")
+                        timeline.target = request.get("target") or plan.get("target_name", "")
+                        timeline.initiator = request.get("initiator") or plan.get("initiator", "")
                     timeline.entries.append(Entry(at, None, "run started", timeline.initiator, f"{timeline.runbook} on {timeline.target}"))
             elif kind == _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 attrs = event.activity_task_scheduled_event_attributes

@@ -63,9 +63,21 @@ CONFIG = "lab-config.json"  # the settings `up` used, so inject/load/status/down
 # The lab's own daemons import and connect all at once on a loaded 2-core host (15 s failed a CI run);
 # a daemon that dies still fails the wait at once.
 _DAEMON_START_S = 60.0
+# The lab's cache job, the KV prefix its placement lives under, and the hot rows of the lab's game database
+# (key, shard, value; keyed and sharded as the game edge reads them): the cold-start runbook's inventory facts.
+COLD_START_FACTS = {
+    "cache_job": "cache",
+    "cache_port_label": "redis",
+    "cache_scheduling_prefix": "coldstart/cache/scheduling",
+    "cache_warm_query": (
+        "SELECT 'player:' || p.id AS key, p.id::text AS shard, json_build_object('id', p.id, 'name', p.name, "
+        "'level', p.level, 'items', count(i.id), 'qty', coalesce(sum(i.qty), 0))::text AS value "
+        "FROM players p LEFT JOIN items i ON i.player_id = p.id GROUP BY p.id ORDER BY p.id"),
+}
+
 # What `down` deletes from the state dir; logs/ stays for the post-mortem (documented).
 STATE_SUBDIRS = ("secrets", "consul", "nomad", "vault", "dns", "prometheus", "postgres", "snapshots", "users",
-                 "sessions", "alertmanager", "pulumi")
+                 "sessions", "alertmanager", "pulumi", "forensics")
 KV_SECRETS = {
     "dns_tsig": ("coldstart/dns-tsig", "secret"),
     "consul_token": ("coldstart/consul", "token"),
@@ -358,7 +370,9 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
             dns=[cfg.dns_server], game=[f"http://{cfg.ip('edge')}:{p.edge_http}"],
             maintenance=[f"http://{cfg.maint_ip}:{p.edge_http}"],
             cache=[f"{cfg.ip(h)}:{p.redis}" for h in CACHE_HOSTS],
-            database=[f"postgresql://postgres@{cfg.ip(cfg.db_host)}:{p.postgres}/postgres"],
+            # The lab's PostgreSQL serves no TLS, on the lab's private bridge on this machine: said so here, as
+            # cache.warm checks a certificate (verify-full) wherever the inventory does not say otherwise.
+            database=[f"postgresql://postgres@{cfg.ip(cfg.db_host)}:{p.postgres}/postgres?sslmode=disable"],
             extra={"node_agents": [f"http://{cfg.ip(h)}:{p.node_agent}" for h in CACHE_HOSTS]},
         ),
         hosts=hosts,
@@ -387,6 +401,8 @@ def build_inventory(cfg: LabConfig, sec: Secrets, found: Backends) -> Inventory:
                                     for h in CACHE_HOSTS]},
         facts={"state_dir": str(cfg.path()), "controller_address": str(spec.gateway), "subnet": str(cfg.subnet),
                "snapshot_store": str(cfg.path("snapshots")),
+               # What the cold-start runbook's destructive steps act on: facts of the target, not parameters.
+               **COLD_START_FACTS, "forensics_dir": str(cfg.path("forensics")),
                # The backup job's objective: readiness says not ready when the newest snapshot is older.
                "rpo": "24h",
                "identity": identity_facts(cfg, sec),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import sys
 import time
 import uuid
@@ -40,6 +41,7 @@ from activities.telemetry import wait_before
 from runtime.casebook import Case, CaseBook, Decision, Failed, GateScript, Reading
 from runtime.connection import DATA_CONVERTER
 from runtime.runs import start_run
+from runtime.sealing import Sealer, SealKeys
 from workflows import search
 from workflows.contract import RESOLVE_RUN_ACTIVITY, RunInput, RunStatus, readings_queue, status_from_memo
 from workflows.fanout import FanOutWorkflow
@@ -298,7 +300,10 @@ async def _run_case(env: WorkflowEnvironment, runbook: Path, book: CaseBook, cas
     # failure cut to size, history tags). A build id given, as production gives one: the SDK's default hashes
     # every loaded module's code per worker.
     interceptors = [FailureBoundsInterceptor(), HistoryTagInterceptor()]
-    runs = Worker(env.client, task_queue=queue, workflows=[RunbookWorkflow, FanOutWorkflow], activities=[fake],
+    # The run's hand-offs (continuations, fan-out batches) sealed as a worker seals them, with a key of this test's.
+    sealer = Sealer(SealKeys(current="case", keys={"case": secrets.token_bytes(32)}))
+    runs = Worker(env.client, task_queue=queue, workflows=[RunbookWorkflow, FanOutWorkflow],
+                  activities=[fake, sealer.seal, sealer.verify],
                   interceptors=interceptors, workflow_runner=UnsandboxedWorkflowRunner(), build_id=_BUILD_ID)
     readings = Worker(env.client, task_queue=readings_queue(queue), activities=[fake], interceptors=interceptors,
                       build_id=_BUILD_ID)

@@ -6,13 +6,15 @@ import asyncio
 import copy
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.contracts.vault import IdentityKeysInput
 from activities.errors import Refused
@@ -21,9 +23,17 @@ from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
 from activities.vault import fetch_identity_keys
 from runtime.drill_safety import drill_refusal
-from workflows.contract import RESOLVE_RUN_ACTIVITY, CatalogRecord, RunInput, RunRequest
+from workflows.contract import (
+    RESOLVE_RUN_ACTIVITY,
+    SCHEDULED_SUFFIX,
+    CatalogRecord,
+    RunInput,
+    RunRequest,
+    workflow_id_for,
+)
 from workflows.identity import IdentityError, effective_identity, start_nonce, verify_identity_token
 from workflows.loader import RunbookInvalid, load_inventory, plan_run, runbook_digest
+from workflows.names import NameRefused, check_name, named_file
 from workflows.spec import IdentityPolicy
 from workflows.yaml_safety import YamlRefused, load_text, read_text
 
@@ -58,6 +68,8 @@ class CatalogWarmed:
     runbooks_parsed: int
     targets_parsed: list[str]
     targets_refused: dict[str, str]
+    # The targets whose inventory says `development: true`, whether or not the catalog lets them be.
+    development: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -74,13 +86,17 @@ class Catalog:
     read every time; what is parsed from it is kept for as long as its text stays the same.
 
     A request names a runbook by digest and a target by name; everything the run executes comes from here.
-    Only a target marked `development: true` runs a runbook text the catalog does not hold."""
+    Only a target marked `development: true` runs a runbook text the catalog does not hold, and only in a
+    catalog made with `allow_development` (a worker started with --allow-development): otherwise an inventory
+    file anyone could write into the targets directory would let a starter run its own text there."""
 
     def __init__(self, runbooks: Path | None, targets: Path | None, *,
                  inventories: Mapping[str, dict[str, Any]] | None = None,
-                 identity_keys: Callable[[IdentityPolicy], IdentityKeys] | None = None) -> None:
+                 identity_keys: Callable[[IdentityPolicy], IdentityKeys] | None = None,
+                 allow_development: bool = False) -> None:
         self.runbooks_dir = runbooks
         self.targets_dir = targets
+        self.allow_development = allow_development
         self._inventories = dict(inventories or {})
         # Parsed once per text, not once per run: every resolution parsed every runbook in the catalog (to
         # find the one with the request's digest) and the target's inventory again.
@@ -90,9 +106,11 @@ class Catalog:
         self._identity_keys = identity_keys
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Catalog:
-        """$COLDSTART_CATALOG (default `runbooks`) and $COLDSTART_TARGETS (default `targets`)."""
-        return cls(Path(environ.get(CATALOG_ENV, "runbooks")), Path(environ.get(TARGETS_ENV, "targets")))
+    def from_environment(cls, environ: Mapping[str, str] = os.environ, *, allow_development: bool = False) -> Catalog:
+        """$COLDSTART_CATALOG (default `runbooks`) and $COLDSTART_TARGETS (default `targets`); development targets
+        only with `allow_development` (never from the environment: the worker's flag says so)."""
+        return cls(Path(environ.get(CATALOG_ENV, "runbooks")), Path(environ.get(TARGETS_ENV, "targets")),
+                   allow_development=allow_development)
 
     def runbooks(self) -> dict[str, CatalogRunbook]:
         """The catalogued runbooks by digest; a file that cannot be read or has no name is not in the catalog."""
@@ -115,12 +133,17 @@ class Catalog:
         return found
 
     def inventory(self, target: str) -> dict[str, Any]:
-        """The target's inventory as runbooks see it, or CatalogRefused when the catalog has no such target."""
+        """The target's inventory as runbooks see it, or CatalogRefused when the catalog has no such target (or
+        `target` is no target name: the inventory is targets/<name>.yaml, never a path the request chose)."""
+        try:
+            check_name("target", target)
+            path = named_file(self.targets_dir, "target", target) if self.targets_dir is not None else None
+        except NameRefused as exc:
+            raise CatalogRefused(str(exc)) from None
         if target in self._inventories:
             return self._inventories[target]
-        if self.targets_dir is None:
+        if path is None or self.targets_dir is None:
             raise CatalogRefused(f"target {target!r} is not in the controller's catalog")
-        path = self.targets_dir / f"{target}.yaml"
         try:
             text = read_text(path)
             kept = self._read_inventories.get(path)
@@ -145,23 +168,27 @@ class Catalog:
         parsed_runbooks = sum(1 for digest in self._names if digest not in known)
         parsed_targets: list[str] = []
         refused: dict[str, str] = {}
+        development: list[str] = []
         paths = sorted(self.targets_dir.glob("*.yaml")) if self.targets_dir is not None and self.targets_dir.is_dir() else []
         for path in paths:
             before = self._read_inventories.get(path)
             try:
-                self.inventory(path.stem)
+                inventory = self.inventory(path.stem)
             except CatalogRefused as exc:
                 refused[path.stem] = str(exc)
                 continue
             if self._read_inventories.get(path) is not before:
                 parsed_targets.append(path.stem)
+            if inventory.get("development"):
+                development.append(path.stem)
         return CatalogWarmed(runbooks=sorted({r.name for r in runbooks.values()}), runbooks_parsed=parsed_runbooks,
-                             targets_parsed=parsed_targets, targets_refused=refused)
+                             targets_parsed=parsed_targets, targets_refused=refused, development=development)
 
     def target(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
-        """The inventory of the request's target, and whether it is a development target."""
+        """The inventory of the request's target, and whether it is a development target: marked
+        `development: true`, in a catalog that allows development targets."""
         inventory = self.inventory(request.target)
-        return inventory, bool(inventory.get("development"))
+        return inventory, self.allow_development and bool(inventory.get("development"))
 
     def resolve(self, request: RunRequest, registry: Any, workflow_id: str = "") -> RunInput:
         """The plan the controller runs for `request` (in workflow `workflow_id`), or CatalogRefused naming the
@@ -185,6 +212,10 @@ class Catalog:
                 raise CatalogRefused(
                     f"runbook {request.runbook!r} ({_short(request.digest)}) is a modified copy: the catalog holds "
                     f"{_short(same[0].digest)} ({same[0].path}), and target {request.target!r} runs catalogued runbooks only")
+            if inventory.get("development"):
+                raise CatalogRefused(f"runbook {request.runbook!r} ({_short(request.digest)}) is not in the controller's "
+                                     f"catalog, and target {request.target!r} is marked development: true but the "
+                                     "worker was not started with --allow-development, so it runs catalogued runbooks only")
             raise CatalogRefused(f"runbook {request.runbook!r} ({_short(request.digest)}) is not in the controller's "
                                  f"catalog, and target {request.target!r} is not a development target")
         if request.drill and not inventory.get("drill"):
@@ -272,9 +303,35 @@ class RunResolver:
         workflow_id = activity.info().workflow_id or ""
         try:
             async with beating():
-                return await asyncio.to_thread(self._catalog.resolve, request, self._registry, workflow_id)
+                plan = await asyncio.to_thread(self._catalog.resolve, request, self._registry, workflow_id)
+                busy = await _another_run(plan.target_name, workflow_id)
         except CatalogRefused as exc:
             raise ApplicationError(str(exc), type="CatalogRefused", non_retryable=True) from None
+        if busy is not None:
+            raise ApplicationError(f"target {plan.target_name} is busy: run {busy} is still running", type="TargetBusy",
+                                   non_retryable=True)
+        return plan
+
+
+async def _another_run(target: str, workflow_id: str) -> str | None:
+    """Another running run on `target`, or None. Single flight holds by workflow id: the target's own id, and
+    the ids a drill Schedule gives its runs (the target's id and a time), which the server cannot tell apart."""
+    client = activity.client()
+    expected = workflow_id_for(target)
+    if workflow_id != expected:
+        try:
+            description = await client.get_workflow_handle(expected).describe()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+        else:
+            if description.status == WorkflowExecutionStatus.RUNNING:
+                return expected
+    query = f"WorkflowId STARTS_WITH '{expected}-' AND ExecutionStatus = 'Running'"
+    async for found in client.list_workflows(query, limit=20):
+        if found.id != workflow_id and SCHEDULED_SUFFIX.fullmatch(found.id.removeprefix(expected)):
+            return found.id
+    return None
 
 
 def _four_eyes(plan: RunInput, policy: TargetPolicy) -> bool:
@@ -290,7 +347,9 @@ def _four_eyes(plan: RunInput, policy: TargetPolicy) -> bool:
             if walk(getattr(step, "parallel", None) or []):
                 return True
         return False
-    return walk(plan.runbook.steps)
+    # on_miss steps are the run's too: an approval there is decided like any other.
+    deadline = plan.runbook.deadline
+    return walk(plan.runbook.steps) or (deadline is not None and walk(deadline.on_miss))
 
 
 def _short(digest: str) -> str:

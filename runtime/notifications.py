@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import queue
@@ -13,9 +14,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from activities.errors import InvalidInput, LocatedErrors
 from activities.retry import Duration, format_duration
@@ -34,6 +36,7 @@ __all__ = [
     "load_config",
     "render_text",
     "signature",
+    "slack_text",
 ]
 
 NOTIFY_ENV = "COLDSTART_NOTIFY"  # the worker's notifications file
@@ -65,11 +68,28 @@ class SinkConfig(StrictModel):
     queue: Annotated[int, Field(ge=1, le=100_000)] = Field(
         default=1000, description="events waiting for this sink at most; beyond, new ones are dropped and counted")
 
+    @field_validator("url")
+    @classmethod
+    def _https(cls, url: str) -> str:
+        # Events carry approval prompts, errors and the Web UI link, and a webhook's signature is no secret
+        # in transit: plain HTTP only where it never leaves the host (the tests' and the lab's receivers).
+        if url.startswith("https://") or _loopback(urlsplit(url).hostname):
+            return url
+        raise ValueError("a sink's url must be https:// (http:// only to a loopback address: 127.0.0.0/8 or [::1])")
+
     @model_validator(mode="after")
     def _signed(self) -> SinkConfig:
         if self.kind == "webhook" and not self.secret_env:
             raise ValueError("a webhook sink signs its events: set secret_env to the variable holding the key")
         return self
+
+
+def _loopback(host: str | None) -> bool:
+    """Whether host is a loopback address literal; a name (even localhost) is not, as it resolves elsewhere too."""
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class NotifyConfig(StrictModel):
@@ -171,6 +191,18 @@ def render_text(event: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
+def slack_text(event: dict[str, Any]) -> str:
+    """render_text with Slack's control characters escaped (&, <, > as &amp; &lt; &gt;).
+
+    Everything in the message is plain text, and much of it comes from the run (its initiator, prompts,
+    errors, step and target names): escaped, none of it can become a mention (<!channel>) or a link
+    whose text hides where it goes (<https://x|approve>)."""
+    return render_text(event).translate(_SLACK_ESCAPES)
+
+
 def _alert(event: dict[str, Any]) -> list[dict[str, Any]]:
     """Alertmanager's v2 API body: one alert per run and step, resolved (endsAt now) when the run finishes."""
     now = datetime.now(UTC).isoformat()
@@ -214,7 +246,7 @@ class _Sink:
         kind, url = self.config.kind, self.config.url
         headers = {"Content-Type": "application/json"}
         if kind == "slack":
-            body = json.dumps({"text": render_text(event)}).encode()
+            body = json.dumps({"text": slack_text(event)}).encode()
         elif kind == "alertmanager":
             url = url.rstrip("/") + "/api/v2/alerts"
             body = json.dumps(_alert(event)).encode()

@@ -8,7 +8,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.errors import Refused
 from workflows import search
-from workflows.contract import RunInput, workflow_id_for
+from workflows.contract import RunInput, RunStart, workflow_id_for
 from workflows.runbook_workflow import RunbookWorkflow
 
 __all__ = ["TargetBusy", "start_run", "workflow_id_for"]
@@ -23,13 +23,18 @@ async def start_run(client: Client, run: RunInput, task_queue: str, *,
     """Start a run, refusing when the target already has one running (whatever its runbook). `identity_token`:
     the starter's, bound to this request (cli.identity.start_source), for targets that verify who starts."""
     workflow_id = workflow_id_for(run.target_name)
-    if identity_token is not None and run.request is not None:
-        run = run.model_copy(update={"request": run.request.model_copy(update={"identity_token": identity_token})})
+    if run.request is None:
+        raise Refused(f"run of {run.runbook.metadata.name} on {run.target_name}: the plan carries no request "
+                      "(plan it with workflows.loader.plan_run)")
+    request = run.request
+    if identity_token is not None:
+        request = request.model_copy(update={"identity_token": identity_token})
     attributes = search.for_new_run(run.runbook.metadata.name, run.target_name, run.drill)
     try:
         return await client.start_workflow(
             RunbookWorkflow.run,
-            run,
+            # The request alone: the worker resolves it against its own catalog; nothing else is taken.
+            RunStart(request=request),
             id=workflow_id,
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,

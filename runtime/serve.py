@@ -22,21 +22,27 @@ def serve(
     journal: str | None = typer.Option(None, envvar=JOURNAL_ENV,
                                           help="append one JSON line per action attempt start/end to this file"),
     log_level: str = typer.Option("INFO", envvar="COLDSTART_LOG_LEVEL"),
+    # A flag only, no environment variable: a worker runs starters' own runbooks only when started so on purpose.
+    allow_development: bool = typer.Option(
+        False, "--allow-development",
+        help="targets marked development: true run the starter's own runbook file (local development only)"),
 ) -> None:
     """Run a worker: the runbook workflows and every registered action."""
     # The worker's imports (asyncio, Temporal, the actions, logging) stay off the CLI's start-up path.
     import asyncio
 
     from runtime.logs import configure_logging
+    from runtime.sealing import SealKeys
     from runtime.worker import reading_settings, run_worker
 
     try:
         reading_settings()
+        SealKeys.from_environment()
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     configure_logging(log_level)
-    clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None))
+    clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None, allow_development=allow_development))
     leave(0 if clean else EXIT_STUCK)
 
 

@@ -15,6 +15,7 @@ from typing import Self
 
 import structlog
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -31,6 +32,7 @@ from runtime.eviction_watch import EXIT_STUCK, watching_evictions
 from runtime.notifications import Notifier
 from runtime.notifications import from_environment as notifier_from_environment
 from runtime.readiness.scheduled import ScheduledReadiness
+from runtime.sealing import Sealer, SealKeys
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
 from runtime.step_load import StepLoad, StepLoadInterceptor
 from workflows.contract import readings_queue
@@ -46,7 +48,7 @@ from workflows.runbook_workflow import RunbookWorkflow
 # whose worker was alive was handed to another (bench/soak.py saw one run twice). At 3 s the slack is 7 s.
 HEARTBEAT_FORWARD_EVERY = timedelta(seconds=3)
 
-__all__ = ["HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_until_stopped", "run_worker", "warm_up"]
+__all__ = ["DEVELOPMENT_TARGETS_METRIC", "HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_until_stopped", "run_worker", "warm_up"]
 
 log = structlog.get_logger("coldstart.worker")
 
@@ -59,6 +61,9 @@ SANDBOXED_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.defa
 # replay tests hold it deterministic; FanOutWorkflow is unsandboxed either way (see its comment).
 UNSANDBOXED_RUNNER = UnsandboxedWorkflowRunner()
 
+
+# Every workflow type a worker runs: each is a way in for any Temporal client, held by tests/adversary.
+RUN_WORKFLOWS = (RunbookWorkflow, FanOutWorkflow, FleetWorkflow, ReadinessWorkflow)
 
 READINGS_PER_SECOND_ENV = "COLDSTART_READINGS_PER_SECOND"
 # The part of that pace readings take while the worker runs steps (runtime/step_load.py).
@@ -113,8 +118,10 @@ def build_worker(
     readings_share: float | None = None,
     sandboxed: bool = False,
     catalog: Catalog | None = None,
+    allow_development: bool = False,
     notifier: Notifier | None = None,
     interceptors: Sequence[Interceptor] = (),
+    seal_keys: SealKeys | None = None,
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
@@ -126,14 +133,23 @@ def build_worker(
     sandboxed: run the workflows in Temporal's sandbox (the tests do; production does not, see UNSANDBOXED_RUNNER).
     catalog: the runbooks and targets this worker runs (runtime/catalog.py; default $COLDSTART_CATALOG and
     $COLDSTART_TARGETS, else runbooks/ and targets/): every new run is resolved against it first.
+    allow_development: targets marked `development: true` run the starter's own runbooks (`--allow-development`;
+    a given catalog must say the same); the worker's metrics say so (coldstart_worker_development_targets).
     notifier: where the runs' events go (runtime/notifications.py; one per process, never awaited by a step).
-    interceptors: more of them for the runs' worker, innermost (a test's seam into its workflow tasks)."""
+    interceptors: more of them for the runs' worker, innermost (a test's seam into its workflow tasks).
+    seal_keys: the keys that seal and verify what runs hand on (runtime/sealing.py; default $COLDSTART_SEAL_KEYS)."""
     if notifier is not None:
         set_event_sink(notifier.offer)
     registry = registry or load_registry()
-    catalog = catalog or Catalog.from_environment()
+    catalog = catalog or Catalog.from_environment(allow_development=allow_development)
+    if catalog.allow_development != allow_development:
+        # One setting, so what the worker says (its start line, its metrics) is what its catalog does.
+        raise ValueError(f"the catalog {'allows' if catalog.allow_development else 'does not allow'} development "
+                         f"targets, the worker was built with allow_development={allow_development}")
+    _report_development(client, queue, allow_development)
     resolver = RunResolver(catalog, registry)
     readiness = ScheduledReadiness(catalog, registry)
+    sealer = Sealer(seal_keys or SealKeys.from_environment())
     # Outermost: a failure is cut to size after every other interceptor has seen it whole.
     chain: list[Interceptor] = [FailureBoundsInterceptor(), HistoryTagInterceptor()]
     if journal:
@@ -147,9 +163,9 @@ def build_worker(
     runs = Worker(
         client,
         task_queue=queue,
-        workflows=[RunbookWorkflow, FanOutWorkflow, FleetWorkflow, ReadinessWorkflow],
+        workflows=list(RUN_WORKFLOWS),
         # telemetry.read stays here too: runs started before readings had their own queue read here.
-        activities=[*registry.activities(), resolver.resolve, readiness.check],
+        activities=[*registry.activities(), resolver.resolve, readiness.check, sealer.seal, sealer.verify],
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
         interceptors=[*chain, StepLoadInterceptor(load), *interceptors],
@@ -174,6 +190,19 @@ def build_worker(
         max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
     )
     return ControllerWorker(runs, readings)
+
+
+DEVELOPMENT_TARGETS_METRIC = "coldstart_worker_development_targets"
+
+
+def _report_development(client: Client, queue: str, allowed: bool) -> None:
+    """The gauge on the client's metrics endpoint: 1 while this worker runs development targets, else 0."""
+    runtime = client.service_client.config.runtime or Runtime.default()
+    runtime.metric_meter.create_gauge(
+        DEVELOPMENT_TARGETS_METRIC,
+        "1 if the worker was started with --allow-development: targets marked development: true run the "
+        "starter's own runbooks",
+    ).set(1 if allowed else 0, {"task_queue": queue})
 
 
 def readings_in_flight(per_second: float, share: float) -> int:
@@ -218,16 +247,23 @@ def warm_up(catalog: Catalog, registry: Registry) -> CatalogWarmed:
 STUCK_GRACE = timedelta(seconds=10)
 
 
-async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None) -> bool:
+async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None, *,
+                     allow_development: bool = False) -> bool:
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks. Returns True when it stopped cleanly
-    (False: a run could not be evicted, see run_until_stopped)."""
+    (False: a run could not be evicted, see run_until_stopped). allow_development: see build_worker."""
     client = await connect(runtime=worker_runtime(metrics_address))
-    catalog, registry = Catalog.from_environment(), load_registry()
+    catalog, registry = Catalog.from_environment(allow_development=allow_development), load_registry()
     warmed = await asyncio.to_thread(warm_up, catalog, registry)
     for target, why in warmed.targets_refused.items():
         log.warning("target refused by the catalog", target=target, reason=why)
+    if warmed.development and not allow_development:
+        log.warning("targets marked development: true run catalogued runbooks only: the worker was not started "
+                    "with --allow-development", targets=warmed.development)
+    # Read (made, on a first start) before the first poll: a worker whose keys cannot be used never starts.
+    seal_keys = SealKeys.from_environment()
     notifier = notifier_from_environment(link=lambda workflow_id: web_ui_url(client, workflow_id))
-    worker = build_worker(client, queue, registry=registry, journal=journal, catalog=catalog, notifier=notifier)
+    worker = build_worker(client, queue, registry=registry, journal=journal, catalog=catalog, notifier=notifier,
+                          allow_development=allow_development, seal_keys=seal_keys)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -236,6 +272,8 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
              task_queue=queue, metrics=metrics_address, actions=len(registry.names()), journal=journal,
              pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
              runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
+             allow_development=allow_development, development_targets=warmed.development if allow_development else [],
+             seal_keys=str(seal_keys.path), sealing_key=seal_keys.current,
              notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None)
     clean = await run_until_stopped(worker, stop)
     if notifier is not None:

@@ -27,7 +27,7 @@ echo 0 > "$TMP/up"   # the gate's query answers 0 (failing) until we flip it
 setsid "$ROOT/.venv/bin/python" scripts/fake-prometheus.py "$PROM_PORT" "$TMP/up" >"$TMP/prom.log" 2>&1 & PIDS+=($!)
 setsid "$ROOT/.venv/bin/coldstart" server --db-file "$TMP/t.db" --port "$PORT" --ui-port "$UI_PORT" >"$TMP/server.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 60); do (echo >/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.5; done
-setsid "$ROOT/.venv/bin/python" worker.py --metrics '' >"$TMP/worker.log" 2>&1 & PIDS+=($!)
+setsid "$ROOT/.venv/bin/python" worker.py --metrics '' --allow-development >"$TMP/worker.log" 2>&1 & PIDS+=($!)
 
 cat > "$TMP/targets/shard-7.yaml" <<YAML
 name: shard-7

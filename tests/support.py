@@ -164,19 +164,21 @@ async def start(client: Client, file: Path, task_queue: str, *, target: dict[str
 
 class PlannedTargets(Catalog):
     """The tests' catalog: the repository's runbooks, and each test's own target as a development target with
-    the inventory the test planned against. A test seam only: a production catalog never takes a target from
-    the starter (tests/test_catalog.py runs the real Catalog's refusals)."""
+    the inventory the test planned against (made with allow_development, as the tests' worker is). A test seam
+    only: a production catalog never takes a target from the starter (tests/test_catalog.py runs the real
+    Catalog's refusals)."""
 
     def target(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
-        return request.inventory, True
+        return request.inventory, self.allow_development
 
 
-CATALOG = PlannedTargets(Path(__file__).resolve().parents[1] / "runbooks", None)
+CATALOG = PlannedTargets(Path(__file__).resolve().parents[1] / "runbooks", None, allow_development=True)
 
 
 def development_target(targets: Path, name: str) -> dict[str, Any]:
     """Write targets/NAME.yaml, a development target (it runs a test's own runbooks), for a worker started as
-    production starts it (its catalog from $COLDSTART_TARGETS); returns the inventory to plan against."""
+    production starts it (its catalog from $COLDSTART_TARGETS), with --allow-development; returns the inventory
+    to plan against."""
     inventory = {"name": name, "development": True, "telemetry": {"prometheus": "http://127.0.0.1:9"}}
     targets.mkdir(parents=True, exist_ok=True)
     (targets / f"{name}.yaml").write_text(json.dumps(inventory))
@@ -185,9 +187,11 @@ def development_target(targets: Path, name: str) -> dict[str, Any]:
 
 def worker(client: Client, task_queue: str, **options: Any):
     """The controller's worker with the test actions, its runs in Temporal's sandbox: production runs them
-    unsandboxed (runtime/worker.py), so the tests are where a non-deterministic call fails a run."""
+    unsandboxed (runtime/worker.py), so the tests are where a non-deterministic call fails a run. Development
+    targets are allowed (the tests run their own runbooks); a test giving a catalog gives its setting too."""
     options.setdefault("sandboxed", True)
     options.setdefault("catalog", CATALOG)
+    options.setdefault("allow_development", options["catalog"].allow_development)
     return build_worker(client, task_queue, registry=registry(), executor=ThreadPoolExecutor(16), max_concurrent_activities=16,
                         **options)
 

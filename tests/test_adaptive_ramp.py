@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests import support
-from workflows.contract import GateReading
+from workflows.contract import RAMP_DECISIONS_KEPT, GateReading, RampDecision, StepState
 from workflows.loader import RunbookInvalid, plan_run
 from workflows.ramp_policy import decide, headroom
 from workflows.spec import AdaptiveSpec
@@ -131,6 +131,16 @@ async def test_a_gate_read_once_after_the_bake_still_shows_its_move_over_the_bak
     # Each percentage is read as its bake starts and once after it; at 30 % twice more, for the hold.
     assert [r.value for r in players.readings if r.percent == 30] == [10, 70, 75, 75]
     assert players.status == "succeeded" and players.percent == 100
+
+
+def test_a_long_ramp_keeps_its_last_decisions():
+    # A ramp holding for hours decides every bake: the step keeps the recent decisions, not all of them.
+    players = StepState(id="players", kind="ramp")
+    for n in range(RAMP_DECISIONS_KEPT + 20):
+        players.add_ramp_decision(RampDecision(at=30, next=30, step=5, reason=f"hold at 30% ({n})"))
+    assert len(players.ramp_decisions) == RAMP_DECISIONS_KEPT == 50
+    assert [d.reason for d in players.ramp_decisions[::RAMP_DECISIONS_KEPT - 1]] == ["hold at 30% (20)",
+                                                                                    "hold at 30% (69)"]
 
 
 def test_an_adaptive_ramp_is_checked(tmp_path):

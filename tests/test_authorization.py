@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import uuid
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.client import WorkflowUpdateFailedError
+from typer.testing import CliRunner
 
 from tests import support
 from workflows.contract import ApproveRequest, ControlRequest, RequestError, parse_request
@@ -104,6 +109,75 @@ async def test_nobody_may_skip_without_declared_approvers(env, task_queue, tmp_p
         status = await support.status(handle)
         assert status.steps[0].status == "succeeded"
         assert [(c.verb, c.actor) for c in status.controls] == [("retry", "olga"), ("abort", "olga")]
+
+
+async def _cli(*args: str) -> tuple[int, str]:
+    """`coldstart ARGS` as an operator runs it: (its exit code, what it printed or refused with, in one line)."""
+    from cli.main import app
+
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        message = str(result.exception)
+        assert "\n" not in message, message
+        return getattr(result.exception, "code", 1), message
+    return result.exit_code, result.output
+
+
+NAMED_BOOK = """
+    metadata: {{name: {name}}}
+    target: t
+    {access}
+    steps:
+      - id: go
+        approval: {{prompt: "go on?"}}
+"""
+
+
+async def test_abort_as_an_unnamed_actor_is_refused_whatever_the_policy_names(env, task_queue, tmp_path, monkeypatch):
+    """`coldstart abort TARGET --as mallory` never ends a run because mallory typed a name: where the target's policy
+    names operators, they and the approvers may; where nothing names operators, the runbook's approvers alone;
+    where nobody is named, nobody, and the refusal says so. `coldstart plan` and the status say the same."""
+    monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    monkeypatch.setenv("COLDSTART_TARGETS", str(targets))
+    cases = [
+        ("named-operators", "approvers: [alice, bob]", {"operators": ["carol"]}, ["alice", "bob", "carol"],
+         "'mallory' may not abort this run (operators: alice, bob, carol)", "carol"),
+        ("named-approvers", "approvers: [alice, bob]", None, ["alice", "bob"],
+         "'mallory' may not abort this run (operators: alice, bob)", "bob"),
+        ("nobody-named", "", None, [],
+         "nobody may abort this run: neither runbook nobody-named nor its target names operators or approvers", None),
+    ]
+    async with support.worker(env.client, task_queue):
+        for name, access, policy, operators, refusal, operator in cases:
+            target = f"{name}-{uuid.uuid4().hex[:8]}"
+            inventory = {"name": target, "telemetry": {"prometheus": "http://127.0.0.1:9"},
+                         **({"policy": policy} if policy else {})}
+            (targets / f"{target}.yaml").write_text(json.dumps(inventory))
+            book = support.write_runbook(tmp_path, NAMED_BOOK.format(name=name, access=access), name=name)
+            code, planned = await _cli("plan", str(book), "--target", target)
+            assert code == 0, planned
+            said = ", ".join(operators) if operators else "nobody (no operators or approvers named)"
+            assert f"retry/pause/resume/abort: {said}" in " ".join(planned.split()), planned  # wrapped at 80
+
+            handle = await support.start(env.client, book, task_queue, target=inventory)
+            await support.wait_for(lambda handle=handle: _awaiting(handle, "go"))
+            assert (await support.status(handle)).operators == operators
+            for verb in ("abort", "pause"):
+                code, message = await _cli(verb, target, "--as", "mallory")
+                assert code == 5, (verb, message)  # refused
+                assert message == f"{verb} refused: {refusal.replace('abort', verb, 1)}", message
+            assert (await support.status(handle)).state == "running"
+            if operator is None:
+                await handle.terminate()
+                continue
+            code, said = await _cli("pause", target, "--as", operator)
+            assert code == 0 and said.strip() == f"paused by {operator}; the current step finishes first", said
+            code, said = await _cli("abort", target, "--as", operator, "-m", "test over")
+            assert code == 0 and said.strip() == f"abort requested by {operator}", said
+            assert [(c.verb, c.actor) for c in (await support.status(handle)).controls] == [
+                ("pause", operator), ("abort", operator)]
 
 
 # What the Web UI lets anyone type: each is refused by the validator in one line, and changes nothing.

@@ -16,8 +16,17 @@ from runtime.catalog import Catalog, CatalogRefused
 from runtime.runs import start_run
 from runtime.worker import warm_up
 from tests import support
-from workflows.contract import RESOLVE_RUN_ACTIVITY, ApproveRequest, ControlRequest, RunRequest, RunStatus
+from workflows.contract import (
+    RESOLVE_RUN_ACTIVITY,
+    ApproveRequest,
+    ControlRequest,
+    RunInput,
+    RunRequest,
+    RunStart,
+    RunStatus,
+)
 from workflows.loader import plan_run, runbook_digest
+from workflows.runbook_workflow import RunbookWorkflow
 
 GUARDED = """\
 metadata: {name: guarded}
@@ -36,7 +45,8 @@ steps:
 @pytest.fixture
 def catalog(tmp_path: Path, task_queue: str):
     """A catalog with one runbook (an approval before a mutating step), production targets PROD and PROD-2 and
-    a development target DEV, named for the test (a target holds one run at a time)."""
+    a development target DEV, named for the test (a target holds one run at a time); development targets are
+    allowed, as in a worker started with --allow-development."""
     runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
     runbooks.mkdir()
     targets.mkdir()
@@ -45,7 +55,7 @@ def catalog(tmp_path: Path, task_queue: str):
     for name, extra in ((PROD, ""), (DEV, "development: true\n"), (PROD + "-2", "")):
         (targets / f"{name}{task_queue}.yaml").write_text(
             f"name: {name}{task_queue}\n{extra}telemetry: {{prometheus: 'http://127.0.0.1:9'}}\n")
-    return Catalog(runbooks, targets), out
+    return Catalog(runbooks, targets, allow_development=True), out
 
 
 PROD, DEV = "prod-", "dev-"
@@ -172,6 +182,64 @@ async def test_a_development_target_runs_a_runbook_from_the_starters_file(env, t
     assert support.lines(out)[0].endswith("changed")
 
 
+async def test_a_worker_without_allow_development_runs_catalogued_runbooks_only(env, task_queue, tmp_path):
+    """A target marked development: true (an inventory anyone who can write the targets directory could add) and
+    the starter's own runbook, on a worker started without --allow-development: refused before any action,
+    saying why."""
+    runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
+    runbooks.mkdir()
+    targets.mkdir()
+    name, out = DEV + task_queue, tmp_path / "out.txt"
+    (targets / f"{name}.yaml").write_text(f"name: {name}\ndevelopment: true\ntelemetry: {{prometheus: 'http://127.0.0.1:9'}}\n")
+    strict = Catalog(runbooks, targets)
+    mine = _uncatalogued(tmp_path, "mine", out)
+    async with support.worker(env.client, task_queue, catalog=strict):
+        handle = await _start(env, task_queue, mine, strict, name)
+        message = await _refusal(handle)
+        assert await _activities(handle) == [RESOLVE_RUN_ACTIVITY]
+    assert "marked development: true but the worker was not started with --allow-development" in message
+    assert "'mine'" in message and "\n" not in message
+    assert not out.exists()
+
+
+def test_development_targets_exist_only_in_a_catalog_that_allows_them(tmp_path):
+    """Without allow_development no target is a development target: a catalogued runbook runs there, the
+    starter's own does not; with it, the starter's own runs (origin development). warm() names such targets."""
+    runbooks, targets = tmp_path / "catalog", tmp_path / "targets"
+    runbooks.mkdir()
+    targets.mkdir()
+    (runbooks / "noted.yaml").write_text(NOTED)
+    (targets / "dev.yaml").write_text("name: dev\ndevelopment: true\ntelemetry: {prometheus: 'http://127.0.0.1:9'}\n")
+    mine = NOTED.replace("name: noted", "name: mine")
+    strict, registry = Catalog(runbooks, targets), load_registry()
+    request = RunRequest(runbook="mine", digest=runbook_digest(mine), text=mine, source="mine.yaml", target="dev",
+                         inventory=strict.inventory("dev"), initiator="alice")
+    with pytest.raises(CatalogRefused) as refused:
+        strict.resolve(request, registry, "coldstart-dev")
+    assert "not started with --allow-development" in str(refused.value) and "\n" not in str(refused.value)
+    catalogued = request.model_copy(update={"runbook": "noted", "text": NOTED, "digest": runbook_digest(NOTED)})
+    assert _origin(strict.resolve(catalogued, registry, "coldstart-dev")) == "catalog"
+    assert Catalog.from_environment({"COLDSTART_CATALOG": str(runbooks), "COLDSTART_TARGETS": str(targets)}).target(
+        request)[1] is False
+    allowing = Catalog(runbooks, targets, allow_development=True)
+    assert _origin(allowing.resolve(request, registry, "coldstart-dev")) == "development"
+    assert strict.warm().development == allowing.warm().development == ["dev"]
+
+
+def _origin(plan: RunInput) -> str | None:
+    return plan.catalog.origin if plan.catalog is not None else None
+
+
+async def test_a_worker_and_its_catalog_say_the_same_about_development_targets(env, task_queue):
+    """What the worker reports (its start line, its metrics) is what its catalog does: they cannot differ."""
+    from runtime.worker import build_worker
+
+    with pytest.raises(ValueError, match="allow_development=False"):
+        build_worker(env.client, task_queue, catalog=Catalog(Path("runbooks"), Path("targets"), allow_development=True))
+    with pytest.raises(ValueError, match="allow_development=True"):
+        build_worker(env.client, task_queue, catalog=Catalog(Path("runbooks"), Path("targets")), allow_development=True)
+
+
 async def test_a_new_run_cannot_bring_its_own_plan_or_resume_state(env, task_queue, catalog):
     """The resolved plan replaces what the starter sent: its runbook model, its target and any resume state."""
     cat, out = catalog
@@ -183,8 +251,9 @@ async def test_a_new_run_cannot_bring_its_own_plan_or_resume_state(env, task_que
         handle = await start_run(env.client, run.model_copy(update={"runbook": stripped}), task_queue)
         await support.wait_for(lambda: _awaiting(handle))  # the catalog's approval step is back
         await handle.terminate()
-        no_request = await start_run(env.client, run.model_copy(update={"request": None, "target_name": PROD + "-2" + task_queue}),
-                                     task_queue)
+        # Only the request crosses the door: a start input of nothing else is refused before any step.
+        no_request = await env.client.start_workflow(RunbookWorkflow.run, RunStart(), id=f"coldstart-{PROD}-2{task_queue}",
+                                                     task_queue=task_queue)
         assert "carries no request" in await _refusal(no_request)
     assert not out.exists()
 
@@ -372,6 +441,7 @@ async def test_a_runs_kept_controls_are_bounded(env, task_queue, tmp_path):
     book = support.write_runbook(tmp_path, """
         metadata: {name: bounded}
         target: t
+        operators: [op]
         steps:
           - id: go
             approval: {prompt: "go on?"}
@@ -389,14 +459,48 @@ async def test_a_runs_kept_controls_are_bounded(env, task_queue, tmp_path):
 
 async def test_a_run_under_another_targets_id_is_refused(env, task_queue, catalog):
     """Single flight per target holds for what the run resolves to, not for the id its starter chose."""
-    from workflows.runbook_workflow import RunbookWorkflow
-
     cat, out = catalog
     run = plan_run(cat.runbooks_dir / "guarded.yaml", registry=support.registry(),
                    inventory=_inventory(cat, PROD + task_queue), initiator="carol")
     async with support.worker(env.client, task_queue, catalog=cat):
-        handle = await env.client.start_workflow(RunbookWorkflow.run, run, id=f"coldstart-elsewhere-{task_queue}",
-                                                 task_queue=task_queue)
+        handle = await env.client.start_workflow(RunbookWorkflow.run, RunStart(request=run.request),
+                                                 id=f"coldstart-elsewhere-{task_queue}", task_queue=task_queue)
         message = await _refusal(handle)
     assert f"is not target {PROD + task_queue}'s (coldstart-{PROD + task_queue})" in message
     assert not out.exists()
+
+
+LAST_RESORT = """\
+metadata: {name: last-resort}
+target: prod
+approvers: [alice, bob]
+deadline:
+  within: 1h
+  on_miss:
+    - id: hand-over
+      approval: {prompt: "hand the host over?", four_eyes: FOUR_EYES}
+steps:
+  - id: change
+    action: test.append
+    with: {path: "/dev/null", label: "changed"}
+"""
+
+
+@pytest.mark.parametrize("four_eyes", [True, False])
+def test_an_approval_under_four_eyes_in_on_miss_needs_a_verified_starter(tmp_path: Path, four_eyes: bool) -> None:
+    """Four eyes compares verified people wherever its approval is: in deadline.on_miss too."""
+    runbooks = tmp_path / "catalog"
+    runbooks.mkdir()
+    book = runbooks / "last-resort.yaml"
+    book.write_text(LAST_RESORT.replace("FOUR_EYES", str(four_eyes).lower()))
+    inventory = {"name": "prod", "telemetry": {"prometheus": "http://127.0.0.1:9"},
+                 "policy": {"identity": {"vault": "https://vault.example:8200", "provider": "coldstart",
+                                         "audience": "cli", "controls": ["approve"]}}}
+    run = plan_run(book, registry=support.registry(), inventory=inventory, initiator="alice")
+    assert run.request is not None
+    catalog = Catalog(runbooks, None, inventories={"prod": inventory})
+    if not four_eyes:
+        assert catalog.resolve(run.request, support.registry(), "coldstart-prod").initiator == "alice"
+        return
+    with pytest.raises(CatalogRefused, match=r"needs a verified starter \(four eyes compares verified people\)"):
+        catalog.resolve(run.request, support.registry(), "coldstart-prod")

@@ -116,7 +116,8 @@ async def _has_line(path, line: str) -> bool:
 
 async def _step_status(handle, step, wanted):
     status = await support.status(handle)
-    return next(s for s in status.steps if s.id == step).status == wanted
+    # Before the worker has resolved the request the run holds no step yet.
+    return any(s.id == step and s.status == wanted for s in status.steps)
 
 
 async def test_a_run_its_worker_cannot_evict_ends_that_worker_and_resumes_in_the_next(env, task_queue, tmp_path):
@@ -192,6 +193,7 @@ async def test_pause_and_resume_between_steps(env, task_queue, tmp_path):
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: pausing}}
         target: t
+        operators: [op]
         steps:
           - id: ok
             approval: {{prompt: "go?"}}
@@ -257,6 +259,7 @@ async def test_abort_cancels_a_long_running_action(env, task_queue, tmp_path):
     book = support.write_runbook(tmp_path, """
         metadata: {name: long-action}
         target: t
+        operators: [op]
         steps:
           - id: slow
             action: core.wait

@@ -279,6 +279,7 @@ async def test_an_abort_says_what_it_leaves_changed_or_undoes_it(env, task_queue
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: aborted}}
         target: t
+        operators: [op]
         steps:
           - id: block
             action: test.append
@@ -376,6 +377,7 @@ async def test_ramp_steps_back_holds_and_resumes_after_retry(env, task_queue, tm
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: ramping}}
         target: t
+        operators: [op]
         steps:
           - id: ramp
             ramp:

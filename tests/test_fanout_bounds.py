@@ -105,7 +105,7 @@ def refused_at_length(inp: HugeInput) -> HugeInput:
 
 def _worker(client, task_queue):
     return build_worker(client, task_queue, registry=support.registry().merged(fakes), executor=ThreadPoolExecutor(50),
-                        max_concurrent_activities=50, sandboxed=True, catalog=support.CATALOG)
+                        max_concurrent_activities=50, sandboxed=True, catalog=support.CATALOG, allow_development=True)
 
 
 async def test_many_batches_of_large_outputs_stay_small_and_the_undo_is_exact(env, task_queue, tmp_path):

@@ -338,8 +338,9 @@ def test_fetch_refuses_a_token_without_identity_and_bad_logins(idp, monkeypatch)
 
 
 async def test_cli_vault_login_fetches_a_token_bound_to_the_decision(idp, env, task_queue, tmp_path, monkeypatch):
-    """`coldstart approve --vault-login` against a real run: the token comes from the run's OIDC provider with the
-    approval's nonce; `coldstart identity token` prints one for the Web UI; a bad password is one line, exit 1."""
+    """`coldstart approve --vault-login` against a real run: the approver's own Vault (VAULT_ADDR, the one the run
+    names) gives a token from the run's OIDC provider with the approval's nonce; `coldstart identity token` prints
+    one for the Web UI; a bad password is one line, exit 1."""
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: cli-bound}}
         target: t
@@ -352,7 +353,7 @@ async def test_cli_vault_login_fetches_a_token_bound_to_the_decision(idp, env, t
             approval: {{prompt: "ready?"}}
     """)
     monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
-    monkeypatch.delenv("VAULT_ADDR", raising=False)  # the run names its own Vault
+    monkeypatch.setenv("VAULT_ADDR", idp.url)  # the approver's own Vault, the one the run names
     monkeypatch.setenv("VAULT_PASSWORD", USERS["sre-lead"])
     async with support.worker(env.client, task_queue):
         handle = await support.start(env.client, book, task_queue)

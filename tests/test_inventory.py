@@ -132,3 +132,24 @@ def test_bad_consul_agents_are_refused(tmp_path: Path, body: str, needle: str) -
     with pytest.raises(InventoryInvalid) as caught:
         read_inventory(_write(tmp_path, body))
     assert any(needle in e for e in caught.value.errors), caught.value.errors
+
+
+@pytest.mark.parametrize("file", ["../../../etc/cron.d/x.json", "/etc/sudoers.d/x.json", "sub/x.json", "..json",
+                                  "x.hcl", ""])
+def test_the_streaming_undo_writes_only_a_drop_in_of_the_agents_config_dir(file: str) -> None:
+    """The undo's input comes back from a run's history: its file is a name in config_dir, as the change's is."""
+    from pydantic import ValidationError
+
+    from activities.contracts.consul_agents import AgentsStreamingRestoreInput
+
+    agent = {"name": "web1", "role": "client", "address": "10.0.0.31", "key_path": "/etc/coldstart/id_ed25519",
+             "known_hosts": "/etc/coldstart/known_hosts", "http": "http://10.0.0.31:8500",
+             "config_dir": "/etc/consul.d", "restart": ["systemctl", "restart", "consul"]}
+    one = {"agent": agent, "previous": None, "written": "{}", "report": {"use_streaming_backend": True}}
+    consul = {"address": "http://10.0.0.31:8500"}
+    def undo(name: str) -> AgentsStreamingRestoreInput:
+        return AgentsStreamingRestoreInput.model_validate({"consul": consul, "agents": [{**one, "file": name}]})
+
+    assert undo("coldstart-streaming.json").agents[0].file == "coldstart-streaming.json"
+    with pytest.raises(ValidationError, match="agents.0.file"):
+        undo(file)

@@ -19,6 +19,7 @@ from runtime.notifications import (
     load_config,
     render_text,
     signature,
+    slack_text,
 )
 from tests import support
 from workflows.notices import set_event_sink
@@ -120,7 +121,7 @@ sinks:
         assert headers[SIGNATURE_HEADER] == signature(KEY.encode(), body)
     held, asked, finished = events[1], events[2], events[3]
     assert held["step"] == "ready" and "up" in (held["error"] or ""), held
-    assert asked["step"] == "go" and asked["prompt"] == "carry on?" and asked["web_ui"].endswith(handle.id), asked
+    assert asked["step"] == "go" and asked["prompt"] == 'carry on?; then bye runs core.note with {"message": "bye"}' and asked["web_ui"].endswith(handle.id), asked
     assert finished["state"] == "succeeded" and [p["phase"] for p in finished["phases"]] == ["ready", "done"]
     assert all(p["took_s"] is not None and p["took_s"] <= p["objective_s"] for p in finished["phases"]), finished
     assert NOTIFICATIONS_DELIVERED.value("ops-hook") - delivered_before == 4
@@ -134,7 +135,8 @@ sinks:
 
 
 async def _status_of(handle, step: str, wanted: str) -> bool:
-    return next(s.status for s in (await support.status(handle)).steps if s.id == step) == wanted
+    # Until the worker has resolved the request the run holds no step yet.
+    return next((s.status for s in (await support.status(handle)).steps if s.id == step), None) == wanted
 
 
 async def _at_least(receiver: Receiver, count: int) -> bool:
@@ -162,16 +164,70 @@ def test_messages_say_what_to_do_next():
 def test_a_bad_notifications_file_is_refused_where_it_is_wrong(tmp_path, monkeypatch):
     monkeypatch.delenv("COLDSTART_TEST_UNSET_KEY", raising=False)
     path = tmp_path / "notify.yaml"
-    path.write_text("sinks:\n  - {name: a, kind: webhook, url: 'http://x', secret_env: COLDSTART_TEST_UNSET_KEY}\n"
-                    "  - {name: b, kind: pager, url: 'http://x'}\n")
+    path.write_text("sinks:\n  - {name: a, kind: webhook, url: 'https://x', secret_env: COLDSTART_TEST_UNSET_KEY}\n"
+                    "  - {name: b, kind: pager, url: 'https://x'}\n")
     with pytest.raises(LocatedErrors) as refused:
         load_config(path)
     assert refused.value.errors == [f"{path}:3:21: sinks[1].kind: Input should be 'slack', 'webhook' or 'alertmanager'"]
-    path.write_text("sinks:\n  - {name: a, kind: webhook, url: 'http://x', secret_env: COLDSTART_TEST_UNSET_KEY}\n")
+    path.write_text("sinks:\n  - {name: a, kind: webhook, url: 'https://x', secret_env: COLDSTART_TEST_UNSET_KEY}\n")
     with pytest.raises(LocatedErrors) as refused:
         load_config(path)
     assert refused.value.errors == [
-        f"{path}:2:59: $COLDSTART_TEST_UNSET_KEY is not set: sink a cannot sign its events"]
+        f"{path}:2:60: $COLDSTART_TEST_UNSET_KEY is not set: sink a cannot sign its events"]
+
+
+@pytest.mark.parametrize("url", ["http://hooks.example/x", "http://localhost:9093", "http://127.0.0.1@hooks.example/",
+                                 "http://127.0.0.1.hooks.example/", "http://[::ffff:127.0.0.1]/"])
+def test_a_plain_http_sink_is_refused_unless_it_is_on_this_host(tmp_path, url):
+    path = tmp_path / "notify.yaml"
+    path.write_text(f"sinks:\n  - {{name: chat, kind: slack, url: '{url}'}}\n")
+    with pytest.raises(LocatedErrors) as refused:
+        load_config(path)
+    said = "a sink's url must be https:// (http:// only to a loopback address: 127.0.0.0/8 or [::1])"
+    assert refused.value.errors == [f"{path}:2:36: sinks[0].url: {said}"]
+
+
+@pytest.mark.parametrize("url", ["https://hooks.slack.com/services/T/B/x", "http://127.0.0.1:8080/hook",
+                                 "http://127.9.9.9/", "http://[::1]:9093"])
+def test_https_and_loopback_sinks_are_accepted(tmp_path, url):
+    path = tmp_path / "notify.yaml"
+    path.write_text(f"sinks:\n  - {{name: chat, kind: slack, url: '{url}'}}\n")
+    assert load_config(path).sinks[0].url == url
+
+
+def test_run_supplied_text_cannot_become_slack_markup():
+    started = {"event": "started", "runbook": "demo", "target": "lab", "initiator": "<!channel> <https://x|approve> & co"}
+    assert slack_text(started).splitlines()[0] == (
+        "demo on lab started by &lt;!channel&gt; &lt;https://x|approve&gt; &amp; co")
+    asked = {"event": "awaiting_approval", "runbook": "demo", "target": "lab", "step": "go", "verified": False,
+             "approvers": ["<@U123>"], "prompt": "<!here> ok? <https://evil|yes>"}
+    text = slack_text(asked)
+    assert "<" not in text and ">" not in text, text
+    assert text.splitlines()[0] == ("demo on lab: step go awaits approval (&lt;@U123&gt;): "
+                                    "&lt;!here&gt; ok? &lt;https://evil|yes&gt;")
+    held = {"event": "held", "runbook": "demo", "target": "lab", "step": "s", "error": "x <!everyone> y"}
+    assert slack_text(held).splitlines()[0] == "demo on lab: step s held: x &lt;!everyone&gt; y"
+    # The plain text (Alertmanager's summary, the CLI) stays as the run said it.
+    assert render_text(held).splitlines()[0] == "demo on lab: step s held: x <!everyone> y"
+
+
+def test_a_slack_sink_sends_the_escaped_text():
+    import httpx
+
+    sent: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(200)
+
+    from runtime.notifications import NotifyConfig, SinkConfig
+
+    notifier = Notifier(NotifyConfig(sinks=[SinkConfig(name="chat", kind="slack", url="https://hooks.example/x")]),
+                        transport=httpx.MockTransport(handler))
+    notifier.offer({"event": "started", "runbook": "demo", "target": "lab", "initiator": "<!channel>"})
+    notifier.close(5.0)
+    [body] = sent
+    assert json.loads(body)["text"].startswith("demo on lab started by &lt;!channel&gt;\n")
 
 
 def test_a_ramp_stepping_back_and_a_failed_step_are_events():

@@ -34,26 +34,34 @@ async def test_history_replays(path: Path, runner: str):
 
 
 def test_histories_exist_and_cover_the_step_kinds():
-    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited", "resolved", "paced"}
-    # resolved.json was recorded since runs are resolved against the worker's catalog, rollback.json before.
-    for name, first in (("resolved", ["coldstart.resolve_run"]), ("rollback", [])):
+    assert {p.stem for p in HISTORIES} >= {"everything", "rollback", "gates", "waited", "resolved", "paced", "batches"}
+
+    def scheduled(name: str) -> list[str]:
         events = json.loads((Path(__file__).parent / "histories" / f"{name}.json").read_text())["events"]
-        scheduled = [e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
-                     if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
-        assert [t for t in scheduled if t == "coldstart.resolve_run"] == first and scheduled[: len(first)] == first
+        return [e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
+                if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+
+    # Every run's first command resolves its request against the worker's catalog.
+    for path in HISTORIES:
+        assert scheduled(path.stem)[:1] == ["coldstart.resolve_run"], path.stem
     text = (Path(__file__).parent / "histories" / "everything.json").read_text()
     for marker in ("ramp@30", "each[4]", "healthy/gate/healthy", "approve", "retry"):
         assert marker in text, marker
-    # everything.json was recorded before readings were batched, gates.json after.
-    assert "telemetry.read_many" not in text
-    gates = json.loads((Path(__file__).parent / "histories" / "gates.json").read_text())
-    types = [e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in gates["events"]
-             if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
-    assert types and set(types) == {"telemetry.read_many"}, types
-    # gates.json was recorded when sub-second waits were timers, waited.json since they are waited in the readings.
-    assert "EVENT_TYPE_TIMER_STARTED" in json.dumps(gates)
+    # Parallel gates due together are read in batches, their sub-second waits inside the readings (no timers).
+    gates = scheduled("gates")
+    assert set(gates) == {"coldstart.resolve_run", "telemetry.read_many"}, gates
     waited = json.loads((Path(__file__).parent / "histories" / "waited.json").read_text())
-    assert "EVENT_TYPE_TIMER_STARTED" not in json.dumps(waited)
+    timers = [base64.b64decode(e["userMetadata"]["summary"]["data"]).decode() for e in waited["events"]
+              if e["eventType"] == "EVENT_TYPE_TIMER_STARTED"]
+    assert set(timers) <= {'"live view, gathering changes"'}, timers
     reads = [json.loads(base64.b64decode(e["activityTaskScheduledEventAttributes"]["input"]["payloads"][0]["data"]))["reads"]
-             for e in waited["events"] if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+             for e in waited["events"] if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+             and e["activityTaskScheduledEventAttributes"]["activityType"]["name"] == "telemetry.read_many"]
     assert [{"not_before" in read for read in batch} for batch in reads][:2] == [{False}, {True}], reads
+    # A large fan-out runs in child batches, each sealed by a local activity before it starts.
+    batches = json.loads((Path(__file__).parent / "histories" / "batches.json").read_text())
+    kinds = [e["eventType"] for e in batches["events"]]
+    sealed = [e for e in batches["events"] if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+              and e["markerRecordedEventAttributes"]["markerName"] == "core_local_activity"]
+    children = kinds.count("EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED")
+    assert children >= 1 and len(sealed) == children, (children, len(sealed))

@@ -65,7 +65,8 @@ async def test_a_blocked_log_sink_costs_counted_records_not_the_run(env, task_qu
     steps = "\n".join(f"  - id: n{i}\n    action: core.note\n    with: {{message: {note}}}" for i in range(60))
     book = support.write_runbook(tmp_path, f"metadata: {{name: noisy}}\ntarget: t\nsteps:\n{steps}\n")
     worker = subprocess.Popen(
-        [sys.executable, "worker.py"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [sys.executable, "worker.py", "--allow-development"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         env={**os.environ, "TEMPORAL_ADDRESS": env.client.service_client.config.target_host, TASK_QUEUE_ENV: task_queue,
              "COLDSTART_METRICS": f"127.0.0.1:{port}", "COLDSTART_LOG_QUEUE": "16",
              "COLDSTART_JOURNAL": str(tmp_path / "journal.jsonl"), "COLDSTART_TARGETS": str(tmp_path / "targets")},

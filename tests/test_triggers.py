@@ -26,6 +26,7 @@ from runtime.processes import free_port
 from runtime.runs import TargetBusy
 from tests import support
 from triggers.receiver import (
+    MAX_ALERTS,
     MAX_BODY_BYTES,
     Alert,
     TriggersFile,
@@ -254,6 +255,25 @@ async def test_oversized_and_malformed_bodies():
             response = await client.post("/alerts", data=body, headers={**AUTH, "Content-Type": "application/json"})
             assert response.status == 400, body
         assert starter.calls == []
+    finally:
+        await client.close()
+
+
+async def test_a_notification_with_too_many_alerts_is_refused_whole():
+    starter = FakeTemporal()
+    client = await _client(starter)
+    try:
+        many = [_alert(host=f"c{i}") for i in range(MAX_ALERTS + 1)]
+        response = await client.post("/alerts", json=_payload(*many), headers=AUTH)
+        assert response.status == 413
+        body = await response.json()
+        assert body == {"error": f"{MAX_ALERTS + 1} alerts in one notification, over {MAX_ALERTS}: none acted on "
+                                 "(cap them with max_alerts in Alertmanager's webhook_config)"}
+        assert starter.calls == []
+        # At the cap, every alert is looked at (one firing here: one run, the rest its duplicates).
+        response = await client.post("/alerts", json=_payload(*many[:MAX_ALERTS]), headers=AUTH)
+        assert response.status == 200, await response.text()
+        assert len((await response.json())["results"]) == MAX_ALERTS and len(starter.calls) == 1
     finally:
         await client.close()
 
@@ -497,6 +517,7 @@ async def test_the_receiver_starts_real_runs_and_answers_busy_from_the_real_star
     book = support.write_runbook(tmp_path, """
         metadata: {name: alert-hold}
         target: t
+        operators: [oncall]
         params:
           host: {type: string}
         steps:

@@ -239,6 +239,7 @@ async def test_the_timeline_says_verified_only_from_the_runs_own_records(env, ta
     book = support.write_runbook(tmp_path, f"""
         metadata: {{name: plain}}
         target: t
+        operators: [mallory]
         steps:
           - id: flaky
             action: test.maybe_fail
@@ -257,3 +258,43 @@ async def test_the_timeline_says_verified_only_from_the_runs_own_records(env, ta
     assert record.update_id and record.subject is None
     [entry] = [e for e in timeline.entries if e.event == "abort (update)"]
     assert entry.actor == "mallory"
+
+
+async def test_where_the_target_verifies_identity_a_typed_name_never_steers_the_run(env, task_queue, tmp_path, idp):
+    """The target's policy verifies approvals and skips only (its `controls`), yet retry, pause, resume and abort
+    need a verified token too: a named operator's name typed by anyone is not enough to end a recovery."""
+    vault, setup = idp
+    book = support.write_runbook(tmp_path, """
+        metadata: {name: target-verified}
+        target: t
+        approvers: [alice, bob]
+        operators: [olga]
+        steps:
+          - id: go
+            approval: {prompt: "go on?"}
+    """)
+    target = {"name": f"verified-target-{task_queue}", "policy": {"identity": {
+        "vault": vault.url, "provider": setup["provider"], "audience": setup["client_id"],
+        "controls": ["approve", "skip"]}}}
+    async with support.worker(env.client, task_queue):
+        handle = await support.start(env.client, book, task_queue, target=target)
+        await support.wait_for(lambda: _awaiting(handle, "go"))
+        status = await support.status(handle)
+        assert status.identity_required == ["approve", "skip", "retry", "pause", "resume", "abort"]
+        assert status.operators == ["alice", "bob", "olga"]
+        for verb in ("pause", "abort"):
+            message = await _refused(handle, verb, ControlRequest(actor="olga"))
+            assert message.startswith(f"{verb} needs a verified identity: send identity_token (`coldstart identity "
+                                      f"token {handle.id} --verb {verb} --vault-login`"), message
+        # mallory's own verified name is still no operator's.
+        message = await _refused(handle, "abort", ControlRequest(
+            actor="mallory", identity_token=await _token(vault, setup, "olga", handle, "abort")))
+        assert message == "the identity token is 'olga''s, not 'mallory''s"
+        await asyncio.sleep(1.1)  # Vault signs the same claims in the same second into the same token
+        said = await handle.execute_update("abort", ControlRequest(
+            actor="olga", reason="verified", identity_token=await _token(vault, setup, "olga", handle, "abort")))
+        assert said == "abort requested by olga"
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        assert [(c.verb, c.actor, c.subject) for c in (await support.status(handle)).controls] == [
+            ("abort", "olga", setup["users"]["olga"])]

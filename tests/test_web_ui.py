@@ -78,6 +78,7 @@ async def test_approve_from_the_web_ui(env, task_queue, tmp_path, ui_port, monke
                     assert command.group(1) == handle.id
                     monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
                     monkeypatch.setenv("VAULT_PASSWORD", BOB_PASSWORD)
+                    monkeypatch.setenv("VAULT_ADDR", vault.url)  # the approver logs in at their own Vault only
                     printed = await asyncio.to_thread(CliRunner().invoke, app, [
                         *command.group(0).split()[1:], "--as", "bob"])
                     assert printed.exit_code == 0, (printed.output, printed.exception)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from runtime.catalog import Catalog
 from runtime.connection import connect
 from runtime.processes import free_port
 from tests import support
@@ -33,3 +37,16 @@ async def test_step_and_gate_metrics_are_exported(env, task_queue, tmp_path):
     assert 'coldstart_gate_evaluations_total{' in text and 'result="pass"' in text
     assert 'coldstart_gate_last_result{' in text and 'gate="up"' in text
     assert "coldstart_step_in_progress{" in text
+
+
+async def test_the_worker_says_whether_it_runs_development_targets(env, task_queue, tmp_path):
+    """coldstart_worker_development_targets is 1 on a worker started with --allow-development, 0 on any other."""
+    port = free_port()
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{port}")))
+    client = await connect(runtime=runtime, target_host=env.client.service_client.config.target_host)
+    strict = Catalog(Path("runbooks"), tmp_path)
+    async with support.worker(client, task_queue), support.worker(client, task_queue + "-strict", catalog=strict):
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    values = {s.labels.get("task_queue"): s.value for family in text_string_to_metric_families(text)
+              for s in family.samples if s.name == "coldstart_worker_development_targets"}
+    assert values == {task_queue: 1, task_queue + "-strict": 0}, values

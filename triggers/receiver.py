@@ -23,9 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from activities.errors import LocatedErrors, Unavailable
 from activities.strict import StrictModel
 from workflows.loader import LocatedSource, RunbookInvalid, locate_pydantic_errors, parse_located_yaml, plan_run
+from workflows.names import TargetName
 from workflows.yaml_safety import YamlRefused, load_file, read_text
 
 __all__ = [
+    "MAX_ALERTS",
     "MAX_BODY_BYTES",
     "RECEIVER",
     "START_TIMEOUT_SECONDS",
@@ -50,6 +52,9 @@ __all__ = [
 ]
 
 MAX_BODY_BYTES = 1 << 20  # a webhook body over 1 MiB is refused (413) before it is parsed
+# Alerts in one notification: each may plan and start a run at once, so a larger one is refused whole (413)
+# before any is acted on. Alertmanager groups the lab's alerts by host: one alert a notification.
+MAX_ALERTS = 100
 START_TIMEOUT_SECONDS = 10.0  # a start that takes longer is answered 503, so Alertmanager retries
 _HANDLED_MAX = 10_000  # firings remembered, oldest forgotten first
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -80,7 +85,7 @@ class Trigger(StrictModel):
     alertname: str = Field(min_length=1, description="the alert's alertname label, exactly")
     match: dict[str, str] = Field(default_factory=dict, description="further labels the alert must carry with these values")
     runbook: Path = Field(description="the runbook file, relative to the working directory of `coldstart triggers`")
-    target: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="inventory name (targets/<name>.yaml)")
+    target: TargetName = Field(description="inventory name (targets/<name>.yaml)")
     params: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="runbook parameters; in strings only {{ labels.NAME }} and {{ annotations.NAME }} are replaced",
@@ -455,6 +460,11 @@ class _Receiver:
             errors = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)[:10]]
             return web.json_response({"error": "not an Alertmanager webhook payload (version 4)", "errors": errors},
                                      status=400)
+        if len(payload.alerts) > MAX_ALERTS:
+            _log.warning("trigger_too_many_alerts", group=payload.groupKey, alerts=len(payload.alerts))
+            return web.json_response({"error": f"{len(payload.alerts)} alerts in one notification, over {MAX_ALERTS}: "
+                                               "none acted on (cap them with max_alerts in Alertmanager's "
+                                               "webhook_config)"}, status=413)
         results = await asyncio.gather(*(self._one(alert) for alert in payload.alerts))
         flat = [r for group in results for r in group]
         outcomes = Counter(r["outcome"] for r in flat)

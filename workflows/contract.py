@@ -6,21 +6,25 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from activities.errors import InvalidInput
 from activities.oidc import IdentityKeys
-from workflows.spec import ActionDefaults, ForEachSpec, Runbook
+from workflows.names import RunbookName, TargetName
+from workflows.seals import Seal
+from workflows.spec import ActionDefaults, ForEachSpec, Metadata, Runbook
 
 __all__ = [
     "MEMO_CHUNK",
     "MEMO_RUN",
     "MEMO_STEP",
     "MEMO_STEPS",
+    "RAMP_DECISIONS_KEPT",
     "RESOLVE_HEARTBEAT",
     "RESOLVE_RUN_ACTIVITY",
+    "SCHEDULED_SUFFIX",
     "ApprovalRecord",
     "ApproveRequest",
     "CatalogRecord",
@@ -40,12 +44,17 @@ __all__ = [
     "RunOutcome",
     "RunRequest",
     "RunResult",
+    "RunStart",
     "RunStatus",
+    "SealedFanOut",
+    "SealedRun",
     "StatusMemo",
     "StepState",
     "StepStatus",
     "UndoRecord",
+    "drill_schedule_id",
     "parse_request",
+    "parsed_start",
     "readings_queue",
     "status_from_memo",
     "status_memo",
@@ -71,11 +80,27 @@ StepStatus = Literal[
 RESOLVE_RUN_ACTIVITY = "coldstart.resolve_run"
 RESOLVE_HEARTBEAT = timedelta(seconds=10)
 
+# An adaptive ramp's decisions kept on its step: a long ramp holding and backing off decides every bake, and
+# the step travels whole in every status query and memo; the views read the recent ones.
+RAMP_DECISIONS_KEPT = 50
+
+
+_Start = TypeVar("_Start", bound=BaseModel)
+
 
 def readings_queue(task_queue: str) -> str:
     """Where a run's gate readings go: a queue of its own beside the run's, which every worker also
     polls at a bounded rate, so a flood of readings waits in the server, never in front of a step."""
     return f"{task_queue}-readings"
+
+
+# What a Temporal Schedule appends to the workflow id of each run it starts.
+SCHEDULED_SUFFIX = re.compile(r"-\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
+def drill_schedule_id(runbook: str, target: str) -> str:
+    """The id of the Temporal Schedule that starts a runbook's drills on a target (`coldstart schedule`)."""
+    return f"drill-{runbook}-{target}"
 
 
 def workflow_id_for(target: str) -> str:
@@ -157,7 +182,7 @@ class StepState(BaseModel):
     skip_requested_by: str | None = None
     # A gate step's (or a ramp's) gate: when the gate reading now gives up, its timeout from its first reading.
     gate_gives_up_at: datetime | None = None
-    # An adaptive ramp's decisions, oldest first.
+    # An adaptive ramp's last RAMP_DECISIONS_KEPT decisions, oldest first.
     ramp_decisions: list[RampDecision] = Field(default_factory=list)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -180,8 +205,10 @@ class StepState(BaseModel):
         self.approvals.append(record)
         self._changed()
 
-    def add_ramp_decision(self, decision: RampDecision) -> None:
+    def add_ramp_decision(self, decision: RampDecision, keep: int = RAMP_DECISIONS_KEPT) -> None:
+        """Append an adaptive ramp's decision, keeping the last `keep`."""
         self.ramp_decisions.append(decision)
+        del self.ramp_decisions[:-keep]
         self._changed()
 
     def _changed(self) -> None:
@@ -202,13 +229,14 @@ class RunRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    runbook: str = Field(max_length=200, description="the runbook's metadata.name")
+    runbook: RunbookName = Field(description="the runbook's metadata.name")
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the runbook file's text")
     # The text is used only on a target the catalog marks `development: true`; elsewhere the digest must
     # name a catalogued runbook.
     text: str = Field(max_length=1_048_576)
     source: str = Field(max_length=1_000)
-    target: str = Field(max_length=200)
+    # A name, never a path: the worker reads its inventory as targets/<target>.yaml (workflows/names.py).
+    target: TargetName
     # The inventory the starter planned against: refused unless it is the catalog's own.
     inventory: dict[str, Any] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
@@ -261,6 +289,54 @@ class ResumeState(BaseModel):
     used_tokens: list[str] = Field(default_factory=list)
 
 
+class SealedRun(BaseModel):
+    """A run's plan and progress handed to its own continuation, sealed by the worker that handed it on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    plan: RunInput
+    seal: Seal
+
+
+def parsed_start(model: type[_Start], raw: _Start | dict[str, Any]) -> tuple[_Start | None, str | None]:
+    """A workflow's start input as `model`, or why it is not one (one line, never echoing values). A workflow
+    takes `model | dict` so that an input of another shape ends the run with this reason instead of failing
+    its workflow tasks forever (which would also hold the target's workflow id)."""
+    if isinstance(raw, model):
+        return raw, None
+    try:
+        return parse_request(model, raw), None
+    except RequestError as exc:
+        return None, f"the start input is not a {model.__name__}: {exc}"
+
+
+class RunStart(BaseModel):
+    """RunbookWorkflow's only input. A starter (the CLI, a trigger, a Schedule, a fleet) sends `request` alone,
+    which the worker resolves against its catalog; `sealed` is the controller's own, from the run it continues
+    (verified before the first command). Anything else is refused before any step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: RunRequest | None = None
+    sealed: SealedRun | None = None
+
+    def placeholder(self) -> RunInput:
+        """What the run shows until its plan is resolved or verified: the names the start gave, no steps."""
+        if self.sealed is not None:
+            plan = self.sealed.plan
+            name, target, initiator, drill = plan.runbook.metadata.name, plan.target_name, plan.initiator, plan.drill
+        elif self.request is not None:
+            request = self.request
+            name, target, initiator, drill = request.runbook, request.target, request.initiator, request.drill
+        else:
+            name, target, initiator, drill = "unresolved", "", "", False
+        return RunInput.model_construct(
+            runbook=Runbook.model_construct(metadata=Metadata.model_construct(name=name, description="", owner=""),
+                                            target="", steps=[], approvers=[]),
+            source="", params={}, target={}, target_name=target, initiator=initiator, initiator_subject=None,
+            drill=drill, actions={}, request=None, catalog=None, resume=None)
+
+
 class RunStatus(BaseModel):
     workflow_id: str
     runbook: str
@@ -284,7 +360,8 @@ class RunStatus(BaseModel):
     runbook_origin: str | None = None
     # Who may decide now, for the views' next commands: each step awaiting approval's approvers (None: anyone
     # named; four eyes leaves out the initiator), who may skip a held step (None: a run from before this was
-    # said), and who may retry or abort (None: anyone named).
+    # said), and who may retry, pause, resume or abort (empty: nobody; None: anyone named, in a run recorded
+    # before operators were always named).
     approvers: dict[str, list[str] | None] = Field(default_factory=dict)
     skippers: list[str] | None = None
     operators: list[str] | None = None
@@ -550,7 +627,7 @@ class RequestError(InvalidInput):
     """An operator request that does not fit its model, said in one line."""
 
 
-def parse_request(model: type[_Request], raw: Any) -> Any:
+def parse_request(model: type[BaseModel], raw: Any) -> Any:
     """The request as `model`, or RequestError naming every offending field (never echoing values)."""
     if isinstance(raw, model):
         raw = raw.model_dump()
@@ -587,6 +664,15 @@ class FanOutInput(BaseModel):
     keep_results: bool = Field(default=True, description="hand back every item's output (a later step reads them)")
 
 
+class SealedFanOut(BaseModel):
+    """FanOutWorkflow's only input: a batch its parent run made, sealed for that child id and that parent run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch: FanOutInput
+    seal: Seal
+
+
 class FanOutResult(BaseModel):
     """A fan-out's summary: counts, the first failures with their reasons, and the items that succeeded as ranges."""
 
@@ -600,17 +686,22 @@ class FanOutResult(BaseModel):
 
 
 RunInput.model_rebuild()
+RunStart.model_rebuild()
+SealedRun.model_rebuild()
 
 
 # ---- fleet-wide runs: one runbook on many targets, in waves --------------------------------------
 
 
 class FleetMember(BaseModel):
-    """One target of a fleet run: its wave and its run's input, planned (and validated) before the start."""
+    """One target of a fleet run: its wave and its run's request (planned and validated by the starter before
+    the start); the member's run resolves the request at its own door, as every run does."""
 
-    target: str
+    model_config = ConfigDict(extra="forbid")
+
+    target: TargetName
     wave: int = Field(ge=1)
-    run: RunInput
+    request: RunRequest
 
 
 FleetOnFailure = Literal["stop", "continue"]

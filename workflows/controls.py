@@ -9,7 +9,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.policy import TargetPolicy, narrowed
+    from activities.policy import OPERATOR_VERBS, TargetPolicy, narrowed
     from workflows.contract import ApprovalRecord, ApproveRequest, ControlRecord, ControlRequest
     from workflows.identity import RUN_LEVEL, decision_nonce, effective_identity, verify_identity_token
     from workflows.run_state import RunFields
@@ -38,7 +38,8 @@ class OperatorControls(RunFields):
 
     Each control is authorized twice over: the target's policy (from the controller's inventory) and
     the runbook, which may only narrow it, say who may (approvers, operators, four eyes); where the runbook
-    requires verified identity, a Vault-signed token says who is asking.
+    requires verified identity, a Vault-signed token says who is asking, and where the target does, for
+    every control that steers the run too.
     """
 
     def _policy(self) -> TargetPolicy:
@@ -65,8 +66,20 @@ class OperatorControls(RunFields):
         return effective_identity(self._inp.runbook.identity, self._policy().identity)
 
     def _needs_identity(self, verb: str) -> bool:
+        if verb in OPERATOR_VERBS and self._policy().identity is not None:
+            # Where the target verifies who decides, a typed name never steers a run, whatever `controls` lists.
+            return True
         policy = self._identity()
         return policy is not None and verb in policy.controls
+
+    def _identity_required(self) -> list[str]:
+        """The decisions that need a verified token in this run (its status says so, and the views add
+        --vault-login to their commands)."""
+        identity = self._identity()
+        if identity is None:
+            return []
+        return [*identity.controls, *(verb for verb in OPERATOR_VERBS
+                                      if verb not in identity.controls and self._needs_identity(verb))]
 
     def _decisions_bound(self) -> bool:
         """Whether identity tokens must carry their decision's nonce. Validators never replay, so they always
@@ -127,20 +140,26 @@ class OperatorControls(RunFields):
             self._used_tokens.append(_digest(token))
             del self._used_tokens[:-MAX_TOKENS_KEPT]
 
-    def _operators(self) -> list[str] | None:
-        """Who may retry, pause, resume and abort; None when neither the target nor the runbook restricts it."""
+    def _operators(self) -> list[str]:
+        """Who may retry, pause, resume and abort (TargetPolicy.run_operators: empty, nobody)."""
         book, policy = self._inp.runbook, self._policy()
-        asked = sorted(set(book.operators) | set(book.approvers)) if book.operators else None
-        held = (sorted(set(policy.operators or []) | set(policy.approvers or []))
-                if policy.operators is not None or policy.approvers is not None else None)
-        return narrowed(held, asked)
+        return policy.run_operators(list(book.operators), list(book.approvers))
 
     def _check_operator(self, verb: str, req: ControlRequest, step: str | None = None) -> str | None:
-        name, subject = self._identify(verb, req.actor, req.identity_token, step)
         allowed = self._operators()
-        if allowed is not None and name not in allowed:
+        if not allowed:
+            raise ValueError(f"nobody may {verb} this run: {self._nobody_operates()}")
+        name, subject = self._identify(verb, req.actor, req.identity_token, step)
+        if name not in allowed:
             raise ValueError(f"{name!r} may not {verb} this run (operators: {', '.join(allowed) or 'none'})")
         return subject
+
+    def _nobody_operates(self) -> str:
+        """Why nobody may retry, pause, resume or abort this run, for its refusals and views."""
+        book, policy = self._inp.runbook, self._policy()
+        if not (book.operators or book.approvers or policy.operators or policy.approvers):
+            return f"neither runbook {book.metadata.name} nor its target names operators or approvers"
+        return f"runbook {book.metadata.name} and its target name no operators or approvers in common"
 
     def _check_approve(self, req: ApproveRequest) -> str | None:
         if req.step not in self._steps:

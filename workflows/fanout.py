@@ -10,13 +10,15 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.failure_bounds import bounded
     from workflows.calls import StepFailed, execute_action
-    from workflows.contract import FanOutInput, FanOutResult
+    from workflows.contract import FanOutInput, FanOutResult, SealedFanOut, parsed_start
     from workflows.history_tags import ActivityTag
     from workflows.refs import RefError, resolve
+    from workflows.sealing import fan_out_place, start_refusal, verify
     from workflows.spec import ForEachSpec
 
 __all__ = [
@@ -192,12 +194,32 @@ async def run_in_batches(inp: FanOutInput, start: StartBatch) -> FanOutResult:
 # workflow's), and the replay tests hold it to that.
 @workflow.defn(sandboxed=False)
 class FanOutWorkflow:
-    """A batch of a large for_each fan-out, as a child so its activity events stay out of the parent's history."""
+    """A batch of a large for_each fan-out, as a child so its activity events stay out of the parent's history.
+
+    Only a run of this controller starts one: it runs the batch its parent sealed for its id, or nothing."""
 
     @workflow.run
-    async def run(self, inp: FanOutInput) -> FanOutResult:
-        result = await run_fan_out(inp)
+    async def run(self, start: SealedFanOut | dict[str, Any]) -> FanOutResult:
+        sealed, refused = parsed_start(SealedFanOut, start)
+        if sealed is not None:
+            refused = await _refusal(sealed)
+        if refused is not None or sealed is None:
+            raise ApplicationError(f"fan-out refused by the controller: {refused}", type="FanOutRefused",
+                                   non_retryable=True)
+        result = await run_fan_out(sealed.batch)
         # The result is one payload: per-item outputs past the budget are dropped, and the parent says so.
         if result.results is not None and _size(result.results) > RESULTS_BUDGET:
             result.results = None
         return result
+
+
+async def _refusal(sealed: SealedFanOut) -> str | None:
+    """Why this batch may not run here, or None: it must come from its parent run, sealed for this child."""
+    info = workflow.info()
+    refusal = start_refusal("fan-out batch")
+    if refusal is not None:
+        return refusal
+    if info.parent is None:
+        return "a fan-out batch runs only as the child of the run whose step it is, never started by a client"
+    return await verify(sealed.batch, sealed.seal,
+                        fan_out_place(info.workflow_id, info.parent.workflow_id, info.parent.run_id))

@@ -19,8 +19,11 @@ with workflow.unsafe.imports_passed_through():
         FleetState,
         FleetStatus,
         RunResult,
+        RunStart,
+        parsed_start,
         workflow_id_for,
     )
+    from workflows.sealing import start_refusal
 
 __all__ = ["FleetWorkflow", "fleet_workflow_id"]
 
@@ -33,6 +36,18 @@ def fleet_workflow_id(name: str) -> str:
     return workflow_id_for(f"fleet-{name}")
 
 
+def _members_refusal(inp: FleetInput) -> str | None:
+    """Why the fleet's members do not make a fleet of `inp.runbook`, or None."""
+    for member in inp.members:
+        if member.request.target != member.target:
+            return f"member {member.target!r} asks for a run on target {member.request.target!r}"
+        if member.request.runbook != inp.runbook:
+            return f"member {member.target!r} asks for runbook {member.request.runbook!r}, not {inp.runbook!r}"
+    if len({m.target for m in inp.members}) != len(inp.members):
+        return "a target is named twice"
+    return None
+
+
 @workflow.defn
 class FleetWorkflow:
     """Starts each target's run as a child with the id a single run on that target would have, so single
@@ -40,7 +55,10 @@ class FleetWorkflow:
     child is a RunbookWorkflow with its own Updates). A wave starts when the previous one has ended."""
 
     @workflow.init
-    def __init__(self, inp: FleetInput) -> None:
+    def __init__(self, start: FleetInput | dict[str, Any]) -> None:
+        parsed, self._malformed = parsed_start(FleetInput, start)
+        inp = parsed or FleetInput.model_construct(name="unresolved", runbook="", initiator="", members=[],
+                                                   max_parallel=0, on_failure="stop")
         self._inp = inp
         self._members = {
             m.target: FleetMemberState(target=m.target, wave=m.wave, workflow_id=workflow_id_for(m.target))
@@ -53,7 +71,13 @@ class FleetWorkflow:
         self._ended_at = None
 
     @workflow.run
-    async def run(self, inp: FleetInput) -> FleetStatus:
+    async def run(self, start: FleetInput | dict[str, Any]) -> FleetStatus:
+        inp = self._inp
+        refusal = self._malformed or start_refusal("fleet run") or _members_refusal(inp)
+        if refusal is not None:
+            self._state, self._error, self._ended_at = "failed", refusal, workflow.now()
+            raise ApplicationError(f"fleet {inp.name} refused by the controller: {refusal}", type="FleetRefused",
+                                   non_retryable=True)
         waves = sorted({m.wave for m in inp.members})
         stopped_after: int | None = None
         for wave in waves:
@@ -87,18 +111,19 @@ class FleetWorkflow:
         async with limiter:
             state.state, state.started_at = "running", workflow.now()
             self._describe()
-            run = member.run
+            request = member.request
             try:
                 child = await workflow.start_child_workflow(
                     _RUN_WORKFLOW,
-                    run,
+                    # The member's run resolves its request against the catalog at its own door.
+                    RunStart(request=request),
                     id=state.workflow_id,
                     result_type=RunResult,
                     # A recovery already under way on a target outlives the fleet that started it: it has its
                     # own approvals and controls, and cancelling it halfway is an operator's decision.
                     parent_close_policy=ParentClosePolicy.ABANDON,
-                    search_attributes=search.for_new_run(run.runbook.metadata.name, run.target_name, run.drill),
-                    static_summary=f"{run.runbook.metadata.name} on {run.target_name} (fleet {self._inp.name}, "
+                    search_attributes=search.for_new_run(request.runbook, request.target, request.drill),
+                    static_summary=f"{request.runbook} on {request.target} (fleet {self._inp.name}, "
                                    f"wave {member.wave})",
                 )
             except WorkflowAlreadyStartedError:

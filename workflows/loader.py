@@ -18,6 +18,7 @@ from activities.oidc import IDENTITY_KEYS_ACTION
 from activities.policy import TargetPolicy
 from activities.retry import format_duration, parse_duration
 from workflows.contract import RunInput, RunRequest
+from workflows.names import NameRefused, check_name, named_file
 from workflows.refs import RefError, contains_refs, iter_refs, resolve, split_path
 from workflows.spec import (
     STEP_KINDS,
@@ -232,8 +233,9 @@ def read_inventory(path: str | Path, *, default_name: str | None = None) -> Inve
 
 
 def load_inventory(name: str, targets_dir: Path) -> Inventory:
-    """targets_dir/NAME.yaml, validated (read_inventory); its `name:` defaults to NAME."""
-    path = targets_dir / f"{name}.yaml"
+    """targets_dir/NAME.yaml, validated (read_inventory); its `name:` defaults to NAME. A NAME that is no target
+    name (workflows/names.py) is refused (NameRefused) before any file is looked at."""
+    path = named_file(targets_dir, "target", name)
     if not path.exists():
         raise FileNotFoundError(f"no inventory for target {name!r} (looked for {path}; $COLDSTART_TARGETS names "
                                 f"the inventories' directory, now {str(targets_dir)!r})")
@@ -358,6 +360,11 @@ def plan_run(
         notes.extend(source.formatted(source.notes, prefix="note: "))
     target = inventory or {"name": runbook.target}
     target_name = (inventory or {}).get("name", runbook.target)
+    try:
+        check_name("target", target_name)
+    except NameRefused as exc:
+        source.error(("target",), str(exc))
+        raise RunbookInvalid(source.formatted()) from None
     return RunInput(
         runbook=runbook,
         source=str(file),

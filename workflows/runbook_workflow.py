@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from temporalio import workflow
-from temporalio.common import Priority, RetryPolicy
+from temporalio.common import Priority, RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
@@ -32,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contract import (
         RESOLVE_HEARTBEAT,
         RESOLVE_RUN_ACTIVITY,
+        SCHEDULED_SUFFIX,
         ApprovalRecord,
         ApproveRequest,
         ControlRecord,
@@ -42,11 +42,17 @@ with workflow.unsafe.imports_passed_through():
         RampDecision,
         ResumeState,
         RunInput,
+        RunRequest,
         RunResult,
+        RunStart,
         RunStatus,
+        SealedFanOut,
+        SealedRun,
         StepState,
         UndoRecord,
+        drill_schedule_id,
         parse_request,
+        parsed_start,
         readings_queue,
         workflow_id_for,
     )
@@ -65,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ramp_policy import decide as decide_next_step
     from workflows.readings import ReadingBatch
     from workflows.refs import RefError, resolve
+    from workflows.sealing import continuation_place, fan_out_place, seal, start_refusal, verify
     from workflows.spec import (
         ActionDefaults,
         ActionStep,
@@ -98,8 +105,8 @@ _MAX_REJECTED_KEPT = 50
 NOTES_RENEWED_EVERY = timedelta(days=1)
 # How long a run that answered an Update in its last workflow task waits before it ends (_answers_land).
 ANSWERS_LAND_IN = timedelta(milliseconds=1)
-# What a Temporal Schedule appends to the workflow id of each run it starts.
-_SCHEDULED_ID = re.compile(r"-\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+# The Schedule that started a run, set by the server on each run a Schedule starts.
+_SCHEDULED_BY = SearchAttributeKey.for_keyword("TemporalScheduledById")
 
 
 @workflow.defn
@@ -107,7 +114,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     """Interprets one runbook run. Operators steer it with Updates (or Signals) and read it with Queries."""
 
     @workflow.init
-    def __init__(self, inp: RunInput) -> None:
+    def __init__(self, start: RunStart | dict[str, Any]) -> None:
+        # Until the door has resolved the request (or verified the sealed plan), the run shows the names its
+        # start gave and holds no step.
+        parsed, self._malformed = parsed_start(RunStart, start)
+        self._start = parsed or RunStart()
+        inp = self._start.placeholder()
         self._inp = inp
         self._steps: dict[str, StepState] = {}
         self._specs: dict[str, AnyStep] = {}
@@ -135,46 +147,79 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
         self._used_tokens: list[str] = []
         self._readings = ReadingBatch(self._read_many, self._sleep, most=MAX_READS_PER_BATCH)
-        self._index_plan(inp)
         # Deadlines bind the main steps; the runbook's on_miss steps run after one was missed, unbound.
         self._deadlines_bind = True
-        if inp.resume is not None:
-            self._steps.update(inp.resume.steps)
-            self._undo = list(inp.resume.undo_stack)
-            self._outputs = dict(inp.resume.outputs)
-            self._paused = inp.resume.paused
-            self._started_at = inp.resume.started_at
-            self._identity_keys = inp.resume.identity_keys
-            self._controls = list(inp.resume.controls)
-            self._used_tokens = list(inp.resume.used_tokens)
-        else:
-            self._started_at = workflow.now()
+        self._started_at = workflow.now()
 
-    async def _resolve_request(self, inp: RunInput) -> str | None:
-        """Replace the starter's input with the plan the worker's catalog resolves its request to; the reason
-        when it refuses (then no step runs)."""
-        if inp.request is None:
-            return "refused by the controller: the run carries no request to resolve against the catalog"
-        if inp.resume is not None:
-            return "refused by the controller: a new run cannot bring resume state"
-        try:
-            with tagged(ActivityTag("resolve")):
-                plan = await workflow.execute_activity(
-                    RESOLVE_RUN_ACTIVITY, inp.request, result_type=RunInput,
-                    start_to_close_timeout=timedelta(seconds=60), heartbeat_timeout=RESOLVE_HEARTBEAT,
-                    retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["CatalogRefused"]),
-                    summary=f"resolve {inp.request.runbook} on {inp.request.target}"[:400],
-                )
-        except ActivityError as exc:
-            return f"refused by the controller: {failure_message(exc)}"
-        # One run per target holds only if the run's id is its resolved target's (a schedule adds its time).
-        expected, given = workflow_id_for(plan.target_name), workflow.info().workflow_id
-        if given != expected and not _SCHEDULED_ID.fullmatch(given.removeprefix(expected)):
-            return f"refused by the controller: workflow id {given} is not target {plan.target_name}'s ({expected})"
+    def _adopt(self, plan: RunInput) -> None:
+        """Make `plan` (resolved by the catalog, or verified under its seal) the run's, with its progress."""
         self._inp = plan
         self._steps.clear()
         self._specs.clear()
         self._index_plan(plan)
+        if plan.resume is not None:
+            self._steps.update(plan.resume.steps)
+            self._undo = list(plan.resume.undo_stack)
+            self._outputs = dict(plan.resume.outputs)
+            self._paused = plan.resume.paused
+            self._started_at = plan.resume.started_at
+            self._identity_keys = plan.resume.identity_keys
+            self._controls = list(plan.resume.controls)
+            self._used_tokens = list(plan.resume.used_tokens)
+
+    async def _door(self, start: RunStart) -> str | None:
+        """Make the run's plan the controller's own before any command that acts: a new run's request resolved
+        by the worker's catalog, or a continuation's plan verified against the seal the run before it made.
+        The reason it refuses otherwise (then no step runs)."""
+        info = workflow.info()
+        refusal = start_refusal("run")
+        if refusal is not None:
+            return f"refused by the controller: {refusal}"
+        if start.request is not None and start.sealed is not None:
+            return "refused by the controller: a run starts from a request or continues a sealed plan, not both"
+        if start.sealed is not None:
+            if info.continued_run_id is None:
+                return ("refused by the controller: a sealed plan is handed on by continue-as-new only; start a run "
+                        "with a request")
+            if start.sealed.plan.resume is None:
+                return "refused by the controller: a continuation carries the run's progress"
+            refused = await verify(start.sealed.plan, start.sealed.seal,
+                                   continuation_place(info.workflow_id, info.continued_run_id))
+            if refused is not None:
+                return f"refused by the controller: {refused}"
+            self._adopt(start.sealed.plan)
+            return None
+        if start.request is None:
+            return "refused by the controller: the run carries no request to resolve against the catalog"
+        if info.continued_run_id is not None:
+            return "refused by the controller: a continuation carries the controller's sealed plan, not a request"
+        return await self._resolve_request(start.request)
+
+    async def _resolve_request(self, request: RunRequest) -> str | None:
+        """Replace the starter's input with the plan the worker's catalog resolves its request to; the reason
+        when it refuses (then no step runs)."""
+        try:
+            with tagged(ActivityTag("resolve")):
+                plan = await workflow.execute_activity(
+                    RESOLVE_RUN_ACTIVITY, request, result_type=RunInput,
+                    start_to_close_timeout=timedelta(seconds=60), heartbeat_timeout=RESOLVE_HEARTBEAT,
+                    retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["CatalogRefused"]),
+                    summary=f"resolve {request.runbook} on {request.target}"[:400],
+                )
+        except ActivityError as exc:
+            return f"refused by the controller: {failure_message(exc)}"
+        # One run per target holds only if the run's id is its resolved target's; a drill's Schedule appends its
+        # time, and only that Schedule's runs (the server marks them) may carry such an id.
+        info = workflow.info()
+        expected, given = workflow_id_for(plan.target_name), info.workflow_id
+        if given != expected:
+            schedule = drill_schedule_id(plan.runbook.metadata.name, plan.target_name)
+            if not SCHEDULED_SUFFIX.fullmatch(given.removeprefix(expected)):
+                return f"refused by the controller: workflow id {given} is not target {plan.target_name}'s ({expected})"
+            if info.typed_search_attributes.get(_SCHEDULED_BY) != schedule or not plan.drill:
+                return (f"refused by the controller: workflow id {given} is shaped like a scheduled drill's, but the "
+                        f"run was not started by Schedule {schedule}")
+        self._adopt(plan)
         return None
 
     def _index_plan(self, plan: RunInput) -> None:
@@ -191,14 +236,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
     # ---- run ---------------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, inp: RunInput) -> RunResult:
-        refused = None
+    async def run(self, start: RunStart | dict[str, Any]) -> RunResult:
         self._decisions_bound()
-        # A run started by a client (not continued from this workflow's own run) executes only what the
-        # worker's catalog resolves its request to; runs started before the catalog replay as they ran.
-        if workflow.info().continued_run_id is None and workflow.patched("controller-catalog"):
-            refused = await self._resolve_request(inp)
-            inp = self._inp
+        # Nothing a client sends is executed unless the controller produced it: the door first.
+        refused = (f"refused by the controller: {self._malformed}" if self._malformed is not None
+                   else await self._door(self._start))
+        inp = self._inp
         steps = inp.runbook.steps
         first = inp.resume.next_index if inp.resume else 0
         if workflow.patched("status-memo"):
@@ -366,7 +409,9 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             workflow.logger.warning("not continuing as new: its input would be too large",
                                     extra={"bytes": size, "budget": RESUME_BUDGET})
             return
-        workflow.continue_as_new(carried)
+        info = workflow.info()
+        sealed = await seal(carried, continuation_place(info.workflow_id, info.run_id))
+        workflow.continue_as_new(RunStart(sealed=SealedRun(plan=carried, seal=sealed)))
 
     async def _capture_identity_keys(self) -> None:
         """The keys that sign operators' identity tokens, read once so validators can check tokens offline."""
@@ -531,8 +576,27 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         return {"last": state.readings[-1].value if state.readings else None}
 
     async def _approval_step(self, step: ApprovalStep, state: StepState) -> dict[str, Any]:
-        record = await self._approval(step.id, step.approval)
+        record = await self._approval(step.id, step.approval, acts=self._guarded_inputs(step.id))
         return record.model_dump(mode="json")
+
+    def _guarded_inputs(self, step_id: str) -> str | None:
+        """What an approval step lets happen, when the step after it changes something: that action and its
+        inputs as resolved now, so the approver sees what is acted on, not only the runbook's prompt."""
+        steps = self._inp.runbook.steps
+        index = next((i for i, s in enumerate(steps) if s.id == step_id), None)
+        if index is None or index + 1 >= len(steps):
+            return None
+        following = steps[index + 1]
+        if not isinstance(following, ActionStep):
+            return None
+        action = self._inp.actions.get(following.action)
+        if action is None or not action.mutating:
+            return None
+        try:
+            args = resolve(following.with_, self._context())
+        except RefError:
+            return f"then {following.id} runs {following.action} (its inputs resolve when it starts)"
+        return f"then {following.id} runs {following.action} with {_shown(args)}"
 
     async def _wait_step(self, step: WaitStep, state: StepState) -> dict[str, Any]:
         await self._sleep(step.wait, timer_summary(step.id, f"wait {format_duration(step.wait)}"))
@@ -757,7 +821,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # runs in flight then keep those.
         return interval < WAITED_IN_READING or workflow.patched("second-waits-in-reading")
 
-    async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None) -> ApprovalRecord:
+    async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None,
+                        acts: str | None = None) -> ApprovalRecord:
         state = self._steps[step_id]
         previous = state.status
         prompt = self._resolve(spec.prompt) if spec.prompt else ""
@@ -765,6 +830,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         state.awaiting = str(prompt) or f"approve step {step_id}"
         if percent is not None:
             state.awaiting = f"{state.awaiting} (ramp to {percent}%)"
+        if acts is not None:
+            state.awaiting = f"{state.awaiting}; {acts}"
         self._awaiting[step_id] = spec
         self._asks += 1
         self._publish(step_id)
@@ -840,7 +907,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         spec = step.ramp
         await self._checkpoint()
         if spec.approval is not None:
-            await self._approval(step.id, spec.approval, percent=percent)
+            try:
+                args = resolve(spec.with_, self._context(ramp={"percent": percent, "previous": last_good}))
+                acts = f"then {spec.action} runs with {_shown(args)}"
+            except RefError:
+                acts = None
+            await self._approval(step.id, spec.approval, percent=percent, acts=acts)
         set_at = workflow.now()
         await self._ramp_set(step, action, percent, last_good)
         state.percent = percent
@@ -1008,8 +1080,12 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                                          f"{step.id}: {step.for_each.action} on items {batch.offset}-{last}")
 
     async def _fan_out_child(self, fan_out: FanOutInput, child_id: str, summary: str) -> FanOutResult:
+        info = workflow.info()
+        # The child runs only this batch, only as this run's child: sealed for its id and this run.
+        sealed = await seal(fan_out, fan_out_place(child_id, info.workflow_id, info.run_id))
         try:
-            return await workflow.execute_child_workflow(FanOutWorkflow.run, fan_out, id=child_id, static_summary=summary)
+            return await workflow.execute_child_workflow(FanOutWorkflow.run, SealedFanOut(batch=fan_out, seal=sealed),
+                                                         id=child_id, static_summary=summary)
         except ChildWorkflowError as exc:
             raise StepFailed(f"fan-out {fan_out.step_id}: {failure_message(exc)}") from None
 
@@ -1148,10 +1224,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             steps=steps,
             error=self._error,
             controls=list(self._controls),
-            identity_required=list(identity.controls) if (identity := self._identity()) else [],
+            identity_required=self._identity_required(),
             identity_source=({k: v for k, v in (("vault", identity.vault), ("provider", identity.provider),
                                                 ("audience", identity.audience), ("ca_cert", identity.ca_cert)) if v}
-                             if identity else {}),
+                             if (identity := self._identity()) else {}),
             runbook_digest=self._inp.catalog.digest if self._inp.catalog else None,
             runbook_origin=self._inp.catalog.origin if self._inp.catalog else None,
             approvers={step: self._may_approve(spec) for step, spec in sorted(self._awaiting.items())},
@@ -1191,3 +1267,13 @@ def _seconds(delta: timedelta) -> str:
 
 def _clock(at: datetime) -> str:
     return at.strftime("%H:%M:%S.%f")[:-3] + "Z"
+
+
+# How much of an approved action's resolved inputs the approval line shows (the status and Web UI carry it).
+_SHOWN_INPUTS = 600
+
+
+def _shown(args: Any) -> str:
+    """An action's resolved inputs, as the approver reads them: compact JSON, cut to _SHOWN_INPUTS."""
+    text = json.dumps(args, default=str, separators=(", ", ": "), sort_keys=True)
+    return text if len(text) <= _SHOWN_INPUTS else text[: _SHOWN_INPUTS - 1] + "…"

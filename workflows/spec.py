@@ -382,7 +382,7 @@ class Runbook(StrictModel):
     approvers: list[str] = Field(default_factory=list, description="who may approve steps and skip held ones")
     operators: list[str] = Field(
         default_factory=list,
-        description="who may retry, pause, resume and abort (approvers may too); empty: any named operator",
+        description="who may retry, pause, resume and abort (approvers may too); empty: the approvers alone",
     )
     four_eyes: bool = Field(
         default=False,

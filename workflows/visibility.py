@@ -244,6 +244,8 @@ class RunVisibility(RunFields):
             if state.skip_requested_by:
                 lines.append(f"Skip requested by {state.skip_requested_by}; four eyes: a second approver must confirm.")
             operators = self._operators()
-            if operators is not None:
+            if operators:
                 lines.append(f"Retry and abort: {', '.join(operators)}")
+            elif operators is not None:
+                lines.append(f"Nobody may retry or abort: {self._nobody_operates()}.")
         return "\n\n".join(lines)

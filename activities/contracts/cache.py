@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast, get_args
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field, field_validator
 
@@ -10,14 +11,19 @@ from activities.contracts.model import ContractModel
 from activities.contracts.targets import VaultSecretRef
 from activities.registry import declare
 
-__all__ = ["WARM", "WarmInput", "WarmOutput"]
+__all__ = ["WARM", "SslMode", "WarmInput", "WarmOutput"]
 
 _NODE = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"
 
+# libpq's modes without `allow` and `prefer`: both fall back to plaintext, and neither checks a certificate.
+SslMode = Literal["verify-full", "verify-ca", "require", "disable"]
+
 
 class WarmInput(ContractModel):
-    dsn: str = Field(min_length=1, max_length=500,
-                     description="PostgreSQL DSN without a password, e.g. postgresql://game@10.0.0.9:5432/game")
+    dsn: str = Field(min_length=1, max_length=500, description=(
+        "PostgreSQL DSN without a password, e.g. postgresql://game@10.0.0.9:5432/game; its sslmode is "
+        "verify-full unless it says verify-ca, require or disable (?sslmode=disable), and sslrootcert names the "
+        "CA file (else $PGSSLROOTCERT or ~/.postgresql/root.crt)"))
     password: VaultSecretRef | None = Field(default=None, description="the database password, read inside the activity")
     query: str = Field(min_length=1, max_length=4000, description=(
         "SELECT returning columns `key` and `value` (text), hottest first; an optional `shard` column is what "
@@ -31,6 +37,23 @@ class WarmInput(ContractModel):
     max_keys: int = Field(default=10_000, ge=1, le=1_000_000, description="at most this many rows read")
     ttl_seconds: int | None = Field(default=None, ge=1, description="expiry of each key written (none: no expiry)")
     batch: int = Field(default=100, ge=1, le=10_000, description="keys per pipelined write")
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("dsn must be a postgresql:// URL")
+        modes = parse_qs(parts.query, keep_blank_values=True).get("sslmode", [])
+        if len(modes) > 1 or (modes and modes[0] not in get_args(SslMode)):
+            raise ValueError(f"dsn's sslmode {'&'.join(modes)!r}: say verify-full (the default), verify-ca, require "
+                             "or disable; prefer and allow fall back to plaintext, unchecked")
+        return value
+
+    @property
+    def sslmode(self) -> SslMode:
+        """The DSN's sslmode; a DSN that says none gets verify-full, a certificate checked against the host."""
+        return cast("SslMode", parse_qs(urlsplit(self.dsn).query).get("sslmode", ["verify-full"])[0])
 
     @field_validator("query")
     @classmethod
@@ -56,5 +79,8 @@ WARM = declare(
     `max_keys` rows are read. Each key is set only where absent (SET NX), so a warm-up never overwrites a value
     the application wrote meanwhile, and running it again writes nothing new: it is idempotent. The activity
     heartbeats its progress and a retry resumes after the last batch written. A cache that a later step
-    flushes is not warmed again: run the action again.""",
+    flushes is not warmed again: run the action again.
+
+    The connection's TLS is what the DSN's sslmode says, verify-full when it says nothing: a certificate
+    checked against the host, never a silent fallback to plaintext (libpq's prefer and allow are refused).""",
 )

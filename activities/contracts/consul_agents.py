@@ -30,6 +30,9 @@ __all__ = [
     "AgentsStreamingStatusOutput",
 ]
 
+# The drop-in is joined to the agent's config_dir: a plain file name keeps every write inside that directory.
+DROP_IN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\.json$"
+
 
 class AgentWaves(ContractModel):
     wave_size: int = Field(default=5, ge=1, le=100, description="client agents restarted at once (servers: one)")
@@ -46,8 +49,7 @@ class AgentsStreamingInput(AgentWaves):
     enabled: bool
     roles: list[Role] = Field(default_factory=lambda: ["client"], min_length=1,
                               description="which agents change: servers are restarted one at a time")
-    file: str = Field(default=DROP_IN, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\.json$",
-                      description="the drop-in's name in each config directory")
+    file: str = Field(default=DROP_IN, pattern=DROP_IN_NAME, description="the drop-in's name in each config directory")
 
 
 class AgentChange(ContractModel):
@@ -64,7 +66,7 @@ class AgentRestore(ContractModel):
     """One agent as the change found it: its drop-in (None: absent) and what it reported."""
 
     agent: ConsulAgentHost
-    file: str
+    file: str = Field(pattern=DROP_IN_NAME, description="the drop-in's name in the agent's config directory")
     previous: str | None
     written: str = Field(description="the drop-in the change left; the undo refuses if it is no longer there")
     report: StreamingReport

@@ -208,8 +208,8 @@ class FaultDrills(LabHarness):
 
         async def paused() -> bool:
             current = await self.status(handle)
-            players = next(s for s in current.steps if s.id == "players")
-            return current.state == "paused" and players.last_good == 20
+            players = next((s for s in current.steps if s.id == "players"), None)  # none before resolution
+            return current.state == "paused" and players is not None and players.last_good == 20
 
         # The ramp pauses once the 20 % gates pass: up to three gate timeouts on a loaded machine, so the
         # wait is longer than they are; a gate that gives up holds the step, and this wait fails.
@@ -245,8 +245,8 @@ class FaultDrills(LabHarness):
     async def wait_step(self, handle: Any, step: str, status: str, timeout: float = 120.0) -> Any:
         async def check() -> Any:
             current = await self.status(handle)
-            state = next(s for s in current.steps if s.id == step)
-            return state if state.status == status else None
+            state = next((s for s in current.steps if s.id == step), None)  # none before resolution
+            return state if state is not None and state.status == status else None
 
         return await self.wait_for(f"{step} {status}", check, timeout)
 
@@ -394,8 +394,8 @@ async def prometheus_down(d: FaultDrills) -> CaseReport:
 
     async def errors() -> int:
         current = await d.status(handle)
-        players = next(s for s in current.steps if s.id == "players")
-        return sum(1 for r in players.readings if r.error and _utc(r.at) > down_at) >= 3
+        players = next((s for s in current.steps if s.id == "players"), None)  # none before resolution
+        return players is not None and sum(1 for r in players.readings if r.error and _utc(r.at) > down_at) >= 3
 
     await d.wait_for("3 failed readings", errors, timeout=60)
     await d.inject("service-up", target="prometheus")

@@ -48,10 +48,14 @@ class TemporalServer:
 
 
 class WorkerProcess:
-    """The real worker (`worker.py --journal`) in its own process group, so a drill can SIGKILL it."""
+    """The real worker (`worker.py --journal`) in its own process group, so a drill can SIGKILL it.
+    allow_development: started with --allow-development (a test's or bench's own runbooks on development
+    targets; the drills run catalogued runbooks)."""
 
-    def __init__(self, address: str, queue: str, journal: Path, log: Path, env: dict[str, str]):
+    def __init__(self, address: str, queue: str, journal: Path, log: Path, env: dict[str, str], *,
+                 allow_development: bool = False):
         self.address, self.queue, self.journal, self.log, self.env = address, queue, journal, log, env
+        self.allow_development = allow_development
         self.process: subprocess.Popen | None = None
 
     @property
@@ -65,7 +69,7 @@ class WorkerProcess:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, str(REPO / "worker.py"), "--task-queue", self.queue, "--metrics", "",
-                 "--journal", str(self.journal)],
+                 "--journal", str(self.journal), *(["--allow-development"] if self.allow_development else [])],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

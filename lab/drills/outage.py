@@ -19,7 +19,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.catalog import load_registry
 from cli import render
-from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, start_source
+from cli.identity import DecisionSource, fetch_decision_token, fetch_identity_token, own_vault, start_source
 from cli.report import keep as keep_scorecard
 from cli.report import print_scorecard
 from cli.scorecard import Scorecard, score
@@ -123,8 +123,9 @@ def _drill_identity(inventory: dict[str, Any], user: str = DRILL_APPROVER
     def fetch(source: DecisionSource | None) -> str:
         if source is None:
             return fetch_identity_token(ident["vault"], ident["role"], username=user, password=password, mount=mount)
-        return fetch_decision_token(source.vault, source.provider, source.audience, source.nonce, username=user,
-                                    password=password, mount=mount, ca_cert=source.ca_cert)
+        # The drill user's password goes to the lab's own Vault, which the run must name too.
+        return fetch_decision_token(own_vault(ident["vault"], source.vault), source.provider, source.audience,
+                                    source.nonce, username=user, password=password, mount=mount, ca_cert=source.ca_cert)
     return fetch
 
 

@@ -12,6 +12,7 @@ import requests
 
 from activities._clients import nomad_client
 from activities.contracts.targets import NomadTarget
+from activities.secrets import read_kv_secret
 from runtime.readiness.model import Verdict, not_ready, ready
 
 __all__ = ["GroupAsk", "NodeRoom", "capacity_verdict", "placements"]
@@ -138,8 +139,11 @@ def _running_on(client: Any, job_id: str, namespace: str) -> set[str]:
     return {str(a.get("NodeName") or a.get("NodeID")) for a in allocations or [] if a.get("ClientStatus") == "running"}
 
 
-def _check(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any] | None) -> Verdict:
-    client = nomad_client(target)
+def _check(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any] | None,
+           vault_token: str | None) -> Verdict:
+    # Nomad's own token, read from Vault with the login given (the worker's AppRole), else as its reference says.
+    nomad_token = read_kv_secret(target.token, token=vault_token) if target.token is not None else None
+    client = nomad_client(target, token=nomad_token)
     if spec is None:
         try:
             spec = client.job.get_job(job_id, namespace=namespace)
@@ -160,13 +164,15 @@ def _check(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any
     return ready(f"job {job_id} ({asked}) fits from scratch on {summary}{back_on}")
 
 
-def _checked(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any] | None) -> Verdict:
+def _checked(target: NomadTarget, job_id: str, namespace: str, spec: dict[str, Any] | None,
+             vault_token: str | None) -> Verdict:
     try:
-        return _check(target, job_id, namespace, spec)
+        return _check(target, job_id, namespace, spec, vault_token)
     except (nomad.api.exceptions.BaseNomadException, requests.RequestException) as exc:
         return not_ready(f"Nomad at {target.address} does not answer: {type(exc).__name__}")
 
 
 async def capacity_verdict(target: NomadTarget, job: str, *, namespace: str = "default",
-                           spec: dict[str, Any] | None = None) -> Verdict:
-    return await asyncio.to_thread(_checked, target, job, namespace, spec)
+                           spec: dict[str, Any] | None = None, vault_token: str | None = None) -> Verdict:
+    """`vault_token`: the Vault login Nomad's token is read with (the worker's AppRole); None: its reference's own."""
+    return await asyncio.to_thread(_checked, target, job, namespace, spec, vault_token)

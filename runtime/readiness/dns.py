@@ -47,9 +47,11 @@ async def _ask(steering: DnsSteering, key: dns.tsig.Key, server: str, timeout: f
     return None
 
 
-async def tsig_verdict(steering: DnsSteering, *, timeout: float = 3.0) -> Verdict:
+async def tsig_verdict(steering: DnsSteering, *, timeout: float = 3.0, token: str | None = None) -> Verdict:
+    """`token`: the Vault login the key is read with (the worker's AppRole); None: its reference's own."""
     try:
-        secret = await asyncio.to_thread(read_kv_secret, steering.tsig_secret.model_copy(update={"cache_seconds": 0}))
+        secret = await asyncio.to_thread(read_kv_secret, steering.tsig_secret.model_copy(update={"cache_seconds": 0}),
+                                         token=token)
     except ApplicationError as exc:
         return not_ready(f"the TSIG key {steering.tsig_key_name} does not resolve in Vault: {exc.message}")
     except Exception as exc:  # noqa: BLE001 - hvac's connection and sealed-Vault errors, named by type only

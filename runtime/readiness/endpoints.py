@@ -38,10 +38,11 @@ def _detail(exc: BaseException) -> str:
     return f" ({text[0]})" if text else ""
 
 
-async def secret_verdict(ref: VaultSecretRef) -> Verdict:
+async def secret_verdict(ref: VaultSecretRef, *, token: str | None = None) -> Verdict:
+    """`token`: the Vault login to read with (the worker's AppRole); None: the reference's own."""
     where = f"{ref.mount.strip('/')}/{ref.path.strip('/')} field {ref.field} in {ref.address}"
     try:
-        value = await asyncio.to_thread(read_kv_secret, ref.model_copy(update={"cache_seconds": 0}))
+        value = await asyncio.to_thread(read_kv_secret, ref.model_copy(update={"cache_seconds": 0}), token=token)
     except ApplicationError as exc:  # read_kv_secret's messages never carry the value
         return not_ready(f"{where} does not resolve: {exc.message}")
     except Exception as exc:  # noqa: BLE001 - hvac's connection and sealed-Vault errors, named by type only

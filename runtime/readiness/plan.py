@@ -25,6 +25,7 @@ from runtime.readiness.path import through_block_verdict
 from runtime.readiness.snapshots import snapshot_verdict
 from runtime.readiness.telemetry import telemetry_verdict
 from runtime.readiness.trial import trial_restore_verdict
+from runtime.readiness.vault_login import WorkerVaultLogin
 from runtime.readiness.workers import workers_verdict
 from workflows.contract import RunInput, readings_queue
 from workflows.spec import ActionStep, ForEachStep, GateSpec, GateStep, ParallelStep, RampStep
@@ -50,6 +51,8 @@ class ReadinessSettings:
     trial_restore: bool = False
     # Where this host's resolver is configured; its nameservers must not be what the runbooks restore.
     resolv_conf: Path = Path("/etc/resolv.conf")
+    # The Vault login secrets are read with (vault_login.worker_vault_token); None: each reference's own.
+    vault: WorkerVaultLogin | None = field(default=None, repr=False)
     _client: asyncio.Task[Client] | None = field(default=None, repr=False)
 
     async def client(self) -> Client:
@@ -151,6 +154,7 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
         queue = readings_queue(settings.task_queue)
         checks.append(Check("workers.readings", "workers", lambda: _workers(settings, queue, workflows=False), t))
     inventory = Inventory.model_validate(run.target) if "telemetry" in run.target else None
+    login = settings.vault or WorkerVaultLogin("no Vault login")
     checks.append(Check("temporal.independent", "independence", lambda: _independent(settings, inventory), t))
     prometheus = sorted({_base(g.endpoint) for g in gates if g.source == "prometheus"})
     checks.extend(Check(f"telemetry:{p}", "telemetry", lambda p=p: telemetry_verdict(p, timeout=t), t)
@@ -167,19 +171,20 @@ def plan_checks(run: RunInput, settings: ReadinessSettings) -> list[Check]:
         # The key's own check resolves its secret and signs with it: one check, not two.
         refs.pop(inventory.dns.tsig_secret.model_dump_json(), None)
         steering = inventory.dns
-        checks.append(Check(f"tsig:{steering.tsig_key_name}", "secret", lambda: tsig_verdict(steering, timeout=t), t))
+        checks.append(Check(f"tsig:{steering.tsig_key_name}", "secret", lambda: tsig_verdict(
+            steering, timeout=t, token=login.token_for(steering.tsig_secret)), t))
     for ref in sorted(refs.values(), key=lambda r: (r.address, r.mount, r.path, r.field)):
         name = f"secret:{ref.mount.strip('/')}/{ref.path.strip('/')}#{ref.field}"
-        checks.append(Check(name, "secret", lambda ref=ref: secret_verdict(ref), t))
+        checks.append(Check(name, "secret", lambda ref=ref: secret_verdict(ref, token=login.token_for(ref)), t))
     if inventory and inventory.vault:
-        login = inventory.vault
+        approle = inventory.vault
         checks.append(Check("vault.approle", "secret", lambda: approle_verdict(
-            login.address, login.approle_role_id_file, login.approle_secret_id_file, timeout=t), t))
+            approle.address, approle.approle_role_id_file, approle.approle_secret_id_file, timeout=t), t))
     selects = [inputs for action, inputs in calls if action == SNAPSHOT_SELECT]
     objective = _objective(run, selects)
     stores = {(i["store"], i.get("pattern", "*.snap")) for i in selects if isinstance(i.get("store"), str)
               and _resolved(i["store"])}
-    checks.extend(_capacity(calls, t))
+    checks.extend(_capacity(calls, t, login))
     # Reading a large snapshot takes a while: its check gets a longer allowance than a network probe.
     checks.extend(Check(f"snapshot:{store}", "snapshot", lambda s=store, p=pattern: snapshot_verdict(
         s, pattern=p, objective=objective), max(t, 120.0)) for store, pattern in sorted(stores))
@@ -224,7 +229,7 @@ def _through_blocks(steps: list[Any], urls: set[str], inventory: Inventory | Non
                             through_block_verdict(url, tiers, step), timeout)
 
 
-def _capacity(calls: list[tuple[str, dict[str, Any]]], timeout: float) -> Iterator[Check]:
+def _capacity(calls: list[tuple[str, dict[str, Any]]], timeout: float, login: WorkerVaultLogin) -> Iterator[Check]:
     """Each job a step redeploys from scratch, once per cluster and job."""
     seen: set[tuple[str, str]] = set()
     for action, inputs in calls:
@@ -237,8 +242,10 @@ def _capacity(calls: list[tuple[str, dict[str, Any]]], timeout: float) -> Iterat
             continue
         seen.add((target.address, job))
         namespace, spec = str(inputs.get("namespace") or "default"), inputs.get("job_spec")
-        yield Check(f"nomad.capacity:{job}", "capacity", lambda target=target, job=job, namespace=namespace, spec=spec:
-                    capacity_verdict(target, job, namespace=namespace, spec=spec), timeout)
+        vault_token = login.token_for(target.token) if target.token else None
+        yield Check(f"nomad.capacity:{job}", "capacity", lambda target=target, job=job, namespace=namespace, spec=spec,
+                    vault_token=vault_token: capacity_verdict(target, job, namespace=namespace, spec=spec,
+                                                              vault_token=vault_token), timeout)
 
 
 async def _workers(settings: ReadinessSettings, queue: str, *, workflows: bool) -> Verdict:

@@ -5,44 +5,59 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from activities.contracts.targets import VaultSecretRef
 from activities.errors import Refused
 from activities.inventory import Inventory
 
-__all__ = ["AppRoleRefused", "approle_login", "worker_vault_token"]
+__all__ = ["AppRoleRefused", "WorkerVaultLogin", "approle_login", "worker_vault_token"]
 
 _TOKEN_ENV = "VAULT_TOKEN"
 
 
+@dataclass(frozen=True)
+class WorkerVaultLogin:
+    """What the readiness checks read Vault with. `token` is the target's AppRole login, handed to the checks
+    explicitly: the process's environment is shared by every activity of the worker, whatever its target, so
+    the token never goes there. None: each reference's own token source ($VAULT_TOKEN, a token file)."""
+
+    source: str
+    token: str | None = field(default=None, repr=False)
+
+    def token_for(self, ref: VaultSecretRef) -> str | None:
+        """The token to read `ref` with: the AppRole's where the reference reads $VAULT_TOKEN (the worker's
+        own login, which the AppRole stands in for); None where it names another source, or there is no login."""
+        if self.token is None or ref.token_file or ref.token_env != _TOKEN_ENV:
+            return None
+        return self.token
+
+
 @contextlib.asynccontextmanager
-async def worker_vault_token(target: dict, *, timeout: float = 5.0) -> AsyncIterator[str]:
-    """While open, $VAULT_TOKEN is what the worker reads secrets with. A token already set is used as it is
-    (a worker's); else the inventory's AppRole logs in and its token is revoked on exit. Yields where the
-    token came from. A failed login leaves $VAULT_TOKEN unset: the secret checks then say so, and the
-    `vault.approle` check says why."""
+async def worker_vault_token(target: dict, *, timeout: float = 5.0) -> AsyncIterator[WorkerVaultLogin]:
+    """The login the checks read secrets with while open. A $VAULT_TOKEN already set is used as it is (a
+    worker's); else the inventory's AppRole logs in, and its token is revoked on exit. A failed login gives no
+    token: the secret checks then say so, and the `vault.approle` check says why."""
     if os.environ.get(_TOKEN_ENV, "").strip():
-        yield f"${_TOKEN_ENV}"
+        yield WorkerVaultLogin(f"${_TOKEN_ENV}")
         return
     login = Inventory.model_validate(target).vault if "telemetry" in target else None
     if login is None:
-        yield "no Vault login"
+        yield WorkerVaultLogin("no Vault login")
         return
     address = login.address.rstrip("/")
     try:
         async with httpx.AsyncClient(timeout=timeout) as http:
             token = await approle_login(http, address, login.approle_role_id_file, login.approle_secret_id_file)
     except AppRoleRefused:
-        yield "no Vault login"
+        yield WorkerVaultLogin("no Vault login")
         return
-    os.environ[_TOKEN_ENV] = token
     try:
-        yield "the target's AppRole"
+        yield WorkerVaultLogin("the target's AppRole", token)
     finally:
-        if os.environ.get(_TOKEN_ENV) == token:
-            del os.environ[_TOKEN_ENV]
         with contextlib.suppress(httpx.HTTPError):
             async with httpx.AsyncClient(timeout=timeout) as http:
                 await http.post(f"{address}/v1/auth/token/revoke-self", headers={"X-Vault-Token": token})

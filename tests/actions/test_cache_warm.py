@@ -51,7 +51,8 @@ def dsn(tmp_path_factory) -> Iterator[str]:
     argv = as_postgres([str(PG_BIN / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
                         "-k", str(root), "-c", "fsync=off"])
     with start_process(argv, log=root / "pg.log", port=port):
-        url = f"postgresql://{PG_USER}@127.0.0.1:{port}/postgres"
+        # This server has no TLS: the DSN says so, as an inventory would for such a database.
+        url = f"postgresql://{PG_USER}@127.0.0.1:{port}/postgres?sslmode=disable"
         asyncio.run(_seed(url))
         yield url
 
@@ -136,3 +137,37 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(dsn: str, nodes: list[s
         # A query that writes is refused by the read-only transaction, whatever it looks like.
         asyncio.run(warm(WarmInput(dsn=dsn, nodes=nodes, query=(
             "WITH gone AS (DELETE FROM players WHERE id = 1 RETURNING id) SELECT id::text AS key, '' AS value FROM gone"))))
+
+
+def test_the_tls_mode_is_the_dsn_s_and_verify_full_unless_it_says_otherwise() -> None:
+    def mode(dsn: str) -> str:
+        return WarmInput(dsn=dsn, query=HOT, nodes=["127.0.0.1:6379"]).sslmode
+
+    assert mode("postgresql://game@10.0.0.9:5432/game") == "verify-full"
+    assert mode("postgresql://game@10.0.0.9:5432/game?sslrootcert=/etc/ca.pem") == "verify-full"
+    for said in ("verify-full", "verify-ca", "require", "disable"):
+        assert mode(f"postgresql://game@db:5432/game?sslmode={said}") == said
+    # prefer and allow take plaintext when the server offers no TLS, and check no certificate when it does.
+    for said in ("prefer", "allow", "", "verify-full&sslmode=disable"):
+        with pytest.raises(ValueError, match="prefer and allow fall back to plaintext"):
+            mode(f"postgresql://game@db:5432/game?sslmode={said}")
+    with pytest.raises(ValueError, match="postgresql:// URL"):
+        mode("host=db sslmode=disable")
+
+
+def test_a_server_without_tls_is_refused_unless_the_dsn_says_disable(
+        dsn: str, nodes: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = dsn.removesuffix("?sslmode=disable")
+    # No CA anywhere the worker looks: verify-full cannot check the server, so nothing is attempted.
+    monkeypatch.delenv("PGSSLROOTCERT", raising=False)
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ApplicationError, match=r"sslmode verify-full.*root certificate") as caught:
+        asyncio.run(warm(WarmInput(dsn=plain, query=HOT, nodes=nodes)))
+    assert caught.value.non_retryable
+    # require: TLS or nothing, never the plaintext asyncpg's default (prefer) falls back to; $PGSSLMODE
+    # cannot weaken what the DSN says.
+    monkeypatch.setenv("PGSSLMODE", "disable")
+    with pytest.raises(ApplicationError, match="sslmode require"):
+        asyncio.run(warm(WarmInput(dsn=f"{plain}?sslmode=require", query=HOT, nodes=nodes)))
+    assert all(_client(n).dbsize() == 0 for n in nodes)

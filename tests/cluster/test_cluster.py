@@ -51,7 +51,7 @@ def _labels(out: Path) -> list[str]:
 
 async def _running(handle, step: str) -> bool:
     status = await support.status(handle)
-    return next(s for s in status.steps if s.id == step).status == "running"
+    return any(s.id == step and s.status == "running" for s in status.steps)  # none before resolution
 
 
 async def _workflow_task_workers(handle) -> list[int]:

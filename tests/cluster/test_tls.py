@@ -77,7 +77,7 @@ async def test_worker_and_cli_run_a_runbook_over_mutual_tls_from_a_profile(secur
     inventory = support.development_target(targets, "tls-" + task_queue)
     journal = tmp_path / "actions.jsonl"
     worker = WorkerProcess(cluster.address, task_queue, journal, tmp_path / "worker.log",
-                           {**profile_env, "COLDSTART_TARGETS": str(targets)})
+                           {**profile_env, "COLDSTART_TARGETS": str(targets)}, allow_development=True)
     worker.start()
     try:
         handle = await support.start(client, book, task_queue, target=inventory)

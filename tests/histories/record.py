@@ -1,9 +1,8 @@
 """Records the histories replayed by tests/test_replay.py: `python -m tests.histories.record [NAME ...]`.
 
 Re-record only on purpose: a replay failure means the workflow code changed in a way that
-would break runs already in flight; guard such a change with `workflow.patched` instead. Name
-the history to record (everything, rollback, gates, waited, resolved, paced): the others then keep the shape of runs
-recorded by older code, which is what they are there to replay.
+would break runs already in flight. Name the histories to record (everything, rollback, gates, waited,
+resolved, paced, batches), or none for all of them.
 """
 
 from __future__ import annotations
@@ -76,6 +75,19 @@ steps:
     on_failure: rollback
 """
 
+# A for_each over more items than one run keeps (FANOUT_CHILD_THRESHOLD): sealed batches in child workflows.
+BATCHES = """
+metadata: {{name: replay-batches}}
+target: t
+steps:
+  - id: each
+    for_each:
+      items: [i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17, i18, i19, i20, i21, i22, i23, i24, i25, i26, i27, i28, i29, i30, i31, i32, i33, i34, i35, i36, i37, i38, i39, i40, i41, i42, i43, i44, i45, i46, i47, i48, i49, i50, i51, i52, i53, i54, i55, i56, i57, i58, i59, i60, i61, i62, i63, i64, i65, i66, i67, i68, i69, i70, i71, i72, i73, i74, i75, i76, i77, i78, i79, i80, i81, i82, i83, i84, i85, i86, i87, i88, i89, i90, i91, i92, i93, i94, i95, i96, i97, i98, i99, i100, i101, i102, i103, i104, i105, i106, i107, i108, i109, i110, i111, i112, i113, i114, i115, i116, i117, i118, i119]
+      action: test.append
+      with: {{path: "{out}", label: "${{{{ item }}}}"}}
+      max_concurrency: 20
+"""
+
 # Parallel gates due together read in one activity and wait on one timer (workflows/readings.py):
 # ready passes at its second reading, slow at its third, fast (an interval of its own) at its second.
 GATES = """
@@ -135,6 +147,8 @@ async def _record(names: set[str]) -> None:
                 await _record_rollback(environment, work, name="resolved")
             if "paced" in names:
                 await _record_paced(environment, work)
+            if "batches" in names:
+                await _record_batches(environment, work)
     finally:
         await prom.stop()
         await environment.shutdown()
@@ -164,8 +178,15 @@ async def _record_everything(environment, prom, work: Path) -> None:
     (HERE / "everything.json").write_text((await handle.fetch_history()).to_json())
 
 
+async def _record_batches(environment, work: Path) -> None:
+    book = support.write_runbook(work, BATCHES.format(out=work / "out.txt"), "batches")
+    handle = await support.start(environment.client, book, "record", target={"name": "replay-batches"})
+    await handle.result()
+    (HERE / "batches.json").write_text((await handle.fetch_history()).to_json())
+
+
 async def _record_rollback(environment, work: Path, name: str = "rollback") -> None:
-    """rollback.json was recorded before runs were resolved against the worker's catalog, resolved.json since."""
+    """A run that fails and rolls back (resolved.json: the same run under another target)."""
     book = support.write_runbook(work, ROLLBACK.format(out=work / "out.txt"), name)
     handle = await support.start(environment.client, book, "record", target={"name": f"replay-{name}"})
     with contextlib.suppress(Exception):  # this run is meant to fail and roll back
@@ -191,4 +212,5 @@ async def _held(handle):
 
 
 if __name__ == "__main__":
-    asyncio.run(_record(set(sys.argv[1:]) or {"everything", "rollback", "gates", "waited"}))
+    asyncio.run(_record(set(sys.argv[1:]) or {"everything", "rollback", "gates", "waited", "resolved", "paced",
+                                              "batches"}))

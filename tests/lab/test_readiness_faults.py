@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,9 @@ async def _report(cfg, client, queue: str, registry: Registry, *, trial_restore:
     settings = ReadinessSettings(connect=connected, frontend=client.service_client.config.target_host,
                                  task_queue=queue, build_id=catalog_build_id(registry), timeout=20.0,
                                  trial_restore=trial_restore)
-    async with worker_vault_token(run.target):
-        return await run_checks(run.runbook.metadata.name, run.target_name, plan_checks(run, settings))
+    async with worker_vault_token(run.target) as login:
+        return await run_checks(run.runbook.metadata.name, run.target_name,
+                                plan_checks(run, replace(settings, vault=login)))
 
 
 def _states(report: Report) -> dict[str, tuple[str, str]]:
@@ -72,7 +74,7 @@ async def test_each_fault_turns_its_readiness_check_red_and_clear_turns_it_green
     client = env.client
     registry = load_registry()
     build_id = catalog_build_id(registry)
-    async with build_worker(client, task_queue, registry=registry, catalog=support.CATALOG):
+    async with build_worker(client, task_queue, registry=registry, catalog=support.CATALOG, allow_development=True):
         await _polled(client, task_queue, build_id)
         baseline = await _report(cfg, client, task_queue, registry, trial_restore=True)
         assert _not_ready(baseline) == {}, _not_ready(baseline)
@@ -95,7 +97,7 @@ async def test_each_fault_turns_its_readiness_check_red_and_clear_turns_it_green
     # A worker without one of the catalog's actions: the runbook's queue is not ready, and names it.
     short = f"{task_queue}-short"
     lacking = Registry({name: spec for name, spec in registry.specs.items() if name != "consul.snapshot.restore"})
-    async with build_worker(client, short, registry=lacking, catalog=support.CATALOG):
+    async with build_worker(client, short, registry=lacking, catalog=support.CATALOG, allow_development=True):
         await _polled(client, short, build_id)
         red = _not_ready(await _report(cfg, client, short, registry))
     assert set(red) >= {"workers"}, red

@@ -47,7 +47,8 @@ async def test_workers_with_this_catalog_are_ready_and_one_without_an_action_is_
 
     short = f"{task_queue}-short"
     lacking = Registry({name: spec for name, spec in registry.specs.items() if name != min(registry.specs)})
-    async with build_worker(client, short, registry=lacking, sandboxed=True, catalog=support.CATALOG):
+    async with build_worker(client, short, registry=lacking, sandboxed=True,
+                            catalog=support.CATALOG, allow_development=True):
         await _polled(client, short, expected)
         verdict = await workers_verdict(client, short, expected)
     assert verdict.state == "not_ready"
@@ -104,7 +105,8 @@ async def test_readiness_of_a_runbook_goes_red_when_its_telemetry_stops_and_expo
             "consul": {"address": consul, "token": {"address": vault.url, "path": "coldstart/dns", "field": "tsig",
                                                         "token_file": str(token)}},
             "facts": {"snapshot_store": str(store), "rpo": "24h"}}))
-        async with build_worker(client, task_queue, registry=registry, sandboxed=True, catalog=support.CATALOG):
+        async with build_worker(client, task_queue, registry=registry, sandboxed=True,
+                                catalog=support.CATALOG, allow_development=True):
             await _polled(client, task_queue, catalog_build_id(registry))
             green = await asyncio.to_thread(_cli, env_vars, *args)
             assert green.returncode == 0, green.stdout + green.stderr
@@ -118,7 +120,8 @@ async def test_readiness_of_a_runbook_goes_red_when_its_telemetry_stops_and_expo
             samples = {s.labels["check"]: s.value for family in text_string_to_metric_families(metrics.read_text())
                        if family.name == "coldstart_readiness" for s in family.samples}
             assert samples == dict.fromkeys(states, 1.0)
-    async with build_worker(client, task_queue, registry=registry, sandboxed=True, catalog=support.CATALOG):
+    async with build_worker(client, task_queue, registry=registry, sandboxed=True,
+                            catalog=support.CATALOG, allow_development=True):
         red = await asyncio.to_thread(_cli, env_vars, *args)
         table = await asyncio.to_thread(_cli, {**env_vars, "COLUMNS": "250"}, *args[:2], "--timeout", "5")
     assert red.returncode == 1, red.stdout + red.stderr
