@@ -9,6 +9,7 @@ import re
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from temporalio.testing import ActivityEnvironment
@@ -190,11 +191,14 @@ async def test_resolving_a_run_heartbeats_while_the_catalog_is_slow():
     from runtime.catalog import RunResolver
 
     class SlowCatalog:
-        def resolve(self, request: object, registry: object, workflow_id: str) -> str:
+        def resolve(self, request: object, registry: object, workflow_id: str) -> SimpleNamespace:
             time.sleep(0.45)  # in its thread: the activity's loop keeps beating
-            return f"plan for {workflow_id}"
+            return SimpleNamespace(target_name=f"target of {workflow_id}")
+
+    async def free(target: str, workflow_id: str) -> None:
+        return None
 
     env, beats = _env(timedelta(seconds=0.3))
-    resolver = RunResolver(SlowCatalog(), None)  # type: ignore[arg-type]
-    assert await env.run(resolver.resolve, object()) == "plan for test"  # type: ignore[arg-type]
+    resolver = RunResolver(SlowCatalog(), None, others=free)  # type: ignore[arg-type]
+    assert (await env.run(resolver.resolve, object())).target_name == "target of test"  # type: ignore[arg-type]
     assert len(beats) >= 3, beats

@@ -555,7 +555,12 @@ async def test_the_receiver_starts_real_runs_and_answers_busy_from_the_real_star
             assert retried.status == 200 and (await retried.json())["results"][0]["outcome"] == "started"
             status = await support.status(env.client.get_workflow_handle(f"coldstart-{name}"))
             assert status.initiator == "alertmanager:preempted-host"
-            plan = await env.client.get_workflow_handle(f"coldstart-{name}").query("plan")
+            run = env.client.get_workflow_handle(f"coldstart-{name}")
+
+            async def resolved() -> dict:  # the run shows its plan once the worker has resolved its request
+                plan = await run.query("plan")
+                return plan if plan["params"] else {}
+            plan = await support.wait_for(resolved)
             assert plan["params"] == {"host": "c2"}
             await env.client.get_workflow_handle(f"coldstart-{name}").execute_update(
                 "abort", ControlRequest(actor="oncall", reason="test done"))
