@@ -191,6 +191,21 @@ def test_a_non_finite_number_parameter_is_refused(tmp_path):
         assert caught.value.errors[0] == f"{file}:{where}: parameter {name!r} (given): expected {said}", caught.value
 
 
+def test_a_removed_action_is_an_unknown_action(tmp_path):
+    # consul.streaming.set set a KV flag nothing read; consul.agents.streaming changes the agents themselves.
+    errors = errors_of(tmp_path, """\
+        metadata: {name: gone}
+        target: t
+        steps:
+          - id: flag
+            action: consul.streaming.set
+            with: {enabled: false}
+    """)
+    assert len(errors) == 1 and errors[0].startswith(f"{tmp_path / 'test.yaml'}:5:13: unknown action "
+                                                     "'consul.streaming.set' (known: "), errors
+    assert "consul.agents.streaming," in errors[0]
+
+
 def test_yaml_syntax_error_and_duplicate_keys(tmp_path):
     errors = errors_of(tmp_path, "metadata: {name: a}\ntarget: t\nsteps:\n  - id: a\n    wait: 1s\n    wait: 2s\n")
     assert errors == [f"{tmp_path / 'test.yaml'}:6:5: duplicate key 'wait'"]
