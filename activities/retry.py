@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any
@@ -19,16 +20,26 @@ def parse_duration(value: Any) -> Any:
         # pydantic reports a ValueError as the field's error; a TypeError would escape validation.
         raise ValueError("a duration is a number of seconds or a string such as 30s, 10m, 1h")  # noqa: TRY004
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError("a duration is a finite number of seconds")
         if value < 0:
             raise ValueError("a duration cannot be negative")
-        return timedelta(seconds=value)
+        return _timedelta(seconds=value)
     if isinstance(value, str) and not value.startswith(("P", "-P")):
         match = _DURATION.match(value)
         if not match or not any(match.groups()):
             raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 10m, 1h30m, 250ms)")
         hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
-        return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+        return _timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
     return value
+
+
+def _timedelta(**parts: float) -> timedelta:
+    try:
+        return timedelta(**parts)
+    except OverflowError:
+        # Past timedelta's 999999999 days: a ValueError, so pydantic reports it at the field.
+        raise ValueError("a duration is too long (at most 999999999 days)") from None
 
 
 def format_duration(value: timedelta | float) -> str:

@@ -54,6 +54,37 @@ out = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
 
+def version() -> str:
+    """The installed distribution's version; a source tree's pyproject.toml when coldstart is not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("coldstart")
+    except PackageNotFoundError:
+        import tomllib
+
+        try:
+            with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as file:
+                return str(tomllib.load(file)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        sys.stdout.write(f"coldstart {version()}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="print the version and exit"),
+) -> None:
+    pass
+
+
 class CliError(ColdstartError):
     def __init__(self, message: str, code: int):
         super().__init__(message)

@@ -43,7 +43,6 @@ EXPECTED_ACTIONS = [
     "consul.snapshot.restore",
     "consul.snapshot.save",
     "consul.snapshot.select",
-    "consul.streaming.set",
     "consul.user.disable",
     "consul.user.enable",
     "consul.users.disable",

@@ -137,6 +137,35 @@ def test_unreachable_temporal_is_exit_4(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_version_prints_the_installed_version_or_the_source_tree_s():
+    import tomllib
+    from importlib import metadata
+
+    try:
+        expected = metadata.version("coldstart")
+    except metadata.PackageNotFoundError:
+        expected = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    result = cli({}, "--version")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"coldstart {expected}\n", "")
+
+
+def test_version_without_an_install_reads_pyproject(monkeypatch):
+    import importlib.metadata
+    import tomllib
+
+    from typer.testing import CliRunner
+
+    import cli.main
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    result = CliRunner().invoke(cli.main.app, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"coldstart {declared}\n")
+
+
 def test_abort_undo_is_sent_with_abort_only(monkeypatch):
     """`coldstart abort --undo` asks the run to undo what it changed; any other control refuses the flag."""
     from typer.testing import CliRunner

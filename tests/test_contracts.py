@@ -35,7 +35,7 @@ def _imports_of(*argv: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [("validate", "runbooks/demo.yaml"), ("--help",),
+@pytest.mark.parametrize("argv", [("validate", "runbooks/demo.yaml"), ("--help",), ("--version",),
                                   ("actions", "consul.snapshot.restore")])
 def test_checking_a_runbook_loads_no_sdk_nor_client(argv: tuple[str, ...]) -> None:
     assert _imports_of(*argv) == {"code": 0, "loaded": []}

@@ -21,6 +21,7 @@ from runtime.connection import DATA_CONVERTER
 from runtime.polling import read_kept_status
 from tests import support
 from workflows.contract import (
+    MEMO_CHUNK,
     ApprovalRecord,
     ApproveRequest,
     ControlRequest,
@@ -42,15 +43,13 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 # The whole-run signature, as the upkeep compared it before it read only the changed steps: the reference.
-_SIGNED = attrgetter("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by")
-_SIGNED_WITH_DEADLINE = attrgetter("status", "attempts", "error", "percent", "last_good", "awaiting",
-                                   "skip_requested_by", "gate_gives_up_at")
+_SIGNED = attrgetter("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by",
+                     "gate_gives_up_at")
 _LAST_READING = attrgetter("gate", "value", "passed", "error")
 
 
 def whole_signature(run: RunbookWorkflow) -> tuple:
-    fields = _SIGNED_WITH_DEADLINE if getattr(run, "_memo_gate_deadlines", False) else _SIGNED
-    steps = tuple(map(fields, run._steps.values()))
+    steps = tuple(map(_SIGNED, run._steps.values()))
     readings = tuple(_LAST_READING(s.readings[-1]) for s in run._steps.values() if s.readings)
     approvals = tuple(len(s.approvals) for s in run._steps.values())
     return (run._state, run._paused, run._error, tuple(run._awaiting), len(run._controls), steps, readings, approvals)
@@ -196,11 +195,11 @@ def test_the_watch_sees_a_change_exactly_when_the_whole_signature_differs():
     run = {"state": "running"}
 
     def signature() -> tuple:
-        steps_part = tuple(map(_SIGNED_WITH_DEADLINE, steps.values()))
+        steps_part = tuple(map(_SIGNED, steps.values()))
         readings = tuple(_LAST_READING(s.readings[-1]) for s in steps.values() if s.readings)
         return run["state"], steps_part, readings, tuple(len(s.approvals) for s in steps.values())
 
-    watch = StatusWatch(StepChanges(steps), lambda s: (_SIGNED_WITH_DEADLINE(s), _LAST_READING(s.readings[-1])
+    watch = StatusWatch(StepChanges(steps), lambda s: (_SIGNED(s), _LAST_READING(s.readings[-1])
                                                       if s.readings else None, len(s.approvals)), lambda: run["state"])
     waiting: list[tuple[tuple, Any]] = []
     seen = {True: 0, False: 0}
@@ -242,7 +241,7 @@ class CheckedRunbook(RunbookWorkflow):
         since = super()._status_since()
         signature = whole_signature(self)
         if not hasattr(self, "_whole_memo"):
-            self._whole_memo = StatusMemo(compact=self._memo_compact, chunk=self._memo_chunk)
+            self._whole_memo = StatusMemo(compact=True, chunk=MEMO_CHUNK)
         self._note_upkeep("whole", self._whole_memo.changes(self.status()))
 
         def changed() -> bool:

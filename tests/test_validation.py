@@ -132,6 +132,80 @@ def test_kind_and_field_errors(tmp_path):
     assert ":13:" in text and "error_threshold" in text
 
 
+def test_non_finite_gate_numbers_are_refused_where_written(tmp_path):
+    # NaN compares false with everything and an infinity bounds nothing: a gate or ramp with one never means it.
+    errors = errors_of(tmp_path, """\
+        metadata: {name: nan}
+        target: t
+        steps:
+          - id: g
+            gate: {endpoint: "http://p", query: up, comparator: ">=", threshold: .nan}
+          - id: h
+            gate:
+              endpoint: "http://p"
+              query: up
+              comparator: "<"
+              threshold: -.inf
+          - id: r
+            ramp:
+              action: core.note
+              with: {message: x}
+              gates:
+                - {name: a, endpoint: "http://x", query: up, comparator: "!=", threshold: .Inf}
+              adaptive: {max_rate: .inf, headroom: .NaN}
+          - id: w
+            wait: .inf
+    """)
+    file = tmp_path / "test.yaml"
+    assert errors == [
+        f"{file}:5:74: steps[0].gate.threshold: Input should be a finite number",
+        f"{file}:11:18: steps[1].gate.threshold: Input should be a finite number",
+        f"{file}:17:83: steps[2].ramp.gates[0].threshold: Input should be a finite number",
+        f"{file}:18:28: steps[2].ramp.adaptive.max_rate: Input should be a finite number",
+        f"{file}:18:44: steps[2].ramp.adaptive.headroom: Input should be a finite number",
+        f"{file}:20:11: steps[3].wait: a duration is a finite number of seconds",
+    ]
+
+
+def test_a_non_finite_number_parameter_is_refused(tmp_path):
+    file = support.write_runbook(tmp_path, """\
+        metadata: {name: p}
+        target: t
+        params:
+          floor: {type: number, default: 0.8}
+          wait: {type: duration, default: 1s}
+        steps:
+          - id: g
+            gate: {endpoint: "http://p", query: up, comparator: ">=", threshold: "${{ params.floor }}"}
+          - id: w
+            wait: "${{ params.wait }}"
+    """)
+    assert plan_run(file, registry=support.registry()).runbook.steps[0].gate.threshold == 0.8  # pyright: ignore[reportAttributeAccessIssue]
+    for name, value, said in [("floor", float("nan"), "number: Input should be a finite number"),
+                              ("floor", "-Infinity", "number: Input should be a finite number"),
+                              ("wait", float("inf"), "duration: a duration is a finite number of seconds"),
+                              ("wait", 1e20, "duration: a duration is too long (at most 999999999 days)")]:
+        with pytest.raises(RunbookInvalid) as caught:
+            plan_run(file, registry=support.registry(), params={name: value})
+        where = {"floor": "4:10", "wait": "5:9"}[name]
+        assert caught.value.errors[0] == f"{file}:{where}: parameter {name!r} (given): expected {said}", caught.value
+
+
+def test_a_removed_action_is_an_unknown_action(tmp_path):
+    # consul.streaming.set set a KV flag nothing read; consul.agents.streaming changes the agents themselves.
+    errors = errors_of(tmp_path, """\
+        metadata: {name: gone}
+        target: t
+        steps:
+          - id: flag
+            action: consul.streaming.set
+            with: {enabled: false}
+    """)
+    assert len(errors) == 1 and errors[0].startswith(f"{tmp_path / 'test.yaml'}:5:13: unknown action "
+                                                     "'consul.streaming.set' (known: "), errors
+    assert "consul.agents.streaming," in errors[0]
+
+
 def test_yaml_syntax_error_and_duplicate_keys(tmp_path):
     errors = errors_of(tmp_path, "metadata: {name: a}\ntarget: t\nsteps:\n  - id: a\n    wait: 1s\n    wait: 2s\n")
     assert errors == [f"{tmp_path / 'test.yaml'}:6:5: duplicate key 'wait'"]

@@ -81,15 +81,6 @@ class OperatorControls(RunFields):
         return [*identity.controls, *(verb for verb in OPERATOR_VERBS
                                       if verb not in identity.controls and self._needs_identity(verb))]
 
-    def _decisions_bound(self) -> bool:
-        """Whether identity tokens must carry their decision's nonce. Validators never replay, so they always
-        bind; handlers replay runs recorded before binding as they ran."""
-        if self._bound is None:
-            if workflow.unsafe.is_read_only():
-                return True
-            self._bound = workflow.patched("bound-decisions")
-        return self._bound
-
     def _nonce(self, verb: str, step: str | None) -> str:
         info = workflow.info()
         return decision_nonce(info.workflow_id, info.first_execution_run_id, verb, step or RUN_LEVEL)
@@ -117,18 +108,16 @@ class OperatorControls(RunFields):
             return name, None
         policy = self._identity()
         assert policy is not None
-        bound = self._decisions_bound()
         if not token:
-            how = (f"`{self.token_command(verb, step)}` fetches one" if bound
-                   else f"`coldstart {verb} --vault-login` fetches one")
-            raise ValueError(f"{verb} needs a verified identity: send identity_token ({how})")
-        if bound and policy.provider is None:
+            raise ValueError(f"{verb} needs a verified identity: send identity_token "
+                             f"(`{self.token_command(verb, step)}` fetches one)")
+        if policy.provider is None:
             raise ValueError("verified identity needs a Vault OIDC provider (identity.provider): this run's "
                              "tokens could not be bound to their decision")
         if self._identity_keys is None:
             raise ValueError("the run has not captured its identity keys yet; try again in a moment")
         who = verify_identity_token(token, self._identity_keys, audience=policy.audience, now=workflow.now(),
-                                    name_claim=policy.name_claim, nonce=self._nonce(verb, step) if bound else None)
+                                    name_claim=policy.name_claim, nonce=self._nonce(verb, step))
         if name != who.name:
             raise ValueError(f"the identity token is {who.name!r}'s, not {name!r}'s")
         if _digest(token) in self._used_tokens:

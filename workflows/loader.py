@@ -26,6 +26,7 @@ from workflows.spec import (
     ActionStep,
     AnyStep,
     ApprovalStep,
+    Finite,
     ForEachStep,
     GateSpec,
     GateStep,
@@ -49,7 +50,7 @@ __all__ = [
 _PARAM_TYPES: dict[str, Any] = {
     "string": str,
     "integer": int,
-    "number": float,
+    "number": Finite,  # not NaN or an infinity: a threshold or a limit it becomes would compare as no bound
     "boolean": bool,
     "list": list,
     "object": dict,
@@ -294,6 +295,8 @@ def _coerce_params(
                 values[name] = TypeAdapter(_PARAM_TYPES[param.type]).validate_python(
                     raw, strict=False
                 )
+        except ValidationError as exc:
+            source.error(("params", name), f"{where}: expected {param.type}: {exc.errors()[0]['msg']}")
         except (ValueError, TypeError) as exc:
             source.error(("params", name), f"{where}: expected {param.type}: {exc}".splitlines()[0])
     return values

@@ -32,9 +32,7 @@ class RunFields:
     _paused: bool
     _error: str | None
     _ended_at: datetime | None
-    # The live view: paced (VIEW_EVERY) by the status keeper, or upserted where it changes (runs before it).
-    _view_paced: bool
-    _view_timer_kept: bool
+    # The live view, paced (VIEW_EVERY) by the status keeper.
     _published: tuple[str | None, bool] | None
     _wanted_view: tuple[str | None, bool] | None
     _asks: int

@@ -13,7 +13,7 @@ from temporalio.common import Priority, RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTION, READ_MANY_ACTION, WAITED_IN_READING
+    from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_MANY_ACTION, WAITED_IN_READING
     from activities.oidc import IDENTITY_KEYS_ACTION, IdentityKeys
     from activities.policy import DrillCheck, TargetPolicy
     from activities.retry import Retry, format_duration
@@ -94,11 +94,10 @@ __all__ = ["RunbookWorkflow"]
 
 _T = TypeVar("_T")
 
-# Runs started before the loader pinned gate reads carry no defaults for them: these were theirs.
 # Who stops a drill whose guard turns red, in its abort record and its readings.
 _GUARD_STEP = "drill-guard"
-_READ_UNPINNED = ActionDefaults(name=READ_ACTION, timeout=timedelta(seconds=30), retry=Retry(max_attempts=1))
-_READ_MANY_UNPINNED = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
+# The loader pins gate reads only for a runbook with a gate; a drill's guard reads in any runbook.
+_READ_MANY_DEFAULTS = ActionDefaults(name=READ_MANY_ACTION, timeout=timedelta(seconds=60), retry=Retry(max_attempts=1))
 _MAX_READINGS_KEPT = 60
 _MAX_REJECTED_KEPT = 50
 # How long the timers that show an approval's instructions run before the next ones replace them.
@@ -138,11 +137,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         self._seq = 0
         self._published: tuple[str | None, bool] | None = None
         self._wanted_view: tuple[str | None, bool] | None = None
-        self._view_paced = False
-        self._view_timer_kept = False
         self._asks = 0  # each time the run starts waiting on a person: the live view shows that at once
         self._identity_keys: IdentityKeys | None = None
-        self._bound: bool | None = None
         self._controls: list[ControlRecord] = []
         # Digests of identity tokens already used in this run: a token seen in the history is not reusable.
         self._used_tokens: list[str] = []
@@ -237,25 +233,19 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @workflow.run
     async def run(self, start: RunStart | dict[str, Any]) -> RunResult:
-        self._decisions_bound()
         # Nothing a client sends is executed unless the controller produced it: the door first.
         refused = (f"refused by the controller: {self._malformed}" if self._malformed is not None
                    else await self._door(self._start))
         inp = self._inp
         steps = inp.runbook.steps
         first = inp.resume.next_index if inp.resume else 0
-        if workflow.patched("status-memo"):
-            # Patched: runs before it upserted their view in every workflow task that changed it.
-            self._view_paced = workflow.patched("view-window")
-            # Patched: paced runs before it cancelled the window's timer when a change was due at once.
-            self._view_timer_kept = self._view_paced and workflow.patched("view-window-kept-timer")
-            self._status_memo = asyncio.ensure_future(self._keep_status_memo())
-        # Events for the worker's notifier: they add nothing to the history (no patch needed).
+        self._status_memo = asyncio.ensure_future(self._keep_status_memo())
+        # Events for the worker's notifier: they add nothing to the history.
         objectives = inp.runbook.objectives.model_dump() if inp.runbook.objectives else None
         self._notices = RunNotices(self.status, objectives)
         self._notices_watch = asyncio.ensure_future(self._notices.watch(self._status_since))
         guard = self._drill_guard_check()
-        if guard is not None and workflow.patched("drill-guard"):
+        if guard is not None:
             self._guard = asyncio.ensure_future(self._watch_drill_guard(*guard))
         try:
             if refused is not None:
@@ -381,9 +371,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         timer that fired, a signal): it fails the task and answers each Update the task carried with
         "unexpected workflow task failure", not applied, so the operator's final approve or abort
         would be lost to a coincidence. A task that answers and ends nothing cannot be refused that
-        way. Yields only when it waits, so a run that answered nothing keeps its commands' order.
-        Patched: runs that ended before it replay as they ran."""
-        while self._answered_in == workflow.info().get_current_history_length() and workflow.patched("answers-land"):
+        way. Yields only when it waits, so a run that answered nothing keeps its commands' order."""
+        while self._answered_in == workflow.info().get_current_history_length():
             await workflow.sleep(ANSWERS_LAND_IN, summary="the run ends after the Update it just answered")
             await workflow.wait_condition(workflow.all_handlers_finished)
 
@@ -405,7 +394,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         size = len(carried.model_dump_json())
         # A fan-out's per-item results kept for a later step can make the new run's input too large to start:
         # the run goes on in this history (Temporal's hard limit is 50 MB) rather than stop.
-        if size > RESUME_BUDGET and workflow.patched("resume-within-budget"):
+        if size > RESUME_BUDGET:
             workflow.logger.warning("not continuing as new: its input would be too large",
                                     extra={"bytes": size, "budget": RESUME_BUDGET})
             return
@@ -614,12 +603,6 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             timeout=step.timeout,
             retry=step.retry if step.on_failure == OnFailure.retry else None,
         )
-        # Scheduling the action as a task reorders commands within a parallel group: runs
-        # recorded before this change replay the old, direct way.
-        if not workflow.patched("abortable-actions"):
-            outputs = await execution
-            self._remember_undo(step, action, args, outputs)
-            return outputs
         running = asyncio.ensure_future(execution)
         # An abort does not wait for a long action: the activity is cancelled (it sees it at its next heartbeat).
         await workflow.wait_condition(lambda: running.done() or self._abort is not None)
@@ -681,22 +664,10 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         # the gate keeps polling and fails closed.
         request = {"source": gate.source, "endpoint": gate.endpoint, "query": gate.query}
         try:
-            # Patched: before it, each reading was an activity of its own (telemetry.read); runs in
-            # flight then keep reading that way.
-            if workflow.patched("batched-readings"):
-                read = {**request, "step": step_id, "gate": name, "percent": percent}
-                if not_before is not None:
-                    read["not_before"] = not_before.isoformat()
-                raw = await self._readings.read(read)
-            else:
-                raw = await call_action(
-                    self._inp.actions.get(READ_ACTION, _READ_UNPINNED),
-                    request,
-                    activity_id=self._next_id(f"{step_id}/gate/{name}"),
-                    summary=f"{step_id} gate {name}: {gate.query or gate.endpoint} {gate.comparator} {gate.threshold:g}",
-                    tag=ActivityTag("gate", step_id, gate=name, percent=percent),
-                    **self._reading_route(),
-                )
+            read = {**request, "step": step_id, "gate": name, "percent": percent}
+            if not_before is not None:
+                read["not_before"] = not_before.isoformat()
+            raw = await self._readings.read(read)
             value, error = raw.get("value"), raw.get("error")
         except ActivityError as exc:
             value, error = None, failure_message(exc)
@@ -744,7 +715,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         one = reads[0] if len(reads) == 1 else None
         label = f"{one['step']}/gate/{one['gate']}" if one else f"{steps[0]}/gates" if len(steps) == 1 else "gates"
         raw = await call_action(
-            self._inp.actions.get(READ_MANY_ACTION, _READ_MANY_UNPINNED),
+            self._inp.actions.get(READ_MANY_ACTION, _READ_MANY_DEFAULTS),
             {"reads": reads},
             activity_id=self._next_id(label),
             summary=f"gate readings: {', '.join(read['step'] + ' ' + read['gate'] for read in reads)}",
@@ -756,10 +727,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
 
     @staticmethod
     def _reading_route() -> dict[str, Any]:
-        # Patched: before it, readings shared the run's queue, where a flood of them slowed every
-        # run's steps on the worker; runs in flight then keep that route.
-        if not workflow.patched("readings-queue"):
-            return {}
+        # Readings have a queue of their own: a flood of them in the run's queue would slow every run's steps.
         return {"task_queue": readings_queue(workflow.info().task_queue),
                 "priority": Priority(priority_key=READING_PRIORITY, fairness_key=workflow.info().workflow_id)}
 
@@ -768,10 +736,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         return GateSpec.model_validate(self._resolve(gate.model_dump(by_alias=True), **({"ramp": ramp} if ramp else {})))
 
     @staticmethod
-    def _ramp_context(percent: int, previous: int) -> dict[str, int] | None:
-        # Patched: before it, a ramp gate naming ${{ ramp.percent }} failed to resolve; runs in flight
-        # then must replay that way.
-        return {"percent": percent, "previous": previous} if workflow.patched("ramp-gate-context") else None
+    def _ramp_context(percent: int, previous: int) -> dict[str, int]:
+        return {"percent": percent, "previous": previous}
 
     async def _gate(self, step_id: str, gate: GateSpec, name: str, percent: int | None = None,
                     ramp: dict[str, int] | None = None) -> None:
@@ -804,22 +770,14 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                 )
             if self._waited_in_reading(gate.interval):
                 not_before = workflow.now() + gate.interval  # waited by the reading's activity
-            elif workflow.patched("batched-readings"):
-                await self._readings.tick(gate.interval, timer_summary(step_id, f"gate {name} and any due with it: next reading"))
             else:
-                await self._sleep(gate.interval, timer_summary(step_id, f"gate {name}: next reading"))
+                await self._readings.tick(gate.interval, timer_summary(step_id, f"gate {name} and any due with it: next reading"))
 
     @staticmethod
     def _waited_in_reading(interval: timedelta) -> bool:
         """Whether the next reading's activity waits the interval, rather than a timer: a timer and the
         workflow task it wakes are five history events a reading."""
-        # Patched: before it, a sub-second wait was a timer too; runs in flight then keep those.
-        if not (interval <= WAITED_IN_READING and workflow.patched("batched-readings")
-                and workflow.patched("short-waits-in-reading")):
-            return False
-        # Patched: before it, an interval of exactly WAITED_IN_READING (a second, the demo's) was a timer;
-        # runs in flight then keep those.
-        return interval < WAITED_IN_READING or workflow.patched("second-waits-in-reading")
+        return interval <= WAITED_IN_READING
 
     async def _approval(self, step_id: str, spec: ApprovalSpec, percent: int | None = None,
                         acts: str | None = None) -> ApprovalRecord:
@@ -860,11 +818,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         """Wait for the approval (or an abort); TimeoutError once the approval's own timeout passes."""
         decided = lambda: step_id in self._granted or self._abort is not None
         deadline = f"{step_id}: approval deadline"
-        # Patched: before it, an approval waited on no timer but its deadline's; runs in flight then
-        # keep waiting that way. The timers beside it show how to approve on the Web UI's first page.
-        if not workflow.patched("approval-instructions-timers"):
-            await workflow.wait_condition(decided, timeout=spec.timeout, timeout_summary=deadline)
-            return
+        # The timers beside the wait show how to approve on the Web UI's first page.
         notes = asyncio.create_task(self._show_notes(self._approval_notes(step_id, spec)))
         try:
             await workflow.wait_condition(decided, timeout=spec.timeout, timeout_summary=deadline)
@@ -888,10 +842,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             try:
                 await self._ramp_to(step, state, action, percent, last_good)
             except StepFailed as exc:
-                fallback = ""
-                # Added after the first recorded histories: runs already in flight replay without it.
-                if workflow.patched("ramp-confirm-step-back"):
-                    fallback = await self._confirm_fallback(step, last_good, percent)
+                fallback = await self._confirm_fallback(step, last_good, percent)
                 raise StepFailed(f"at {percent}%: {exc}; stepped back to {last_good}%{fallback}") from None
             last_good = percent
             state.last_good = percent
@@ -944,9 +895,7 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
         backoffs = holds = 0
         while True:
             try:
-                # Patched: adaptive ramps before it read their gates after the bake alone.
-                set_at = await self._ramp_to(step, state, action, percent, last_good,
-                                             trend=workflow.patched("ramp-trend-over-bake"))
+                set_at = await self._ramp_to(step, state, action, percent, last_good, trend=True)
             except StepFailed as exc:
                 smaller = max(policy.min_step, int(size * policy.backoff))
                 if backoffs >= policy.max_backoffs or smaller >= size:
@@ -969,21 +918,14 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             for reading in state.readings:
                 if reading.percent == percent and reading.at >= set_at:
                     here.setdefault(reading.gate, []).append(reading)
-            # Patched: before it, a gate's move over a bake was projected one bake ahead, whatever the runbook said.
-            if not workflow.patched("ramp-lookahead"):
-                policy = policy.model_copy(update={"lookahead": 1.0})
             decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
                                         took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
-            # Asked only when the policy would hold, so histories from before holds existed replay unchanged.
-            while decision.next == percent and workflow.patched("ramp-hold"):
+            while decision.next == percent:
                 state.add_ramp_decision(decision)
                 holds += 1
                 here = await self._hold_readings(step, state, percent, last_good)
                 decision = decide_next_step(policy, at=percent, stop=spec.stop, step=decision.step, readings=here,
                                             took=workflow.now() - set_at, may_hold=holds < policy.max_holds)
-            if decision.next == percent:  # a history from before holds: the policy's step as it was then
-                decision = decide_next_step(policy, at=percent, stop=spec.stop, step=size, readings=here,
-                                            took=workflow.now() - set_at)
             holds = 0
             state.add_ramp_decision(decision)
             size, percent = decision.step, decision.next
@@ -1053,14 +995,11 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
             action=self._inp.actions[spec.action],
             attempt=state.attempts,
         )
-        if len(items) > FANOUT_CHILD_THRESHOLD and workflow.patched("fan-out-batches"):
+        if len(items) > FANOUT_CHILD_THRESHOLD:
             # Batches of children, each with a bounded history and result; per-item outputs only when read later.
             fan_out.keep_results = reads_results(self._inp.runbook.steps, step.id)
             fan_out.spec = spec.model_copy(update={"items": []})  # inline items travel once, as the batch's items
             result = await run_in_batches(fan_out, lambda batch, number: self._fan_out_batch(step, state, batch, number))
-        elif len(items) > FANOUT_CHILD_THRESHOLD:
-            result = await self._fan_out_child(fan_out, f"{workflow.info().workflow_id}/{step.id}/{state.attempts}",
-                                               f"{step.id}: {spec.action} on {len(items)} items")
         else:
             result = await run_fan_out(fan_out)
         allowed = spec.allowed_failures(len(items))

@@ -31,6 +31,7 @@ __all__ = [
     "ApprovalStep",
     "Comparator",
     "DeadlineSpec",
+    "Finite",
     "ForEachSpec",
     "ForEachStep",
     "GateSpec",
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 StepId = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=63)]
+# A number a gate or a ramp compares with: NaN compares false with everything (a `<` gate never passes, a `!=`
+# gate always does) and an infinity is no bound, so both are refused where they are written.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class Metadata(StrictModel):
@@ -118,7 +122,7 @@ class GateSpec(StrictModel):
     endpoint: str
     query: str = ""
     comparator: Comparator
-    threshold: float
+    threshold: Finite
     interval: Duration = timedelta(seconds=10)
     consecutive: Annotated[int, Field(ge=1, le=1000)] = 1
     bake: Duration | None = None
@@ -163,15 +167,15 @@ class AdaptiveSpec(StrictModel):
     min_step: Annotated[int, Field(ge=1, le=100)] = 5
     max_step: Annotated[int, Field(ge=1, le=100)] = 30
     increase: Annotated[int, Field(ge=1, le=100)] = 10
-    backoff: Annotated[float, Field(ge=0.1, le=0.9)] = 0.5
-    headroom: Annotated[float, Field(gt=0, le=1)] = 0.2
-    max_rate: Annotated[float, Field(gt=0)] | None = Field(
+    backoff: Annotated[Finite, Field(ge=0.1, le=0.9)] = 0.5
+    headroom: Annotated[Finite, Field(gt=0, le=1)] = 0.2
+    max_rate: Annotated[Finite, Field(gt=0)] | None = Field(
         default=None, description="a boot-rate limit: at most this many percentage points a minute")
     max_backoffs: Annotated[int, Field(ge=0, le=20)] = 3
     max_holds: Annotated[int, Field(ge=0, le=100)] = 10
     # Two: the next percentage's bake, and one more because what a gate reads trails what happened (a scrape,
     # a rule's evaluation, a rate over a window): a cache emptied during a bake has shown only its first misses.
-    lookahead: Annotated[float, Field(ge=1, le=10)] = Field(
+    lookahead: Annotated[Finite, Field(ge=1, le=10)] = Field(
         default=2.0, description="how many bakes ahead a gate's move over the last bake is projected")
 
     @model_validator(mode="after")

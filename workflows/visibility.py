@@ -57,15 +57,14 @@ def metrics_gate(runbook: str, gate: str, reading: GateReading) -> None:
     meter.create_gauge("coldstart_gate_last_result", "1 if the gate's last reading passed").set(1 if reading.passed else 0, labels)
 
 
-# A step's part of what a live view shows (and, once the memo keeps gate deadlines, its gate's deadline too).
-_SIGNED_FIELDS = ("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by")
-_SIGNED = attrgetter(*_SIGNED_FIELDS)
-_SIGNED_WITH_DEADLINE = attrgetter(*_SIGNED_FIELDS, "gate_gives_up_at")
+# A step's part of what a live view shows.
+_SIGNED = attrgetter("status", "attempts", "error", "percent", "last_good", "awaiting", "skip_requested_by",
+                     "gate_gives_up_at")
 _LAST_READING = attrgetter("gate", "value", "passed", "error")
 
 
-def _step_part(fields: attrgetter, step: StepState) -> tuple:
-    return fields(step), _LAST_READING(step.readings[-1]) if step.readings else None, len(step.approvals)
+def _step_part(step: StepState) -> tuple:
+    return _SIGNED(step), _LAST_READING(step.readings[-1]) if step.readings else None, len(step.approvals)
 
 
 class RunVisibility(RunFields):
@@ -75,32 +74,23 @@ class RunVisibility(RunFields):
         """Keep the run's status in its memo, for live views (runtime/polling.py) that read the server.
 
         Runs beside the steps: its condition is checked whenever the workflow has run, so a change
-        is in the memo by the end of the workflow task that made it, whichever code made it, or, in a
-        paced run, at once after a quiet VIEW_EVERY and else at the end of the VIEW_EVERY after the
+        is in the memo at once after a quiet VIEW_EVERY and else at the end of the VIEW_EVERY after the
         upsert before (with the search attributes). Only
         the entries that changed are upserted; a gate reading the same value again changes none. A
         status past workflows/contract.MEMO_BUDGET is no longer kept (views Query it instead).
         Each check, and each upsert, reads only the steps that changed (workflows/step_changes.py).
         """
-        # Patched: runs started before compact entries keep the full ones (their budget, so their upserts, as they were).
-        self._memo_compact = workflow.patched("compact-memo")
-        # Patched: runs started before chunks keep one key per step (their upserts, so their replays, as they were).
-        self._memo_chunk = MEMO_CHUNK if workflow.patched("memo-chunks") else None
-        memo = StatusMemo(compact=self._memo_compact, chunk=self._memo_chunk)
-        # Patched: before it, a gate starting (its deadline, gate_gives_up_at, the only change: a ramp's next
-        # gate after its bake) upserted nothing; runs in flight then keep their upserts as they were.
-        self._memo_gate_deadlines = workflow.patched("memo-gate-deadlines")
+        memo = StatusMemo(compact=True, chunk=MEMO_CHUNK)
         changed_steps = self._step_changes().reader()
         in_play = StepsInPlay()
-        paced = self._view_paced
-        while paced or not memo.full:
+        while True:
             since = self._status_since()
             steps = self._step_changes().taken(changed_steps)
             current, held = in_play.update(steps)
             changed = {} if memo.full else memo.changes_in(self._run_status([], current, held), steps)
             if changed:
                 self._upsert_status_memo(changed)
-            if paced and (self._upsert_wanted_view() or changed):
+            if self._upsert_wanted_view() or changed:
                 await self._gather_view_changes(self._asks)
                 continue
             await workflow.wait_condition(lambda: since() or self._wants_view())
@@ -120,17 +110,11 @@ class RunVisibility(RunFields):
 
         if now_due():
             return
-        if self._view_timer_kept:
-            # The window's timer is left to fire, never cancelled: a change due at once lands in the task
-            # where the timer may be firing, and the time-skipping test server then never took that task's
-            # completion (`coldstart test` hung in one run of two; tests/test_visibility.py).
-            window = asyncio.ensure_future(workflow.sleep(VIEW_EVERY, summary=VIEW_TIMER_SUMMARY))
-            await workflow.wait_condition(lambda: now_due() or window.done())
-            return
-        try:
-            await workflow.wait_condition(now_due, timeout=VIEW_EVERY, timeout_summary=VIEW_TIMER_SUMMARY)
-        except TimeoutError:
-            pass
+        # The window's timer is left to fire, never cancelled: a change due at once lands in the task where
+        # the timer may be firing, and the time-skipping test server then never takes that task's completion
+        # (tests/test_visibility.py).
+        window = asyncio.ensure_future(workflow.sleep(VIEW_EVERY, summary=VIEW_TIMER_SUMMARY))
+        await workflow.wait_condition(lambda: now_due() or window.done())
 
     def _upsert_status_memo(self, changed: dict[str, Any]) -> None:
         """The keeper's one command (a seam: tests/test_status_upkeep.py checks it against the whole upkeep)."""
@@ -144,23 +128,20 @@ class RunVisibility(RunFields):
 
     def _status_since(self) -> Callable[[], bool]:
         """A condition true once what a live view shows changed from what it shows now: a step's status,
-        attempts, error, ramp percentages, approval or skip request (and its gate's deadline, once the
-        memo keeps them), its last reading's result, its approvals' count; the run's state, pause, error,
-        awaited approvals and operator controls' count."""
+        attempts, error, ramp percentages, approval or skip request, its gate's deadline, its last reading's
+        result, its approvals' count; the run's state, pause, error, awaited approvals and operator controls'
+        count."""
         if getattr(self, "_watch", None) is None:
-            fields = _SIGNED_WITH_DEADLINE if getattr(self, "_memo_gate_deadlines", False) else _SIGNED
-            self._watch = StatusWatch(self._step_changes(), lambda step: _step_part(fields, step), self._run_part)
+            self._watch = StatusWatch(self._step_changes(), _step_part, self._run_part)
         return self._watch.since()
 
     def _run_part(self) -> tuple:
         return self._state, self._paused, self._error, tuple(self._awaiting), len(self._controls)
 
     def _publish(self, current: str | None) -> None:
-        """Upsert the Web UI search attributes when they change (not on every event); in a paced run the
-        status keeper upserts them with the memo."""
+        """Ask for the Web UI search attributes to show `current`: the status keeper upserts them with the
+        memo, when they change (not on every event)."""
         self._wanted_view = (current, bool(self._awaiting))
-        if not self._view_paced:
-            self._upsert_wanted_view()
 
     def _wants_view(self) -> bool:
         return self._wanted_view is not None and self._wanted_view != self._published

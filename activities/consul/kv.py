@@ -1,4 +1,4 @@
-"""Consul KV actions: set a key, delete a prefix and restore it, and the streaming flag, each with its undo."""
+"""Consul KV actions: set a key, delete a prefix and restore it, each with its undo."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from activities.contracts.consul_kv import (
     KV_DELETE_PREFIX,
     KV_RESTORE,
     KV_SET,
-    STREAMING_SET,
     KvDeletePrefixInput,
     KvDeletePrefixOutput,
     KvEntry,
@@ -24,11 +23,9 @@ from activities.contracts.consul_kv import (
     KvRestoreOutput,
     KvSetInput,
     KvSetOutput,
-    StreamingSetInput,
-    StreamingSetOutput,
 )
 
-__all__ = ["kv_delete_prefix", "kv_restore", "kv_set", "kv_undo", "streaming_set"]
+__all__ = ["kv_delete_prefix", "kv_restore", "kv_set", "kv_undo"]
 
 
 def _kv_set(inp: KvSetInput, client: consul.Consul | None = None) -> KvSetOutput:
@@ -120,10 +117,3 @@ def kv_delete_prefix(inp: KvDeletePrefixInput) -> KvDeletePrefixOutput:
 
 def _delete_details(prefix: str, deleted: dict[str, KvEntry]) -> dict[str, Any]:
     return {"prefix": prefix, "deleted": [e.model_dump() for e in deleted.values()]}
-
-
-@implements(STREAMING_SET)
-def streaming_set(inp: StreamingSetInput) -> StreamingSetOutput:
-    out = _kv_set(KvSetInput(consul=inp.consul, key=inp.key, value=inp.true_value if inp.enabled else inp.false_value))
-    return StreamingSetOutput(key=inp.key, enabled=inp.enabled, changed=out.changed,
-                              previous_value=out.previous_value, undo=out.undo)

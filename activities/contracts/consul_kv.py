@@ -1,4 +1,4 @@
-"""Contracts of the Consul KV actions: set or delete a key, delete a prefix and put it back, the streaming flag."""
+"""Contracts of the Consul KV actions: set or delete a key, delete a prefix and put it back."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ __all__ = [
     "KV_DELETE_PREFIX",
     "KV_RESTORE",
     "KV_SET",
-    "STREAMING_KEY",
-    "STREAMING_SET",
     "Absent",
     "KvDeletePrefixInput",
     "KvDeletePrefixOutput",
@@ -27,8 +25,6 @@ __all__ = [
     "KvRestoreOutput",
     "KvSetInput",
     "KvSetOutput",
-    "StreamingSetInput",
-    "StreamingSetOutput",
 ]
 
 
@@ -48,9 +44,6 @@ class Absent:
 
 
 ABSENT = Absent()
-
-
-STREAMING_KEY = "coldstart/flags/streaming"
 
 
 class KvSetInput(ContractModel):
@@ -137,27 +130,6 @@ class KvDeletePrefixOutput(ContractModel):
     undo: KvRestoreInput
 
 
-class StreamingSetInput(ContractModel):
-    consul: ConsulTarget
-    enabled: bool
-    key: str = Field(default=STREAMING_KEY, description="the flag's KV key (lab: coldstart/flags/streaming)")
-    true_value: str = "true"
-    false_value: str = "false"
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, key: str) -> str:
-        return kv_key(key)
-
-
-class StreamingSetOutput(ContractModel):
-    key: str
-    enabled: bool
-    changed: bool
-    previous_value: str | None = Field(description="None: the key did not exist")
-    undo: KvSetInput
-
-
 KV_SET = declare(
     "consul.kv.set", KvSetInput, KvSetOutput, timeout=60, mutating=True, undo="consul.kv.set", undo_from_output="undo",
     doc="""Set (or delete) one KV key with check-and-set; the output holds the previous value for undo.""",
@@ -178,10 +150,4 @@ KV_DELETE_PREFIX = declare(
     value is what gets recorded. A retried attempt resumes from the heartbeat's record of what
     it already deleted.
     """,
-)
-
-
-STREAMING_SET = declare(
-    "consul.streaming.set", StreamingSetInput, StreamingSetOutput, timeout=60, mutating=True, undo="consul.kv.set", undo_from_output="undo",
-    doc="""Turn the streaming feature flag on or off (a KV key); the output's undo puts the previous value back.""",
 )

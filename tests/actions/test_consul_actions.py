@@ -21,7 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from activities._clients import ConsulTarget, go_duration_seconds
 from activities.consul import kv, leadership, snapshots, users
 from activities.consul.services import UserService
-from activities.contracts.consul_kv import STREAMING_KEY, KvEntry
+from activities.contracts.consul_kv import KvEntry
 from activities.secrets import forget_cached_secrets
 
 from .conftest import CONSUL_TOKEN
@@ -60,30 +60,6 @@ def test_kv_undo_refuses_to_clobber_a_newer_write(stack):
         kv.kv_set(out.undo)
     assert err.value.non_retryable and "changed since" in str(err.value)
     assert stack.admin().kv.get("app/race")[1]["Value"] == b"theirs"
-
-
-def test_streaming_flag_set_and_undo(stack):
-    target = stack.consul_target()
-    admin = stack.admin()
-
-    def flag() -> bytes | None:
-        entry = admin.kv.get(STREAMING_KEY)[1]
-        return None if entry is None else entry["Value"]
-
-    admin.kv.put(STREAMING_KEY, "true")
-    out = kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=False))
-    assert out.changed and out.previous_value == "true" and not out.enabled
-    assert flag() == b"false"
-    assert not kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=False)).changed
-    kv.kv_set(out.undo)
-    assert flag() == b"true"
-    on = kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=True))
-    assert not on.changed and on.previous_value == "true"
-    admin.kv.delete(STREAMING_KEY)
-    created = kv.streaming_set(kv.StreamingSetInput(consul=target, enabled=False))
-    assert created.changed and created.previous_value is None and flag() == b"false"
-    kv.kv_set(created.undo)
-    assert flag() is None  # the undo of a flag that did not exist deletes it
 
 
 def test_delete_prefix_records_and_restore_puts_back_exactly(stack):
