@@ -423,7 +423,9 @@ async def test_every_update_and_signal_from_an_unnamed_actor_changes_nothing(lab
                 await handle.execute_update("approve", forged)
         await asyncio.sleep(1)
         status = await support.status(handle)
+        scheduled = await _scheduled(handle)
         await handle.terminate("adversary test over")
+    assert [name for name in scheduled if name not in _CONTROLLER_ACTIVITIES] == [], scheduled
     assert status.state == "running" and status.awaiting_approval == ["go"], status
     assert status.controls == [] and all(not s.approvals for s in status.steps)
     assert not lab.canary.exists()
@@ -441,7 +443,9 @@ async def test_an_approval_for_another_run_does_not_carry_over(lab):
             await lab.client.get_workflow_handle(first.id, run_id=first.result_run_id).execute_update(
                 "approve", {"step": "go", "approver": "alice"})
         status = await support.status(second)
+        scheduled = await _scheduled(second)
         await second.terminate("adversary test over")
+    assert [name for name in scheduled if name not in _CONTROLLER_ACTIVITIES] == [], scheduled
     assert status.awaiting_approval == ["go"] and not lab.canary.exists()
 
 
