@@ -56,19 +56,9 @@ err = Console(stderr=True, emoji=False)
 
 def version() -> str:
     """The installed distribution's version; a source tree's pyproject.toml when coldstart is not installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+    from runtime.version import controller_version
 
-    try:
-        return installed("coldstart")
-    except PackageNotFoundError:
-        import tomllib
-
-        try:
-            with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as file:
-                return str(tomllib.load(file)["project"]["version"])
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            return "unknown"
+    return controller_version()
 
 
 def _print_version(asked: bool) -> None:

@@ -266,6 +266,10 @@ def status(console: Console, current: RunStatus, *, web_ui: str | None = None,
     console.print(table)
     for line in decisions(current):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if current.controller_version:
+        console.print(f"resolved by coldstart {current.controller_version}, actions {current.contracts_digest or '?'}"
+                      + (f", runbook {current.runbook_digest[:19]}" if current.runbook_digest else ""),
+                      highlight=False, markup=False, soft_wrap=True, style="dim")
     if web_ui:
         console.print(f"Web UI: {web_ui}", highlight=False, markup=False, soft_wrap=True)
 

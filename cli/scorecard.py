@@ -49,6 +49,9 @@ class Scorecard:
     rto_s: float | None
     wall_s: float | None
     phases: list[PhaseScore] = field(default_factory=list)
+    # The controller that resolved the run (its version, its actions' contracts digest).
+    controller: str = ""
+    contracts: str = ""
 
     @property
     def met(self) -> bool | None:
@@ -149,6 +152,7 @@ def score(timeline: Timeline) -> Scorecard | None:
     wall_end = timeline.wall_end()
     wall = (wall_end - timeline.started).total_seconds() if timeline.started and wall_end else None
     card = Scorecard(workflow_id=timeline.workflow_id, runbook=timeline.runbook, runbook_digest=timeline.runbook_digest,
+                     controller=timeline.controller, contracts=timeline.contracts,
                      target=timeline.target, started=timeline.started, outcome=timeline.outcome,
                      rto_s=_seconds(objectives.get("rto")), wall_s=wall)
     cursor = timeline.started

@@ -121,6 +121,8 @@ class Timeline:
     # The runbook version the controller resolved the run to, and where it found it (catalog, development).
     runbook_digest: str = ""
     runbook_origin: str = ""
+    controller: str = ""
+    contracts: str = ""
     # The runbook's recovery objectives as resolved (workflows/spec.Objectives, JSON), for its scorecard.
     objectives: dict[str, Any] | None = None
     started: datetime | None = None
@@ -174,6 +176,9 @@ class Timeline:
                 "runbook": self.runbook,
                 "target": self.target,
                 "initiator": self.initiator,
+                "runbook_digest": self.runbook_digest,
+                "controller": self.controller,
+                "contracts": self.contracts,
                 "started": self.started,
                 "ended": self.ended,
                 "outcome": self.outcome,
@@ -216,6 +221,7 @@ def _adopt_resolution(timeline: Timeline, plan: Any) -> None:
     timeline.initiator = plan.get("initiator", timeline.initiator)
     catalog = plan.get("catalog") or {}
     timeline.runbook_digest, timeline.runbook_origin = catalog.get("digest", ""), catalog.get("origin", "")
+    timeline.controller, timeline.contracts = catalog.get("controller", ""), catalog.get("contracts", "")
 
 
 def _resolution(request: Any, result: Any) -> str:
@@ -610,6 +616,7 @@ def render_markdown(timeline: Timeline) -> str:
         f"- workflow: `{timeline.workflow_id}` (runs: {', '.join(f'`{r}`' for r in timeline.run_ids)})",
         f"- initiator: {timeline.initiator}",
         *([f"- runbook version: `{timeline.runbook_digest}` ({timeline.runbook_origin})"] if timeline.runbook_digest else []),
+        *([f"- controller: coldstart {timeline.controller}, actions `{timeline.contracts}`"] if timeline.controller else []),
         f"- started: {start:%Y-%m-%d %H:%M:%S} UTC" if start else "- started: ?",
         f"- outcome: **{timeline.outcome}**" + (f" after {format_duration(round(total, 1))}" if total is not None else ""),
         "",

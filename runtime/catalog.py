@@ -21,8 +21,11 @@ from activities.errors import Refused
 from activities.heartbeats import beating
 from activities.oidc import IdentityKeys
 from activities.policy import TargetPolicy
+from activities.registry import Registry
 from activities.vault import fetch_identity_keys
+from runtime.action_versions import catalog_build_id
 from runtime.drill_safety import drill_refusal
+from runtime.version import controller_version
 from workflows.contract import (
     RESOLVE_RUN_ACTIVITY,
     SCHEDULED_SUFFIX,
@@ -233,8 +236,10 @@ class Catalog:
         if initiator != request.initiator:
             # ${{ run.initiator }} resolves to the verified starter.
             plan = self._plan(request, path, text, inventory, registry, initiator)
+        record = CatalogRecord(digest=request.digest, origin=origin, path=path, controller=controller_version(),
+                               contracts=catalog_build_id(registry) if isinstance(registry, Registry) else "")
         return plan.model_copy(update={"request": None, "source": path, "initiator_subject": subject,
-                                       "catalog": CatalogRecord(digest=request.digest, origin=origin, path=path)})
+                                       "catalog": record})
 
     @staticmethod
     def _plan(request: RunRequest, path: str, text: str, inventory: dict[str, Any], registry: Any,

@@ -12,8 +12,10 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from activities.catalog import load_registry
 from cli.timeline import build_timeline, render_markdown
 from runtime import catalog as catalog_module
+from runtime.action_versions import catalog_build_id
 from runtime.catalog import Catalog, CatalogRefused
 from runtime.runs import start_run
+from runtime.version import controller_version
 from runtime.worker import warm_up
 from tests import support
 from workflows.contract import (
@@ -95,10 +97,15 @@ async def test_a_catalogued_runbook_runs_and_its_status_records_the_version(env,
         state = await support.status(handle)
         assert state.runbook_digest == runbook_digest(file.read_text())
         assert state.runbook_origin == "catalog"
+        # Which controller resolved it: its version and its actions' contracts.
+        assert (state.controller_version, state.contracts_digest) == (controller_version(),
+                                                                      catalog_build_id(support.registry()))
         await handle.terminate()
     timeline = await build_timeline(env.client, handle.id)
     assert (timeline.runbook_digest, timeline.runbook_origin) == (state.runbook_digest, "catalog")
+    assert (timeline.controller, timeline.contracts) == (state.controller_version, state.contracts_digest)
     assert f"- runbook version: `{state.runbook_digest}` (catalog)" in render_markdown(timeline)
+    assert f"- controller: coldstart {controller_version()}, actions `{state.contracts_digest}`" in render_markdown(timeline)
     assert any(e.event == "runbook resolved" and str(cat.runbooks_dir / "guarded.yaml") in e.detail
                for e in timeline.entries)
     assert not out.exists()

@@ -248,11 +248,14 @@ class RunRequest(BaseModel):
 
 
 class CatalogRecord(BaseModel):
-    """Which runbook version a run executed and where the controller found it."""
+    """Which runbook version a run executed, where the controller found it, and which controller resolved it:
+    its version and the digest of its actions' contracts (runtime/action_versions.catalog_build_id)."""
 
     digest: str
     origin: Literal["catalog", "development"]
     path: str = ""
+    controller: str = ""
+    contracts: str = ""
 
 
 class RunInput(BaseModel):
@@ -358,6 +361,9 @@ class RunStatus(BaseModel):
     # The runbook version the run executed (sha256 of its text) and where the controller found it.
     runbook_digest: str | None = None
     runbook_origin: str | None = None
+    # The controller that resolved the run: its version and its actions' contracts digest.
+    controller_version: str | None = None
+    contracts_digest: str | None = None
     # Who may decide now, for the views' next commands: each step awaiting approval's approvers (None: anyone
     # named; four eyes leaves out the initiator), who may skip a held step (None: a run from before this was
     # said), and who may retry, pause, resume or abort (empty: nobody; None: anyone named, in a run recorded

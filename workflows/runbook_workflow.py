@@ -1169,6 +1169,8 @@ class RunbookWorkflow(OperatorControls, RunVisibility):
                              if (identity := self._identity()) else {}),
             runbook_digest=self._inp.catalog.digest if self._inp.catalog else None,
             runbook_origin=self._inp.catalog.origin if self._inp.catalog else None,
+            controller_version=self._inp.catalog.controller or None if self._inp.catalog else None,
+            contracts_digest=self._inp.catalog.contracts or None if self._inp.catalog else None,
             approvers={step: self._may_approve(spec) for step, spec in sorted(self._awaiting.items())},
             skippers=self._skippers(),
             operators=self._operators(),
