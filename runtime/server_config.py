@@ -15,8 +15,8 @@ DYNAMIC_CONFIG: dict[str, bool | int] = {
     # Gate readings carry their run as fairness key (workflows/calls.py); honoured only with this on.
     "matching.enableFairness": True,
     # History loads a shard's new transfer and timer tasks at most 20 times a second by default, so each
-    # activity and workflow task waited for the next 50 ms tick before matching saw it: 35 ms of a
-    # do-nothing step's 48 on the dev server (one shard; bench/step_overhead.py). 200 a second is what
+    # activity and workflow task waits for the next 50 ms tick before matching sees it (most of a do-nothing
+    # step's time on a one-shard dev server; bench/step_overhead.py measures it). 200 a second is what
     # Temporal's own load setups run; the reads stay notification-driven, so an idle shard does not poll.
     "history.transferProcessorMaxPollRPS": 200,
     "history.timerProcessorMaxPollRPS": 200,

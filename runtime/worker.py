@@ -43,9 +43,9 @@ from workflows.notices import set_event_sink
 from workflows.readiness import ReadinessWorkflow
 from workflows.runbook_workflow import RunbookWorkflow
 
-# The SDK forwards an activity's heartbeats at most once per min(0.8 x its heartbeat timeout, this): with the
-# default (60 s) a 10 s timeout reached the server every 8 s, 2 s of slack, and on a loaded machine a wait
-# whose worker was alive was handed to another (bench/soak.py saw one run twice). At 3 s the slack is 7 s.
+# The SDK forwards an activity's heartbeats at most once per min(0.8 x its heartbeat timeout, this): with its
+# default a 10 s heartbeat timeout keeps only 2 s of slack, and on a loaded machine a wait whose worker is
+# alive can be handed to another. At 3 s the slack is 7 s.
 HEARTBEAT_FORWARD_EVERY = timedelta(seconds=3)
 
 __all__ = ["DEVELOPMENT_TARGETS_METRIC", "HEARTBEAT_FORWARD_EVERY", "READINGS_PER_SECOND_ENV", "READINGS_SHARE_ENV", "SANDBOXED_RUNNER", "UNSANDBOXED_RUNNER", "ControllerWorker", "build_worker", "reading_settings", "readings_in_flight", "run_until_stopped", "run_worker", "warm_up"]
