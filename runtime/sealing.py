@@ -131,10 +131,12 @@ class Sealer:
 
     @activity.defn(name=SEAL_ACTIVITY)
     async def seal(self, request: SealRequest) -> Seal:
+        _only_local(SEAL_ACTIVITY)
         return Seal(key_id=self._keys.current, mac=self._keys.mac(self._keys.current, request))
 
     @activity.defn(name=VERIFY_SEAL_ACTIVITY)
     async def verify(self, request: SealRequest) -> None:
+        _only_local(VERIFY_SEAL_ACTIVITY)
         given = request.seal
         if given is None:
             raise ApplicationError("the carried input has no seal: only the controller hands a plan on",
@@ -146,3 +148,11 @@ class Sealer:
             raise ApplicationError(f"the carried input's seal does not hold for {request.place.split(':')[0]} "
                                    "here: it was changed, or sealed for another run", type="SealRefused",
                                    non_retryable=True)
+
+
+def _only_local(name: str) -> None:
+    """A seal is made and checked only as a local activity, which only a workflow on this worker schedules: as
+    an ordinary activity task (a client's standalone activity on the queue) it would be a signing oracle."""
+    if not activity.info().is_local:
+        raise ApplicationError(f"{name} runs only as a local activity of a run on this worker",
+                               type="SealRefused", non_retryable=True)

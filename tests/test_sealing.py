@@ -3,6 +3,7 @@ sides compute over what Temporal carries."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,7 +55,7 @@ def test_a_malformed_key_file_is_refused_with_its_place(tmp_path, text, where):
 
 async def test_a_seal_holds_for_its_input_and_place_only(tmp_path):
     sealer = Sealer(SealKeys.load(tmp_path / "keys"))
-    env = ActivityEnvironment()
+    env = _local()
     place = continuation_place("coldstart-t", "run-1")
     request = SealRequest(digest="a" * 64, place=place)
     seal = await env.run(sealer.seal, request)
@@ -72,7 +73,7 @@ async def test_a_seal_holds_for_its_input_and_place_only(tmp_path):
 async def test_a_rotated_key_seals_and_the_old_one_still_verifies(tmp_path):
     path = tmp_path / "keys"
     before = Sealer(SealKeys.load(path))
-    env = ActivityEnvironment()
+    env = _local()
     request = SealRequest(digest="c" * 64, place=fan_out_place("child", "parent", "run"))
     old_seal = await env.run(before.seal, request)
     new_id = SealKeys.rotate(path)
@@ -82,6 +83,22 @@ async def test_a_rotated_key_seals_and_the_old_one_still_verifies(tmp_path):
     assert (await env.run(after.seal, request)).key_id == new_id
     await env.run(after.verify, request.model_copy(update={"seal": old_seal}))
     assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def _local() -> ActivityEnvironment:
+    """An activity environment as a workflow's local activity sees it."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, is_local=True)
+    return env
+
+
+async def test_a_seal_is_never_made_or_checked_as_an_ordinary_activity_task(tmp_path):
+    sealer = Sealer(SealKeys.load(tmp_path / "keys"))
+    request = SealRequest(digest="a" * 64, place=continuation_place("coldstart-t", "run-1"))
+    for call in (sealer.seal, sealer.verify):
+        with pytest.raises(ApplicationError) as refused:
+            await ActivityEnvironment().run(call, request)
+        assert refused.value.type == "SealRefused" and "only as a local activity" in refused.value.message
 
 
 def _carried_through_temporal(value):
