@@ -1154,9 +1154,9 @@ def _schedule(name: str, cron: str, file: Path | None, target: str | None, pause
 
 def _mount_worker() -> None:
     from cli.seal_keys import seal_keys_app
-    from runtime.serve import serve
+    from cli.worker_cmd import worker_app
 
-    app.command("worker", help="Run a worker (same as `python worker.py`).")(serve)
+    app.add_typer(worker_app, name="worker", help="Run a worker (same as `python worker.py`); promote its versions.")
     app.add_typer(seal_keys_app, name="seal-keys", help="The workers' keys that seal what runs hand on.")
 
 

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from runtime.eviction_watch import EXIT_STUCK
-from runtime.queues import DEFAULT_TASK_QUEUE, TASK_QUEUE_ENV
+from runtime.queues import DEFAULT_TASK_QUEUE, DEPLOYMENT_ENV, TASK_QUEUE_ENV
 
 __all__ = ["leave", "serve"]
 
@@ -16,6 +16,7 @@ JOURNAL_ENV = "COLDSTART_ACTION_JOURNAL"  # the action journal (activities/journ
 
 
 def serve(
+    ctx: typer.Context,
     task_queue: str = typer.Option(DEFAULT_TASK_QUEUE, envvar=TASK_QUEUE_ENV, help="the task queue to poll"),
     metrics: str = typer.Option("127.0.0.1:9464", envvar="COLDSTART_METRICS",
                                 help="Prometheus metrics bind address, '' to disable"),
@@ -26,8 +27,20 @@ def serve(
     allow_development: bool = typer.Option(
         False, "--allow-development",
         help="targets marked development: true run the starter's own runbook file (local development only)"),
+    deployment: str | None = typer.Option(
+        None, envvar=DEPLOYMENT_ENV, help="the Worker Deployment this worker is a version of (default: the task queue)"),
+    promote: bool = typer.Option(
+        False, "--promote", help="make this worker's version the deployment's current one once it polls"),
+    unversioned: bool = typer.Option(
+        False, "--unversioned", help="poll without Worker Versioning (runs are not pinned to a build)"),
 ) -> None:
-    """Run a worker: the runbook workflows and every registered action."""
+    """Run a worker: the runbook workflows and every registered action.
+
+    It polls as a version of a Worker Deployment (the package version and its actions' digest), every run
+    pinned to the version it started on. The first version of a deployment becomes current; a later one
+    takes new runs once promoted (`--promote`, or `coldstart worker promote` when its runs may move)."""
+    if ctx.invoked_subcommand is not None:
+        return
     # The worker's imports (asyncio, Temporal, the actions, logging) stay off the CLI's start-up path.
     import asyncio
 
@@ -42,7 +55,8 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     configure_logging(log_level)
-    clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None, allow_development=allow_development))
+    clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None, allow_development=allow_development,
+                                   deployment=deployment, versioned=not unversioned, make_current=promote))
     leave(0 if clean else EXIT_STUCK)
 
 

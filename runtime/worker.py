@@ -6,16 +6,18 @@ import asyncio
 import math
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import structlog
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.runtime import Runtime
+from temporalio.service import RPCError
 from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -28,9 +30,11 @@ from activities.telemetry import pace_readings
 from runtime.action_versions import catalog_build_id
 from runtime.catalog import Catalog, CatalogWarmed, RunResolver
 from runtime.connection import connect, web_ui_url
+from runtime.deployment import deployment_build_id, deployment_config, take_place
 from runtime.eviction_watch import EXIT_STUCK, watching_evictions
 from runtime.notifications import Notifier
 from runtime.notifications import from_environment as notifier_from_environment
+from runtime.queues import deployment_name
 from runtime.readiness.scheduled import ScheduledReadiness
 from runtime.sealing import Sealer, SealKeys
 from runtime.shedding import JOURNAL_LINES_DROPPED, worker_runtime
@@ -122,6 +126,7 @@ def build_worker(
     notifier: Notifier | None = None,
     interceptors: Sequence[Interceptor] = (),
     seal_keys: SealKeys | None = None,
+    deployment: WorkerDeploymentVersion | None = None,
 ) -> ControllerWorker:
     """A worker for the runbook workflows and every registered action (sync ones on a thread pool).
 
@@ -137,7 +142,9 @@ def build_worker(
     a given catalog must say the same); the worker's metrics say so (coldstart_worker_development_targets).
     notifier: where the runs' events go (runtime/notifications.py; one per process, never awaited by a step).
     interceptors: more of them for the runs' worker, innermost (a test's seam into its workflow tasks).
-    seal_keys: the keys that seal and verify what runs hand on (runtime/sealing.py; default $COLDSTART_SEAL_KEYS)."""
+    seal_keys: the keys that seal and verify what runs hand on (runtime/sealing.py; default $COLDSTART_SEAL_KEYS).
+    deployment: poll as this Worker Deployment version, every run PINNED to it (runtime/deployment.py); without
+    it the worker is unversioned and reports the catalog's build id only."""
     if notifier is not None:
         set_event_sink(notifier.offer)
     registry = registry or load_registry()
@@ -158,8 +165,9 @@ def build_worker(
             journal, mutating=mutating, on_drop=lambda: JOURNAL_LINES_DROPPED.add("write_failed"))))
     rate, share = reading_settings()
     load = StepLoad(share=readings_share or share)
-    # Reported with every poll (no versioning): `coldstart readiness` compares it with its own catalog's.
-    build_id = catalog_build_id(registry)
+    # Reported with every poll: `coldstart readiness` compares it with its own catalog's.
+    versioning: dict[str, Any] = ({"deployment_config": deployment_config(deployment)} if deployment
+                                  else {"build_id": catalog_build_id(registry)})
     runs = Worker(
         client,
         task_queue=queue,
@@ -170,7 +178,7 @@ def build_worker(
         max_concurrent_activities=max_concurrent_activities,
         interceptors=[*chain, StepLoadInterceptor(load), *interceptors],
         workflow_runner=SANDBOXED_RUNNER if sandboxed else UNSANDBOXED_RUNNER,
-        build_id=build_id,
+        **versioning,
         max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
     )
     rate = readings_per_second or rate
@@ -186,7 +194,7 @@ def build_worker(
         max_concurrent_activities=readings_in_flight(rate, load.slowest_share),
         max_activities_per_second=rate,
         interceptors=chain,
-        build_id=build_id,
+        **versioning,
         max_heartbeat_throttle_interval=HEARTBEAT_FORWARD_EVERY,
     )
     return ControllerWorker(runs, readings)
@@ -248,11 +256,18 @@ STUCK_GRACE = timedelta(seconds=10)
 
 
 async def run_worker(queue: str, metrics_address: str | None, journal: str | None = None, *,
-                     allow_development: bool = False) -> bool:
+                     allow_development: bool = False, deployment: str | None = None, versioned: bool = True,
+                     make_current: bool = False) -> bool:
     """Connect, run until SIGINT or SIGTERM, then finish in-flight tasks. Returns True when it stopped cleanly
-    (False: a run could not be evicted, see run_until_stopped). allow_development: see build_worker."""
+    (False: a run could not be evicted, see run_until_stopped). allow_development: see build_worker.
+
+    versioned: poll as version `deployment_build_id` of Worker Deployment `deployment` (default
+    deployment_name(queue)), the runs PINNED to it; the first version of a deployment becomes current, another
+    only with `make_current` or `coldstart worker promote` (runtime/deployment.py)."""
     client = await connect(runtime=worker_runtime(metrics_address))
     catalog, registry = Catalog.from_environment(allow_development=allow_development), load_registry()
+    version = (WorkerDeploymentVersion(deployment or deployment_name(queue), deployment_build_id(registry))
+               if versioned else None)
     warmed = await asyncio.to_thread(warm_up, catalog, registry)
     for target, why in warmed.targets_refused.items():
         log.warning("target refused by the catalog", target=target, reason=why)
@@ -263,19 +278,34 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
     seal_keys = SealKeys.from_environment()
     notifier = notifier_from_environment(link=lambda workflow_id: web_ui_url(client, workflow_id))
     worker = build_worker(client, queue, registry=registry, journal=journal, catalog=catalog, notifier=notifier,
-                          allow_development=allow_development, seal_keys=seal_keys)
+                          allow_development=allow_development, seal_keys=seal_keys, deployment=version)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
-             task_queue=queue, metrics=metrics_address, actions=len(registry.names()), journal=journal,
-             pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
-             runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
-             allow_development=allow_development, development_targets=warmed.development if allow_development else [],
-             seal_keys=str(seal_keys.path), sealing_key=seal_keys.current,
-             notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None)
-    clean = await run_until_stopped(worker, stop)
+
+    async def started() -> None:
+        # Once polling (the server knows a version by its pollers): its place decides which runs it takes.
+        place = None
+        if version is not None:
+            try:
+                place = (await take_place(client, version, make_current=make_current,
+                                          identity=client.identity)).describe()
+            except RPCError as exc:
+                place = f"unknown: {exc.message}"
+                log.error("the worker's deployment version could not be made current: new runs may wait",
+                          deployment=version.deployment_name, build_id=version.build_id, error=exc.message)
+        log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
+                 task_queue=queue, metrics=metrics_address, actions=len(registry.names()), journal=journal,
+                 pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
+                 runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
+                 allow_development=allow_development, development_targets=warmed.development if allow_development else [],
+                 seal_keys=str(seal_keys.path), sealing_key=seal_keys.current,
+                 notify=[f"{s.name} ({s.kind})" for s in notifier.config.sinks] if notifier else None,
+                 deployment=version.deployment_name if version else None,
+                 build_id=version.build_id if version else catalog_build_id(registry), version=place)
+
+    clean = await run_until_stopped(worker, stop, started=started)
     if notifier is not None:
         set_event_sink(None)
         await asyncio.to_thread(notifier.close)
@@ -284,7 +314,7 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
 
 
 async def run_until_stopped(worker: ControllerWorker, stop: asyncio.Event, *, grace: timedelta = STUCK_GRACE,
-                            started: Callable[[], None] | None = None) -> bool:
+                            started: Callable[[], Awaitable[None] | None] | None = None) -> bool:
     """Run `worker` until `stop` is set, then finish in-flight tasks; True when it stopped cleanly.
 
     A run the SDK cannot evict (runtime/eviction_watch.py) sets `stop` too: that run makes no progress in
@@ -301,7 +331,9 @@ async def run_until_stopped(worker: ControllerWorker, stop: asyncio.Event, *, gr
     with watching_evictions(on_stuck) as watch:
         async with worker:
             if started is not None:
-                started()
+                ready = started()
+                if ready is not None:
+                    await ready
             await stop.wait()
             log.info("worker stopping: finishing in-flight tasks")
             if watch.stuck is not None:

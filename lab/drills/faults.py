@@ -199,8 +199,17 @@ class FaultDrills(LabHarness):
         return handle
 
     async def reached_20(self, handle: Any) -> None:
-        """Until the ramp has set 20 % (the journal shows the set): where every case strikes."""
+        """Until the ramp has set 20 % and the server holds the set's completion: where every case strikes.
+
+        The journal's end line is written before the worker reports the completion; a fault struck in
+        between would lose a finished set and the server would run it again, a repeat no case is about.
+        """
         await self.wait_for("players@20 set", lambda: self.journal_has(handle, "players@20#"))
+
+        async def recorded() -> bool:
+            return any(a.startswith("players@20#") for a in await self.completed_in_history(handle))
+
+        await self.wait_for("players@20 set recorded by the server", recorded)
 
     async def pause_at_20(self, handle: Any, reason: str) -> None:
         """Pause, and wait until the ramp stops at its boundary after 20 %, so a fault lands before 40 %."""

@@ -68,7 +68,8 @@ class WorkerProcess:
         offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, str(REPO / "worker.py"), "--task-queue", self.queue, "--metrics", "",
+                # --promote: the drill's server outlives a code change between drills; its worker is the current version.
+                [sys.executable, str(REPO / "worker.py"), "--task-queue", self.queue, "--metrics", "", "--promote",
                  "--journal", str(self.journal), *(["--allow-development"] if self.allow_development else [])],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

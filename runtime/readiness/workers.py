@@ -22,6 +22,12 @@ def _build(poller: PollerInfo) -> str:
     return poller.worker_version_capabilities.build_id or poller.deployment_options.build_id or "(none)"
 
 
+def _contracts(poller: PollerInfo) -> str:
+    """The actions' digest a poller reports: a Worker Deployment build id is `<package version>+<digest>`
+    (runtime/deployment.py), an unversioned worker's the digest alone."""
+    return _build(poller).rpartition("+")[2]
+
+
 def _who(pollers: list[PollerInfo]) -> str:
     return ", ".join(sorted(f"{p.identity} ({_build(p)})" for p in pollers))
 
@@ -35,7 +41,7 @@ async def workers_verdict(client: Client, queue: str, build_id: str, *, workflow
         return not_ready(f"no worker polls {queue} for actions")
     if workflows and not await describe_pollers(client, queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW):
         return not_ready(f"no worker polls {queue} for runs (workflow tasks); {len(activity)} poll for actions")
-    other = [p for p in activity if _build(p) != build_id]
+    other = [p for p in activity if _contracts(p) != build_id]
     if other:
         return not_ready(f"{len(other)} of {len(activity)} workers on {queue} run other actions than this "
                          f"catalog's {build_id}: {_who(other)}")
