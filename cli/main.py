@@ -20,6 +20,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from activities.errors import ColdstartError, InvalidInput, LocatedErrors
+from cli.config_cmd import CONFIG_OPTION, apply_config, show_config
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -69,10 +70,15 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                       help="print the version and exit"),
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
-    pass
+    apply_config(ctx, config)
+
+
+app.command("config", help="Every setting's value and where it comes from: environment, file or default.")(show_config)
 
 
 class CliError(ColdstartError):
