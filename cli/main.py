@@ -1154,10 +1154,12 @@ def _schedule(name: str, cron: str, file: Path | None, target: str | None, pause
 
 def _mount_worker() -> None:
     from cli.seal_keys import seal_keys_app
+    from cli.units import install_units_command
     from runtime.serve import serve
 
     app.command("worker", help="Run a worker (same as `python worker.py`).")(serve)
     app.add_typer(seal_keys_app, name="seal-keys", help="The workers' keys that seal what runs hand on.")
+    app.command("install-units")(install_units_command)
 
 
 _mount_worker()
