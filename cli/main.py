@@ -1160,10 +1160,12 @@ def _schedule(name: str, cron: str, file: Path | None, target: str | None, pause
 
 def _mount_worker() -> None:
     from cli.seal_keys import seal_keys_app
+    from cli.units import install_units_command
     from cli.worker_cmd import worker_app
 
     app.add_typer(worker_app, name="worker", help="Run a worker (same as `python worker.py`); promote its versions.")
     app.add_typer(seal_keys_app, name="seal-keys", help="The workers' keys that seal what runs hand on.")
+    app.command("install-units")(install_units_command)
 
 
 _mount_worker()

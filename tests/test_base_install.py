@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterable
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -44,9 +45,15 @@ def _project() -> dict:
 
 @cache
 def _base_closure() -> frozenset[str]:
-    """The distributions `dependencies` installs here: each requirement, its extras, and theirs, by their markers."""
+    """The distributions `dependencies` installs here."""
+    return dependency_closure(_project()["dependencies"])
+
+
+def dependency_closure(requirements: Iterable[str]) -> frozenset[str]:
+    """The distributions these requirements install here: each one, its extras, and theirs, by their markers
+    (read from this environment's metadata, which tests/test_lock.py holds to requirements.lock)."""
     seen: set[tuple[str, frozenset[str]]] = set()
-    todo = [Requirement(line) for line in _project()["dependencies"]]
+    todo = [Requirement(line) for line in requirements]
     while todo:
         req = todo.pop()
         key = (canonicalize_name(req.name), frozenset(req.extras))
