@@ -296,7 +296,8 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
                 log.error("the worker's deployment version could not be made current: new runs may wait",
                           deployment=version.deployment_name, build_id=version.build_id, error=exc.message)
         log.info("worker started", temporal=client.service_client.config.target_host, namespace=client.namespace,
-                 task_queue=queue, metrics=metrics_address, actions=len(registry.names()), journal=journal,
+                 task_queue=queue, metrics=metrics_address, actions=len(registry.names()),
+                 namespaces=sorted({name.partition(".")[0] for name in registry.names()}), journal=journal,
                  pid=os.getpid(), catalog=str(catalog.runbooks_dir), targets=str(catalog.targets_dir),
                  runbooks=warmed.runbooks, targets_read=warmed.targets_parsed,
                  allow_development=allow_development, development_targets=warmed.development if allow_development else [],

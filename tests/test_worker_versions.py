@@ -162,6 +162,8 @@ def test_coldstart_worker_polls_as_a_version_that_promote_and_versions_steer(env
         build_id = deployment_build_id(load_registry())
         assert (started["deployment"], started["build_id"], started["version"]) == (
             deployment_name(task_queue), build_id, "current"), started
+        # Every namespace of the default catalog loaded (the base install's too: tests/test_wheel_install.py).
+        assert set(started["namespaces"]) >= {"cache", "consul", "dns", "firewall", "nomad", "telemetry", "vault"}
 
         versions = cli("versions")
         assert versions.returncode == 0 and versions.stdout.split() == ["*", build_id, "current"], versions
