@@ -33,7 +33,7 @@ from workflows.spec import (
 if TYPE_CHECKING:
     from runtime.polling import Sleep
 
-__all__ = ["decisions", "follow", "held_reason", "plan", "reading_text", "runs", "status"]
+__all__ = ["decisions", "ending", "follow", "held_reason", "plan", "reading_text", "runs", "status"]
 
 _STYLE = {
     "succeeded": "green",
@@ -232,6 +232,28 @@ def decisions(current: RunStatus) -> list[str]:
     return lines
 
 
+# What a screen shows of why a run ended: a long error (a traceback's message, a Consul reply) is cut.
+_ENDING_WIDTH, _ENDING_STEPS = 400, 5
+
+
+def _cut(text: str, width: int = _ENDING_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def ending(current: RunStatus) -> list[str]:
+    """Why a run that did not succeed ended: its error (a refusal says its remedy) and each failed step's, cut to
+    a screen; nothing while it runs or once it succeeded."""
+    if not current.over or current.state == "succeeded":
+        return []
+    lines = [f"{current.state}: {_cut(current.error)}"] if current.error else [f"{current.state}"]
+    failed = [s for s in current.steps if s.status == "failed" and s.error and s.error not in (current.error or "")]
+    lines += [f"  {s.id}: {_cut(s.error or '')}" for s in failed[:_ENDING_STEPS]]
+    if len(failed) > _ENDING_STEPS:
+        lines.append(f"  and {len(failed) - _ENDING_STEPS} more failed steps: coldstart status {current.target}")
+    return lines
+
+
 def _detail(step: StepState, now: datetime) -> str:
     if step.status == "held":
         return f"holds: {held_reason(step)}"
@@ -329,6 +351,7 @@ class _LiveView:
                 parts.append(Text(f"    ramp {step.percent}% (last good {step.last_good or 0}%)"))
                 parts.append(ProgressBar(total=100, completed=step.percent, width=50))
         parts += [Text(line, style="yellow" if not line.startswith(" ") else "") for line in decisions(current)]
+        parts += [Text(line, style="red") for line in ending(current)]
         return Group(*parts)
 
 
@@ -343,7 +366,7 @@ def _plain_lines(current: RunStatus) -> list[str]:
         left = _gate_left(step, now)
         if left is not None and step.readings:
             lines.append(f"  {step.id}: {reading_text(step.readings[-1])}; {_left_text(left, coarse=True)}")
-    return lines + decisions(current)
+    return lines + decisions(current) + ending(current)
 
 
 async def follow(client: Any, workflow_id: str, console: Console, *, interval: float = 3.0,

@@ -146,7 +146,7 @@ class Catalog:
         if target in self._inventories:
             return self._inventories[target]
         if path is None or self.targets_dir is None:
-            raise CatalogRefused(f"target {target!r} is not in the controller's catalog")
+            raise CatalogRefused(self._no_target(target))
         try:
             text = read_text(path)
             kept = self._read_inventories.get(path)
@@ -154,13 +154,24 @@ class Catalog:
                 return copy.deepcopy(kept[1])
             inventory = load_inventory(target, self.targets_dir).as_target()
         except FileNotFoundError:
-            raise CatalogRefused(f"target {target!r} is not in the controller's catalog") from None
+            raise CatalogRefused(self._no_target(target)) from None
         except (OSError, ValueError) as exc:
             raise CatalogRefused(f"target {target!r}: the controller's inventory is invalid: "
                                  f"{str(exc).splitlines()[0]}") from None
         # Kept with the text read before the parse: a file changed in between is parsed again next time.
         self._read_inventories[path] = (text, copy.deepcopy(inventory))
         return inventory
+
+    def _no_target(self, target: str) -> str:
+        where = (f"{self.targets_dir}/{target}.yaml" if self.targets_dir is not None
+                 else f"{target}.yaml in a targets directory")
+        return (f"target {target!r} is not in the controller's catalog: its inventory goes in {where} "
+                f"($COLDSTART_TARGETS, [catalog] targets), read at the next run without a worker restart")
+
+    def _add_runbook(self) -> str:
+        where = self.runbooks_dir if self.runbooks_dir is not None else "the catalog's runbooks directory"
+        return (f"to run it, put the file in {where} ($COLDSTART_CATALOG, [catalog] runbooks), read at the next "
+                "run without a worker restart")
 
     def warm(self) -> CatalogWarmed:
         """Parse every catalogued runbook and target inventory now, so that a run's first resolution does not
@@ -214,13 +225,16 @@ class Catalog:
             if same:
                 raise CatalogRefused(
                     f"runbook {request.runbook!r} ({_short(request.digest)}) is a modified copy: the catalog holds "
-                    f"{_short(same[0].digest)} ({same[0].path}), and target {request.target!r} runs catalogued runbooks only")
+                    f"{_short(same[0].digest)} ({same[0].path}), and target {request.target!r} runs catalogued runbooks only; "
+                    f"run that file, or review this text into it")
             if inventory.get("development"):
                 raise CatalogRefused(f"runbook {request.runbook!r} ({_short(request.digest)}) is not in the controller's "
                                      f"catalog, and target {request.target!r} is marked development: true but the "
-                                     "worker was not started with --allow-development, so it runs catalogued runbooks only")
+                                     "worker was not started with --allow-development, so it runs catalogued runbooks only; "
+                                     + self._add_runbook())
             raise CatalogRefused(f"runbook {request.runbook!r} ({_short(request.digest)}) is not in the controller's "
-                                 f"catalog, and target {request.target!r} is not a development target")
+                                 f"catalog, and target {request.target!r} is not a development target; "
+                                 + self._add_runbook())
         if request.drill and not inventory.get("drill"):
             raise CatalogRefused(f"target {request.target!r} is not marked as a drill target (drill: true); refusing a drill")
         policy = TargetPolicy.of(inventory)

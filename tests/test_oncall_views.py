@@ -340,6 +340,30 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         await _exit(worker)
 
 
+async def test_a_refused_run_says_why_and_what_to_do_where_it_is_followed(env, task_queue, tmp_path, ui_port):
+    """A runbook the controller's catalog does not hold, on a target that is no development target: `run --follow`
+    ends saying the refusal and its remedy (the catalog's directory), not only `failed`; once the file is in the
+    catalog the same command runs it, with no worker restart."""
+    from runtime.catalog import Catalog
+
+    target = f"refused-{uuid.uuid4().hex[:8]}"
+    targets, catalog = tmp_path / "targets", tmp_path / "catalog"
+    catalog.mkdir()
+    _inventory(targets, target, "http://127.0.0.1:9")
+    book = support.write_runbook(tmp_path, f"metadata: {{name: mine}}\ntarget: {target}\nsteps: [{{id: a, wait: 0.1s}}]\n")
+    env_vars = _env(env, task_queue, targets, ui_port)
+    async with support.worker(env.client, task_queue, catalog=Catalog(catalog, targets)):
+        refused = await acli(env_vars, "run", str(book), "--follow")
+        assert refused.returncode == 1, refused.stderr
+        why = next((line for line in refused.stdout.splitlines() if line.startswith("failed: ")), refused.stdout)
+        assert "runbook 'mine'" in why and "is not in the controller's catalog" in why, refused.stdout
+        assert f"to run it, put the file in {catalog} ($COLDSTART_CATALOG, [catalog] runbooks)" in why, why
+        (catalog / book.name).write_text(book.read_text())
+        ran = await acli(env_vars, "run", str(book), "--follow")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert not [line for line in ran.stdout.splitlines() if line.startswith("failed")], ran.stdout
+
+
 async def test_an_empty_list_points_at_all_and_an_unknown_inventory_at_coldstart_targets(env, tmp_path, ui_port):
     """In a namespace with no run, `list` says so and hints at --all, and `status` says nothing runs; a missing
     inventory names $COLDSTART_TARGETS."""

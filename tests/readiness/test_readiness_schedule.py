@@ -114,7 +114,7 @@ async def test_a_request_that_names_a_file_or_url_is_refused_and_nothing_is_writ
         with pytest.raises(WorkflowFailureError) as failure:
             await client.execute_workflow(ReadinessWorkflow.run, {"runbook": "scheduled-ready", "target": "elsewhere"},
                                           id=f"readiness-elsewhere-{task_queue}", task_queue=task_queue)
-        assert _message(failure.value) == "target 'elsewhere' is not in the controller's catalog", failure.value
+        assert _message(failure.value).startswith("target 'elsewhere' is not in the controller's catalog: its inventory goes in "), failure.value
     assert victim.read_text() == "kept\n"
     # The CLI says where a scheduled check's metrics go instead of sending a path.
     refused = await asyncio.to_thread(_cli, client, task_queue, targets, str(runbooks / "scheduled-ready.yaml"),
