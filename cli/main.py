@@ -584,12 +584,20 @@ def _update(run_ref: str, name: str, body: Any) -> Any:
         try:
             return await handle.execute_update(name, body)
         except WorkflowUpdateFailedError as exc:
-            _fail(f"{name} refused: {getattr(exc.cause, 'message', exc.cause)}", EXIT_REFUSED)
+            reason = str(getattr(exc.cause, "message", exc.cause))
+            _fail(f"{name} refused: {reason}{_who_hint(reason)}", EXIT_REFUSED)
         except RPCError as exc:
             await _no_such_run(client, run_ref, exc)
             _fail(f"{name}: {exc.message}", EXIT_FAILED)
 
     return _await(go())
+
+
+def _who_hint(reason: str) -> str:
+    """A refusal of who decides names how a decision is sent under another name: the name came from somewhere."""
+    if " may not " not in reason:
+        return ""
+    return " (the name is --as NAME, else $COLDSTART_USER, else your login: decide as one of those named)"
 
 
 def _say(result: Any, json_output: bool = False) -> None:

@@ -90,6 +90,7 @@ async def test_operator_session(env, task_queue, tmp_path, prom):
         assert "approve with: coldstart approve cli-t ok" in table.stdout
         refused = await acli(env_vars, "approve", "cli-t", "ok", "--as", "mallory")
         assert refused.returncode == 5 and "may not approve" in refused.stderr
+        assert "(the name is --as NAME, else $COLDSTART_USER, else your login" in refused.stderr, refused.stderr
         own = await acli(env_vars, "approve", "cli-t", "ok")  # alice started the run: four eyes
         assert own.returncode == 5 and "four eyes" in own.stderr
         approved = await acli(env_vars, "approve", "cli-t", "ok", "--as", "bob", "-m", "gate looked fine")
