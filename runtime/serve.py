@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from activities.errors import InvalidInput
 from runtime.eviction_watch import EXIT_STUCK
 from runtime.queues import DEFAULT_TASK_QUEUE, DEPLOYMENT_ENV, TASK_QUEUE_ENV
 
@@ -55,8 +56,13 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     configure_logging(log_level)
-    clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None, allow_development=allow_development,
-                                   deployment=deployment, versioned=not unversioned, make_current=promote))
+    try:
+        clean = asyncio.run(run_worker(task_queue, metrics or None, journal or None, allow_development=allow_development,
+                                       deployment=deployment, versioned=not unversioned, make_current=promote))
+    except InvalidInput as exc:
+        typer.echo(f"error: {exc}", err=True)
+        leave(2)
+        return
     leave(0 if clean else EXIT_STUCK)
 
 

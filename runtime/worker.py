@@ -23,6 +23,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.catalog import load_registry
 from activities.contracts.telemetry import MAX_READS_PER_BATCH, READ_ACTIONS, READ_MANY_TIMEOUT
+from activities.errors import InvalidInput
 from activities.failure_bounds import FailureBoundsInterceptor
 from activities.journal import ActionJournal, JournalInterceptor
 from activities.registry import Registry
@@ -264,7 +265,12 @@ async def run_worker(queue: str, metrics_address: str | None, journal: str | Non
     versioned: poll as version `deployment_build_id` of Worker Deployment `deployment` (default
     deployment_name(queue)), the runs PINNED to it; the first version of a deployment becomes current, another
     only with `make_current` or `coldstart worker promote` (runtime/deployment.py)."""
-    client = await connect(runtime=worker_runtime(metrics_address))
+    try:
+        telemetry = worker_runtime(metrics_address)
+    except ValueError as exc:  # the Prometheus exporter's port: Core says only "Address already in use"
+        raise InvalidInput(f"the worker's metrics cannot listen on {metrics_address}: {exc}; choose another "
+                           "address with --metrics, COLDSTART_METRICS or [worker] metrics ('' turns them off)") from None
+    client = await connect(runtime=telemetry)
     catalog, registry = Catalog.from_environment(allow_development=allow_development), load_registry()
     version = (WorkerDeploymentVersion(deployment or deployment_name(queue), deployment_build_id(registry))
                if versioned else None)

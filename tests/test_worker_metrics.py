@@ -50,3 +50,27 @@ async def test_the_worker_says_whether_it_runs_development_targets(env, task_que
     values = {s.labels.get("task_queue"): s.value for family in text_string_to_metric_families(text)
               for s in family.samples if s.name == "coldstart_worker_development_targets"}
     assert values == {task_queue: 1, task_queue + "-strict": 0}, values
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_the_setting(env, tmp_path):
+    """Another process holds the metrics port: the worker exits 2 with one line that names the address and
+    the ways to choose another, not Core's traceback."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        done = subprocess.run(
+            [sys.executable, "worker.py", "--metrics", address], cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+                 "COLDSTART_SEAL_KEYS": str(tmp_path / "seal-keys")},
+            capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    expected = (f"error: the worker's metrics cannot listen on {address}: Failed starting Prometheus exporter: Address "
+                "already in use (os error 98); choose another address with --metrics, COLDSTART_METRICS or [worker] "
+                "metrics ('' turns them off)")
+    assert done.stderr.splitlines() == [expected], done.stderr
