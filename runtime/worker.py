@@ -173,7 +173,7 @@ def build_worker(
         client,
         task_queue=queue,
         workflows=list(RUN_WORKFLOWS),
-        # telemetry.read stays here too: runs started before readings had their own queue read here.
+        # telemetry.read is here too: a runbook's action step may call it (gates read on the readings queue).
         activities=[*registry.activities(), resolver.resolve, readiness.check, sealer.seal, sealer.verify],
         activity_executor=executor or ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError as PydanticValidationError
 
 from tests import support
 from workflows.loader import InventoryInvalid, RunbookInvalid, load_inventory, plan_run, read_inventory
@@ -627,10 +628,11 @@ def test_one_retry_shape_from_runbook_to_temporal() -> None:
         2, timedelta(seconds=3), 2.0, timedelta(seconds=30))
     assert [Retry(initial_interval=timedelta(seconds=1), max_interval=timedelta(seconds=5)).delay(n).seconds
             for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
-    # A run input recorded with the old flat fields replays as the nested shape.
-    old = {"name": "a", "timeout": "PT60S", "max_attempts": 3, "initial_interval": "PT1S", "backoff": 2.0,
-           "max_interval": "PT30S"}
-    assert ActionDefaults.model_validate(old).retry == Retry(max_attempts=3)
+    # One shape at the baseline: flat retry fields beside `retry` are refused, not merged.
+    flat = {"name": "a", "timeout": "PT60S", "max_attempts": 3, "initial_interval": "PT1S", "backoff": 2.0,
+            "max_interval": "PT30S"}
+    with pytest.raises(PydanticValidationError):
+        ActionDefaults.model_validate(flat)
 
 
 def test_gate_reads_are_pinned_like_any_action(tmp_path: Path) -> None:

@@ -416,12 +416,3 @@ class ActionDefaults(BaseModel):
     mutating: bool = False
     undo: str | None = None
     undo_from_output: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nested_retry(cls, data: Any) -> Any:
-        # Run inputs recorded before the retry shapes were merged carry its fields flat; replays read them.
-        flat = ("max_attempts", "initial_interval", "backoff", "max_interval")
-        if isinstance(data, dict) and "retry" not in data and any(k in data for k in flat):
-            data = {k: v for k, v in data.items() if k not in flat} | {"retry": {k: data[k] for k in flat if k in data}}
-        return data
