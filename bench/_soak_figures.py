@@ -150,6 +150,7 @@ def fault_schedule(seconds: float, baseline: float, *, kill_every: float = 60.0,
         raise ValueError(f"a {seconds:g} s soak with a {baseline:g} s baseline has room for {len(slots)} of the "
                          f"{len(once)} one-off faults; give it at least "
                          f"{baseline + kill_every * len(once):g} s")
-    step = len(slots) / len(once)
-    schedule += [(slots[int(i * step)], name) for i, name in enumerate(once)]
+    if once:
+        step = len(slots) / len(once)
+        schedule += [(slots[int(i * step)], name) for i, name in enumerate(once)]
     return sorted(schedule)

@@ -2,12 +2,15 @@
 
 Goal (issue 35): adaptive reaches 100 % in at most half the fixed ramp's time, with no gate violation and a peak
 database load no higher than the fixed ramp's; with the cache flushed mid-ramp it backs off and holds the gates.
+Each variant runs --rounds times (3), the order reversed every other round; the goals are judged on the medians
+over rounds, and are NOT met with a ramp that did not succeed or a figure missing (no Prometheus series).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -20,10 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["cold_verdict", "herd_verdict", "main"]
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench._verdict import Goal, Verdict, alternated, at_most, median, no_more_than
 
 RUNBOOK = REPO / "bench" / "ramp.yaml"
 # Kept apart from the default lab, the test labs (tests/lab/conftest.py), the other benches and each other
@@ -59,6 +64,7 @@ class Result:
     flush_lag_s: float | None = None  # the flush's own time, from the zone read at flushed_at (after a poll of ZONE_POLL_S at most)
     hit_ratio_at_flush: list[float] = field(default_factory=list)  # the hit-ratio gate's readings at flushed_at
     warm: str | None = None  # the warm-up's time and keys written, when the variant warms the cache
+    round: int = 1
 
 
 def _variants(adaptive: dict[str, Any] | None) -> dict[str, str]:
@@ -285,15 +291,16 @@ async def _bench(args: argparse.Namespace, state_dir: Path) -> list[Result]:
             client = await connect(target_host=f"127.0.0.1:{port}", namespace="default", ready_within=60)
             queue = f"ramp-bench-{os.getpid()}"
             async with build_worker(client, queue, catalog=Catalog(catalog_dir, targets)):
-                for herd in args.cases:
-                    for name in args.variants:
+                for round_, herd in itertools.product(range(args.rounds), args.cases):
+                    for name in alternated(args.variants, round_):
                         run = plan_run(catalog_dir / f"ramp-bench-{name}.yaml", registry=load_registry(),
                                        targets_dir=targets, initiator="ramp-bench", drill=True)
                         label = name + (" +flush" if herd else "")
                         # A fresh login per ramp: the lab's AppRole tokens expire within a bench's run.
                         os.environ["VAULT_TOKEN"] = await asyncio.to_thread(vault_token, inventory)
-                        print(f"{label}: running", file=sys.stderr)
+                        print(f"{label}: running (round {round_ + 1})", file=sys.stderr)
                         result = await _ramp(client, run, queue, cfg, label, herd)
+                        result.round = round_ + 1
                         print(f"{label}: {result.outcome}, {result.percents}", file=sys.stderr)
                         results.append(result)
     finally:
@@ -324,7 +331,7 @@ def _table(results: list[Result]) -> None:
         ("warm-up before the ramp", lambda r: r.warm or "-"),
     ]
     width = max(len(label) for label, _ in rows)
-    print(f"{'':{width}}  " + "  ".join(f"{r.name:>22}" for r in results))
+    print(f"{'':{width}}  " + "  ".join(f"{f'{r.name} #{r.round}':>22}" for r in results))
     for label, cell in rows:
         print(f"{label:{width}}  " + "  ".join(f"{cell(r):>22}" for r in results))
     for r in results:
@@ -343,28 +350,61 @@ def _failed_by_gate(failed: list[tuple[str, int | None]]) -> str:
     return "; ".join(f"{gate} x{len(at)}" for gate, at in gates.items())
 
 
-def _verdict(results: list[Result]) -> list[str]:
-    """The issue's goals, for each pair that ran: (fixed, adaptive) from a cold cache, then with the mid-ramp flush."""
-    by = {r.name: r for r in results}
+def _verdict(results: list[Result]) -> list[tuple[str, Verdict]]:
+    """The issue's goals on the medians over rounds, for each pair that ran: (fixed, adaptive) from a cold cache,
+    then with the mid-ramp flush. A side with no ramp, or a ramp with no figure (a missing series), is NOT met."""
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.name, []).append(r)
     lines = []
     for warm in ("", "-warm"):
-        fixed, adaptive = by.get(f"fixed{warm}"), by.get(f"adaptive{warm}")
-        if fixed and adaptive:
-            met = (fixed.seconds is not None and adaptive.seconds is not None and adaptive.seconds <= fixed.seconds / 2
-                   and not adaptive.health_failed and (adaptive.peak_db_qps or 0) <= (fixed.peak_db_qps or 0))
-            lines.append(f"goal, fixed{warm} vs adaptive{warm} (adaptive <= half the time, no health gate failed, "
-                         f"peak db load no higher): {'met' if met else 'NOT met'}")
-        fixed, adaptive = by.get(f"fixed{warm} +flush"), by.get(f"adaptive{warm} +flush")
-        if fixed and adaptive:
-            said = f"thundering herd{warm} (adaptive steps into no failing health gate where fixed does, peak db load no higher)"
-            # Only ramps flushed at the same percentage compare: more players on an emptied cache load the database more.
-            if fixed.flushed_at is None or fixed.flushed_at != adaptive.flushed_at:
-                lines.append(f"{said}: not comparable, flushed at {fixed.flushed_at} % and {adaptive.flushed_at} %")
-                continue
-            met = (adaptive.outcome == "succeeded" and not adaptive.stepped_into and bool(fixed.stepped_into)
-                   and (adaptive.peak_db_qps or 0) <= (fixed.peak_db_qps or 0))
-            lines.append(f"{said}: {'met' if met else 'NOT met'}")
+        fixed, adaptive = by.get(f"fixed{warm}", []), by.get(f"adaptive{warm}", [])
+        if fixed or adaptive:
+            lines.append((f"goal, fixed{warm} vs adaptive{warm} (medians over {max(len(fixed), len(adaptive))} rounds)",
+                          cold_verdict(fixed, adaptive)))
+        fixed, adaptive = by.get(f"fixed{warm} +flush", []), by.get(f"adaptive{warm} +flush", [])
+        if fixed or adaptive:
+            lines.append((f"thundering herd{warm} (over {max(len(fixed), len(adaptive))} rounds)",
+                          herd_verdict(fixed, adaptive)))
     return lines
+
+
+def _not_succeeded(ramps: list[Result]) -> int:
+    return sum(r.outcome != "succeeded" for r in ramps)
+
+
+def _no_series(ramps: list[Result]) -> int:
+    return sum(r.peak_db_qps is None for r in ramps)
+
+
+def cold_verdict(fixed: list[Result], adaptive: list[Result]) -> Verdict:
+    """Adaptive reaches 100 % in at most half the fixed ramp's median time, with a median peak database load no
+    higher; NOT met on any ramp that did not succeed or any failed health-gate reading of the adaptive ramp."""
+    fixed_s, adaptive_s = median([r.seconds for r in fixed]), median([r.seconds for r in adaptive])
+    goals = [at_most("adaptive to 100 %", adaptive_s, fixed_s / 2, " s") if fixed_s is not None
+             else Goal("adaptive to 100 %", False, "no data for the fixed ramp"),
+             no_more_than("peak db load", median([r.peak_db_qps for r in adaptive]),
+                          median([r.peak_db_qps for r in fixed]), " q/s")]
+    return Verdict(goals, {"ramps not succeeded": _not_succeeded(fixed + adaptive),
+                           "ramps with no db load series": _no_series(fixed + adaptive),
+                           "adaptive health-gate readings failed": sum(len(r.health_failed) for r in adaptive)})
+
+
+def herd_verdict(fixed: list[Result], adaptive: list[Result]) -> Verdict:
+    """With the cache flushed mid-ramp, at the same percentage in every ramp (more players on an emptied cache
+    load the database more): the fixed ramp steps into a failing health gate in most rounds, the adaptive one
+    in none, and its median peak database load is no higher; NOT met on any adaptive ramp that did not succeed."""
+    flushed = {r.flushed_at for r in fixed + adaptive}
+    same = len(flushed) == 1 and None not in flushed and bool(fixed) and bool(adaptive)
+    fixed_into = sum(bool(r.stepped_into) for r in fixed)
+    goals = [Goal("flushed at the same percentage", same, "at " + ", ".join(f"{p} %" for p in sorted(flushed, key=str))),
+             Goal("fixed steps into a failing health gate", bool(fixed) and 2 * fixed_into >= len(fixed),
+                  f"{fixed_into} of {len(fixed)} rounds"),
+             no_more_than("peak db load", median([r.peak_db_qps for r in adaptive]),
+                          median([r.peak_db_qps for r in fixed]), " q/s")]
+    return Verdict(goals, {"adaptive ramps not succeeded": _not_succeeded(adaptive),
+                           "ramps with no db load series": _no_series(fixed + adaptive),
+                           "adaptive ramps stepping into a failing health gate": sum(bool(r.stepped_into) for r in adaptive)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"cold: from a cold cache; herd: also flushed at {HERD_AT} %%; both (default)")
     ap.add_argument("--lab", choices=sorted(LABS), default="r", help="which of the bench's lab subnets (default r)")
     ap.add_argument("--warm", action="store_true", help="also run both after warming the cache (cache.warm)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of every variant, the order reversed every other round (the goals are medians)")
     ap.add_argument("--only", choices=("fixed", "adaptive", "fixed-warm", "adaptive-warm"), action="append",
                     help="run only these variants (repeatable)")
     args = ap.parse_args(argv)
@@ -386,9 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(_bench(args, Path(tmp)))
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, {time.monotonic() - started:.0f} s in all")
     _table(results)
-    for line in _verdict(results):
-        print(line)
-    return 0
+    verdicts = _verdict(results)
+    for label, verdict in verdicts:
+        print(verdict.line(label))
+    return 0 if verdicts and all(verdict.met for _, verdict in verdicts) else 1
 
 
 if __name__ == "__main__":

@@ -150,3 +150,44 @@ def test_the_control_reads_the_recovery_figure_at_quiet_instants_of_the_baseline
     controls = quiet_recoveries([reading], [1060.0, 1075.0, 1089.0])
     assert [c.recovery_s for c in controls] == [10.0, 15.0, 1.0]
     assert all(c.runs == 1 and c.recovery_run == "soak-g" for c in controls)
+
+
+def _outcomes(**states: int) -> list:
+    from soak import Outcome  # pyright: ignore[reportMissingImports]
+
+    return [Outcome(f"soak-{state}-{i}", "demo", "wf", "r", state=state, reason="a reason")
+            for state, n in states.items() for i in range(n)]
+
+
+def test_the_soak_verdict_is_met_only_with_every_run_succeeded_and_every_recovery_quick():
+    from soak import soak_verdict  # pyright: ignore[reportMissingImports]
+
+    verdict = soak_verdict(_outcomes(succeeded=744), repeated=0, slow=[])
+    assert verdict.met and verdict.line().startswith("goal met:")
+
+
+def test_the_soak_verdict_counts_failed_and_held_runs():
+    from soak import soak_verdict  # pyright: ignore[reportMissingImports]
+
+    # The figure bench/README quoted as met: 718 succeeded, 5 failed, 21 held of 744.
+    verdict = soak_verdict(_outcomes(succeeded=718, failed=5, held=21), repeated=0, slow=[])
+    assert not verdict.met
+    assert "runs failed 5" in verdict.line() and "held 21" in verdict.line()
+    for states in ({"failed": 1}, {"aborted": 1}, {"rolled_back": 1}, {"held": 1}, {"unfinished": 1}):
+        assert not soak_verdict(_outcomes(succeeded=10, **states), repeated=0, slow=[]).met, states
+    assert not soak_verdict(_outcomes(succeeded=10), repeated=1, slow=[]).met
+    assert not soak_verdict(_outcomes(succeeded=10), repeated=0, slow=["worker-kill at 60 s"]).met
+    assert not soak_verdict([], repeated=0, slow=[]).met  # no run at all is not a pass
+
+
+def test_a_schedule_of_kills_only_every_few_seconds():
+    # The look at lost waits: 3 targets, a worker SIGKILLed every 4 s from 20 to 96 s, nothing else.
+    schedule = fault_schedule(99, 20, kill_every=4, once=())
+    assert [at for at, _ in schedule] == list(range(20, 97, 4))
+    assert {name for _, name in schedule} == {"worker-kill"}
+    from argparse import Namespace
+
+    from soak import _schedule  # pyright: ignore[reportMissingImports]
+
+    assert _schedule(Namespace(minutes=1.65, baseline=20, kill_every=4, kills_only=True)) == schedule
+    assert _schedule(Namespace(minutes=6, baseline=60, kill_every=60, kills_only=False)) == fault_schedule(360, 60)
