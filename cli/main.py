@@ -251,6 +251,32 @@ def plan(
         from cli import render
 
         render.plan(out, run)
+        if (warning := _catalog_warning(file, run.runbook.metadata.name, run.target_name,
+                                        bool(run.target.get("development")))) is not None:
+            err.print(f"warning: {warning}", style="yellow", highlight=False, markup=False, soft_wrap=True)
+
+
+def _catalog_warning(file: Path, name: str, target: str, development: bool) -> str | None:
+    """Whether the controller would refuse this file, read from the catalog directory this shell names (a worker
+    reads its own, usually the same): a runbook runs when its exact text is catalogued, or on a development
+    target of a worker started with --allow-development."""
+    from workflows.loader import runbook_digest
+    from workflows.yaml_safety import read_text
+
+    directory = Path(os.environ.get("COLDSTART_CATALOG", "runbooks"))
+    digest = runbook_digest(read_text(file))
+    texts = {}
+    for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+        try:
+            texts[runbook_digest(read_text(path))] = path
+        except (OSError, ValueError):
+            continue
+    if digest in texts:
+        return None
+    unless = (f"target {target!r} is a development target: it runs only on a worker started with --allow-development"
+              if development else f"target {target!r} is no development target: the controller refuses the run")
+    return (f"runbook {name!r} ({file}) is not in the catalog at {directory} ($COLDSTART_CATALOG) with this text; "
+            f"{unless}. Put the file there to run it (read at the next run, no worker restart)")
 
 
 @app.command()

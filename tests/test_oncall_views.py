@@ -351,7 +351,11 @@ async def test_a_refused_run_says_why_and_what_to_do_where_it_is_followed(env, t
     catalog.mkdir()
     _inventory(targets, target, "http://127.0.0.1:9")
     book = support.write_runbook(tmp_path, f"metadata: {{name: mine}}\ntarget: {target}\nsteps: [{{id: a, wait: 0.1s}}]\n")
-    env_vars = _env(env, task_queue, targets, ui_port)
+    env_vars = _env(env, task_queue, targets, ui_port, COLDSTART_CATALOG=str(catalog))
+    planned = await acli(env_vars, "plan", str(book))
+    assert planned.returncode == 0 and planned.stderr.startswith(
+        f"warning: runbook 'mine' ({book}) is not in the catalog at {catalog} ($COLDSTART_CATALOG) with this text; "
+        f"target '{target}' is no development target: the controller refuses the run."), planned.stderr
     async with support.worker(env.client, task_queue, catalog=Catalog(catalog, targets)):
         refused = await acli(env_vars, "run", str(book), "--follow")
         assert refused.returncode == 1, refused.stderr
@@ -359,6 +363,7 @@ async def test_a_refused_run_says_why_and_what_to_do_where_it_is_followed(env, t
         assert "runbook 'mine'" in why and "is not in the controller's catalog" in why, refused.stdout
         assert f"to run it, put the file in {catalog} ($COLDSTART_CATALOG, [catalog] runbooks)" in why, why
         (catalog / book.name).write_text(book.read_text())
+        assert (await acli(env_vars, "plan", str(book))).stderr == ""
         ran = await acli(env_vars, "run", str(book), "--follow")
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert not [line for line in ran.stdout.splitlines() if line.startswith("failed")], ran.stdout
