@@ -790,8 +790,9 @@ def _control(name: str):
         identity_role: str = _OPT_IDENTITY_ROLE,
         vault_user: str | None = _OPT_VAULT_USER,
         vault_auth: str = _OPT_VAULT_AUTH,
-        undo: bool = typer.Option(False, "--undo", help="abort only: undo what the run changed (newest first) before "
-                                                        "it ends; without it, the run says what it leaves in place"),
+        undo: bool = typer.Option(False, "--undo", hidden=name != "abort",
+                                  help="undo what the run changed (newest first) before it ends; without it, the run "
+                                       "says what it leaves in place"),
     ) -> None:
         from workflows.contract import ControlRequest
 
