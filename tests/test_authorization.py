@@ -167,7 +167,9 @@ async def test_abort_as_an_unnamed_actor_is_refused_whatever_the_policy_names(en
             for verb in ("abort", "pause"):
                 code, message = await _cli(verb, target, "--as", "mallory")
                 assert code == 5, (verb, message)  # refused
-                assert message == f"{verb} refused: {refusal.replace('abort', verb, 1)}", message
+                hint = (" (the name is --as NAME, else $COLDSTART_USER, else your login: decide as one of those "
+                        "named)" if " may not " in refusal else "")
+                assert message == f"{verb} refused: {refusal.replace('abort', verb, 1)}{hint}", message
             assert (await support.status(handle)).state == "running"
             if operator is None:
                 await handle.terminate()
