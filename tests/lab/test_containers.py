@@ -11,9 +11,9 @@ import time
 import pytest
 
 from lab.containers import ContainerHost, _procs, cgroup_root, session_answers, sessions_cgroup
+from tests.real import needs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="session containers need root and unshare")
+pytestmark = needs(os.geteuid() == 0 and shutil.which("unshare"), "session containers need root and unshare")
 
 
 @pytest.fixture
