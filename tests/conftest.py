@@ -13,6 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.connection import DATA_CONVERTER
 from runtime.processes import free_port
 from runtime.server_config import dynamic_config_flags
+from tests.real import pytest_configure, pytest_runtest_setup, pytest_terminal_summary  # noqa: F401 (hooks)
 from workflows import search
 
 BIN = Path(sys.prefix) / "bin"

@@ -12,8 +12,9 @@ import pytest
 
 from lab import cgroups
 from lab.drills.harness import LabHarness
+from tests.real import needs, unavailable
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+pytestmark = needs(os.geteuid() == 0, "cgroups need root")
 
 
 def _cpu_controller() -> bool:
@@ -27,7 +28,7 @@ def _cpu_controller() -> bool:
 @pytest.fixture
 def group() -> str:
     if not _cpu_controller():
-        pytest.skip("no cgroup CPU controller")
+        unavailable("no cgroup CPU controller")
     name = f"coldstart-test-{os.getpid()}"
     yield name
     cgroups.release(name)
@@ -71,7 +72,7 @@ def test_the_harness_weighs_the_controller_and_puts_it_back(tmp_path: Path):
     """weigh_controller moves the server's and the worker's processes into the lab's controller group, and with
     None back among every other process (the group is left empty, for the lab's teardown to remove)."""
     if not _cpu_controller():
-        pytest.skip("no cgroup CPU controller")
+        unavailable("no cgroup CPU controller")
     cfg = SimpleNamespace(prefix=f"cst{os.getpid()}", inventory_path=tmp_path / "targets" / "t.yaml")
     harness = LabHarness(tmp_path, cfg, "q")
     server, worker = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2))

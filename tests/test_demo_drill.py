@@ -10,12 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.real import needs
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(not (shutil.which("prometheus") or Path("/usr/bin/prometheus").exists()),
-                                reason="Debian's prometheus is not installed (make test installs it)")
+pytestmark = needs(shutil.which("prometheus") or Path("/usr/bin/prometheus").exists(),
+                   "Debian's prometheus is not installed (make test installs it)")
 
 
 def _coldstart(*args: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -48,9 +48,9 @@ class ChangeOutput(BaseModel):
     restore: Restore
 
 
-# Two attempts, as a real action has: a loaded dev server can lose an activity task or its completion, and
-# the attempt that follows is Temporal's answer to that. Each write records its attempt, so a repeat of the
-# same attempt (the interpreter scheduling an item twice) still fails the test; a retry does not.
+# Two attempts, as a real action has: a loaded dev server can lose an activity task, and the attempt that
+# follows is Temporal's answer to that. Each write records its attempt, and an item written twice fails the test
+# whichever attempts wrote it: a second write is a second execution of a change, retried or scheduled twice.
 _RETRY = Retry(max_attempts=2, initial_interval=timedelta(seconds=1))
 
 
@@ -75,12 +75,24 @@ def big_undo(inp: Restore) -> Restore:
 
 
 def _reached(path) -> list[str]:
-    """The labels a fake wrote, each once; the same label at the same attempt twice is a repeat, not a retry."""
-    writes = Counter(tuple(line.split()) for line in path.read_text().splitlines())
-    repeats = sorted(w for w, times in writes.items() if times > 1)
-    assert not repeats, f"written twice at the same attempt: {repeats}"
-    return sorted({label for label, _ in writes})
+    """The labels a fake wrote, each exactly once: a label written twice (at any attempts) is a double execution."""
+    attempts: dict[str, list[str]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        label, attempt = line.split()
+        attempts[label].append(attempt)
+    repeats = {label: seen for label, seen in sorted(attempts.items()) if len(seen) > 1}
+    assert not repeats, f"written more than once (label: attempts): {repeats}"
+    return sorted(attempts)
 
+
+
+def test_an_item_written_at_two_attempts_is_a_double_execution(tmp_path):
+    writes = tmp_path / "changed.txt"
+    writes.write_text("item1 1\nitem2 2\n")  # item2's first attempt never ran: a retry, one write
+    assert _reached(writes) == ["item1", "item2"]
+    writes.write_text("item1 1\nitem2 1\nitem2 2\n")
+    with pytest.raises(AssertionError, match=r"\{'item2': \['1', '2'\]\}"):
+        _reached(writes)
 
 class HugeInput(BaseModel):
     label: str

@@ -48,6 +48,7 @@ from lab.identity import (
 )
 from runtime.processes import free_port
 from tests import support
+from tests.real import needs
 from workflows.contract import ApproveRequest
 from workflows.identity import (
     CLOCK_SKEW,
@@ -68,7 +69,7 @@ def _binaries() -> list:
     found = [pytest.param(_openbao_wheel() or shutil.which("bao"), id="openbao")]
     vault = shutil.which("vault") or next((str(p) for p in [REPO / ".cache/hashistack/vault"] if os.access(p, os.X_OK)),
                                          None)
-    found.append(pytest.param(vault, id="vault", marks=pytest.mark.skipif(vault is None, reason="no vault binary")))
+    found.append(pytest.param(vault, id="vault", marks=needs(vault, "no vault binary")))
     return found
 
 

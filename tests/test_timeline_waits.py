@@ -19,6 +19,12 @@ async def _step_status(handle, step: str) -> str:
     return next((s.status for s in state.steps if s.id == step), None)  # no step before the request is resolved
 
 
+# How long the test keeps the gate's hold and the approval waiting after it sees each: lower bounds on what the
+# timeline says they lasted (timing upper bounds belong to bench/).
+HOLD_KEPT_S = 2.0
+APPROVAL_HELD_S = 2.5
+
+
 async def _until(handle, step: str, wanted: str) -> float:
     """Poll the run's status until `step` is `wanted`; the monotonic time it was first seen so."""
 
@@ -63,12 +69,12 @@ async def _run_and_read(env, task_queue, tmp_path, prom) -> None:
     async with support.worker(env.client, task_queue):
         handle = await support.start(env.client, book, task_queue, target=inventory, initiator="alice")
         held_seen = await _until(handle, "ready", "held")
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(HOLD_KEPT_S)
         prom.script("ready_up", 1)
         await handle.execute_update("retry", {"actor": "carol", "step": "ready", "reason": "prometheus fixed"})
         held_for = time.monotonic() - held_seen
         asked_seen = await _until(handle, "go", "awaiting_approval")
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(APPROVAL_HELD_S)
         await handle.execute_update("approve", {"step": "go", "approver": "bob", "comment": "looks good"})
         approval_delay = time.monotonic() - asked_seen
         await handle.result()
@@ -82,11 +88,11 @@ async def _run_and_read(env, task_queue, tmp_path, prom) -> None:
     assert [s["step"] for s in data["steps"]] == ["hello", "ready", "go", "settle", "bye"]
     assert all(abs(s["working_s"] + s["waiting_s"] - s["duration_s"]) < 1e-6 for s in steps.values())
 
-    # The approval step waited for bob about as long as the test let it.
+    # The approval step waited for bob at least as long as the test held it back (it was asked before the test
+    # saw it asked, and answered after the test sent bob's approval), and waiting is most of that step.
     go = steps["go"]
     assert go["kind"] == "approval"
-    assert abs(go["waiting_s"] - approval_delay) < 1.0, (go, approval_delay)
-    assert go["working_s"] < 0.5, go
+    assert go["waiting_s"] >= APPROVAL_HELD_S and go["working_s"] < go["waiting_s"], (go, approval_delay)
     [approval] = go["waits"]
     assert (approval["kind"], approval["how"], approval["ended_by"]) == ("approval", "approved", "bob")
 
@@ -95,15 +101,17 @@ async def _run_and_read(env, task_queue, tmp_path, prom) -> None:
     holds = [w for w in ready["waits"] if w["kind"] == "hold"]
     assert len(holds) == 1 and (holds[0]["how"], holds[0]["ended_by"]) == ("retry", "carol"), ready
     hold_s = (datetime.fromisoformat(holds[0]["ended"]) - datetime.fromisoformat(holds[0]["started"])).total_seconds()
-    assert abs(hold_s - held_for) < 1.0, (hold_s, held_for)
+    assert hold_s >= HOLD_KEPT_S, (hold_s, held_for)
+    # In the server's time: the hold ended (carol's retry) before the approval was asked.
+    assert datetime.fromisoformat(holds[0]["ended"]) <= datetime.fromisoformat(approval["started"]), (holds, approval)
     assert abs(ready["waiting_s"] - hold_s) < 1e-6
     assert ready["readings"] >= 2 and ready["failed_readings"] == 0  # readings of 0 are values, not errors
 
     # The wait step: waiting on its timer, which fired.
     settle = steps["settle"]
     assert settle["kind"] == "wait" and [(w["kind"], w["how"]) for w in settle["waits"]] == [("timer", "fired")]
-    # Its 1 s timer; the step ends with the workflow task after it fires, 2.0 s later once beside a loaded suite.
-    assert 0.9 <= settle["waiting_s"] <= settle["duration_s"] < 4.0, settle
+    # Its 1 s timer; the step ends with the workflow task after it fires (how soon after is a bench's question).
+    assert 0.9 <= settle["waiting_s"] <= settle["duration_s"], settle
 
     # The events say the same, with durations and who ended each wait.
     events = data["entries"]

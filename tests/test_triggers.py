@@ -25,6 +25,7 @@ from lab.alerting import ALERTMANAGER_BINARY, alertmanager_argv, alertmanager_co
 from runtime.processes import free_port
 from runtime.runs import TargetBusy
 from tests import support
+from tests.real import unavailable
 from triggers.receiver import (
     MAX_ALERTS,
     MAX_BODY_BYTES,
@@ -399,7 +400,7 @@ def test_cli_triggers_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 async def test_real_alertmanager_delivers_the_alert_with_the_bearer_token(tmp_path: Path):
     if not ALERTMANAGER_BINARY.exists():
-        pytest.skip(f"{ALERTMANAGER_BINARY} is missing (apt-get install prometheus-alertmanager)")
+        unavailable(f"{ALERTMANAGER_BINARY} is missing (apt-get install prometheus-alertmanager)")
     starter = FakeTemporal()
     seen_auth: list[str] = []
 

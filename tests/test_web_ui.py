@@ -13,6 +13,7 @@ import pytest
 from lab.hashistack.local import VaultDev
 from lab.identity import configure_identity
 from tests import support
+from tests.real import needs
 
 ROOT = "web-ui-root"
 BOB_PASSWORD = "bob-pw"
@@ -25,7 +26,7 @@ CHROMIUM_ARGS = [
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not shutil.which("chromium"), reason="Debian's chromium is not installed (make test installs it)"),
+    needs(shutil.which("chromium"), "Debian's chromium is not installed (make test installs it)"),
 ]
 
 

@@ -24,6 +24,7 @@ from activities.secrets import VaultSecretRef
 from lab.hashistack.local import LocalStack, VaultDev, missing_binaries
 from lab.standins.clock import FakeClock
 from lab.standins.consul_load import LoadParams
+from tests.real import unavailable
 from tests.standins.conftest import ConsulLab, NomadLab, start_consul, start_nomad, wait_until
 
 CONSUL_TOKEN = "consul-acl-Zq81xT0ken"
@@ -113,7 +114,7 @@ def _real_stack(tmp) -> Stack:
 @pytest.fixture(scope="module", params=BACKENDS)
 def stack(request, tmp_path_factory):
     if request.param == "real" and (missing := missing_binaries()):
-        pytest.skip(f"real backend: no {', '.join(missing)} binary on PATH "
+        unavailable(f"real backend: no {', '.join(missing)} binary on PATH "
                     "(CI unpacks ../shared/hashistack; see README)")
     tmp = tmp_path_factory.mktemp(f"stack-{request.param}")
     built = _standin_stack(tmp) if request.param == "standin" else _real_stack(tmp)

@@ -20,6 +20,7 @@ from activities.cache import warm
 from activities.contracts.cache import WarmInput
 from runtime.postgres import PG_BIN, PG_USER, as_postgres
 from runtime.processes import free_port, start_process
+from tests.real import unavailable
 
 PLAYERS = 300
 HOT = ("SELECT 'player:' || p.id AS key, p.id::text AS shard, json_build_object('id', p.id, 'name', p.name)::text AS value"
@@ -39,7 +40,7 @@ def _missing() -> str | None:
 @pytest.fixture(scope="module")
 def dsn(tmp_path_factory) -> Iterator[str]:
     if reason := _missing():
-        pytest.skip(reason)
+        unavailable(reason)
     root = tmp_path_factory.mktemp("pg")
     data = root / "data"
     data.mkdir()
@@ -79,7 +80,7 @@ async def _seed(url: str) -> None:
 def nodes(tmp_path: Path) -> Iterator[list[str]]:
     """Two real Redis nodes on loopback, empty."""
     if reason := _missing():
-        pytest.skip(reason)
+        unavailable(reason)
     ports = [free_port(), free_port()]
     with (start_process(["redis-server", "--port", str(ports[0]), "--bind", "127.0.0.1", "--save", "", "--dir",
                          str(tmp_path)], log=tmp_path / "r0.log", port=ports[0]),

@@ -19,8 +19,9 @@ from activities.contracts.sessions import CordonInput, ReleaseInput
 from activities.executors import HostTarget, executor_for
 from activities.sessions import cordon, release
 from lab.containers import cgroup_root, remove_sessions_cgroup, sessions_cgroup
+from tests.real import needs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces, cgroups and netns need root")
+pytestmark = needs(os.geteuid() == 0, "PID namespaces, cgroups and netns need root")
 
 
 class Host:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cluster import NoToolchain, install
+from tests.real import unavailable
 
 
 @pytest.fixture(scope="session")
@@ -15,4 +16,4 @@ def cluster_bin() -> Path:
     try:
         return install()
     except NoToolchain as exc:
-        pytest.skip(f"{exc}: the real Temporal server is built from source with Go")
+        unavailable(f"{exc}: the real Temporal server is built from source with Go")

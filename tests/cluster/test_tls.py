@@ -95,8 +95,20 @@ async def test_worker_and_cli_run_a_runbook_over_mutual_tls_from_a_profile(secur
     assert len(check.attempts) == 2 and check.repeated == [], check.summary()
 
 
+async def _answers(address: str, tls: TLSConfig) -> bool:
+    """A client with `tls` connects and the frontend answers a health check."""
+    client = await connect(target_host=address, namespace="default", tls=tls)
+    return await client.service_client.check_health()
+
+
 async def test_a_client_without_a_client_cert_is_refused(secure):
     cluster, _, ca = secure
+    # The positive control, before the refusals and after them: a certificate from the cluster's CA connects, so
+    # each refusal between is the server refusing that client, not a server that is down.
+    cert, key = ca.issue("operator")
+    member = TLSConfig(server_root_ca_cert=ca.path.read_bytes(), client_cert=cert.read_bytes(),
+                       client_private_key=key.read_bytes(), domain=SERVER_NAME)
+    assert await _answers(cluster.address, member)
     no_cert = TLSConfig(server_root_ca_cert=ca.path.read_bytes(), domain=SERVER_NAME)
     # The server trusted by the client (its CA given) demands a client certificate. How the refusal reads
     # depends on whether the client's first request races the server's TLS alert (TLS 1.3): the alert
@@ -115,3 +127,4 @@ async def test_a_client_without_a_client_cert_is_refused(secure):
     # closed on it, as above).
     with pytest.raises(RuntimeError, match="^Failed client connect: "):
         await connect(target_host=cluster.address, namespace="default", tls=foreign)
+    assert await _answers(cluster.address, member)

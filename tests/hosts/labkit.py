@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from lab.hosts import LabSpec, netns_usable, run_in_host
+from tests.real import unavailable
 
 __all__ = [
     "CONNECT_PROBE", "ECHO_PORT", "ECHO_SERVER", "HTTP_PORT", "connect", "connect_from", "lab_spec", "require_lab",
@@ -37,7 +36,7 @@ while True:
 def require_lab() -> None:
     reason = netns_usable()
     if reason:
-        pytest.skip(f"lab tests need root and usable `ip netns`: {reason}")
+        unavailable(f"lab tests need root and usable `ip netns`: {reason}")
 
 
 def lab_spec(state_dir: Path, *, prefix: str = "cs-test", bridge: str = "cstestbr0",

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from tests.real import unavailable
 
 __all__ = ["require_promtool", "run_promtool"]
 
@@ -14,7 +14,7 @@ __all__ = ["require_promtool", "run_promtool"]
 def require_promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.skip("promtool is not on PATH (Debian: apt-get install prometheus)")
+        unavailable("promtool is not on PATH (Debian: apt-get install prometheus)")
     return path
 
 

@@ -14,6 +14,7 @@ from infra.engine import PulumiError, find_engine, missing_engine_reason
 from lab.cli import lab_app
 from tests.hosts.labkit import require_lab
 from tests.infra.pulumi_lab import PulumiLab, deployed_files, pulumi_lab
+from tests.real import unavailable
 
 pytestmark = pytest.mark.lab
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.lab
 def _require_engine() -> Path:
     reason = missing_engine_reason()
     if reason:
-        pytest.skip(f"no Pulumi engine: {reason}")
+        unavailable(f"no Pulumi engine: {reason}")
     found = find_engine()
     assert found is not None
     return found

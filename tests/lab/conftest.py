@@ -13,6 +13,7 @@ import pytest
 
 from lab.hosts import netns_usable
 from lab.settings import LabConfig
+from tests.real import unavailable
 
 __all__ = ["lab", "loop", "opened"]
 
@@ -46,11 +47,11 @@ def loop():
 def opened(loop: asyncio.AbstractEventLoop, make: Callable[[], Any]) -> Iterator[Any]:
     """A drill harness (lab/drills/harness.py) opened on `loop` for a module's tests, closed after them."""
     if reason := _skip_reason():
-        pytest.skip(reason)
+        unavailable(reason)
     from lab.hashistack.local import missing_binaries
 
     if missing := missing_binaries():
-        pytest.skip(f"no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
+        unavailable(f"no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
     harness = make()
     try:
         loop.run_until_complete(harness.open())
@@ -74,7 +75,7 @@ def lab(tmp_path_factory):
     Package-scoped: it goes down once the worker leaves tests/lab, not at the session's end (tests/conftest.py
     runs its three modules together)."""
     if reason := _skip_reason() or _real_agents_reason():
-        pytest.skip(reason)
+        unavailable(reason)
     from lab.lifecycle import down, up
 
     root = tmp_path_factory.mktemp("lab")

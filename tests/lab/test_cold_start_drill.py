@@ -10,6 +10,7 @@ from rich.console import Console
 
 from lab.hashistack.local import missing_binaries
 from tests.lab.conftest import _skip_reason
+from tests.real import required, unavailable
 
 pytestmark = pytest.mark.timeout(1200)  # a drill takes about 6 minutes, and its first test brings it up
 
@@ -24,21 +25,22 @@ BACKENDS_ENV = "COLDSTART_DRILL_BACKENDS"
 def _drill_backends() -> list[str]:
     """One backend per machine: the real Consul, Nomad and Vault when their binaries are on PATH (the reference),
     else the stand-ins (the fallback), so every machine drills once. COLDSTART_DRILL_BACKENDS=real,standin asks for
-    both (the stand-ins' own suites, tests/standins and tests/actions, run on every machine either way)."""
+    both (the stand-ins' own suites, tests/standins and tests/actions, run on every machine either way). Under
+    COLDSTART_REQUIRE_REAL the drill is on the real agents, and fails where they are missing."""
     if wanted := os.environ.get(BACKENDS_ENV):
         return [name.strip() for name in wanted.split(",") if name.strip()]
-    return ["standin"] if missing_binaries() else ["real"]
+    return ["standin"] if missing_binaries() and not required() else ["real"]
 
 
 @pytest.fixture(scope="module", params=_drill_backends())
 def drill_report(request, tmp_path_factory):
     """The drill on this machine's backend: real Consul, Nomad and Vault (the reference) or the stand-ins."""
     if reason := _skip_reason():
-        pytest.skip(reason)
+        unavailable(reason)
     if request.param not in ("real", "standin"):
         raise ValueError(f"{BACKENDS_ENV}: unknown backend {request.param!r} (real, standin)")
     if request.param == "real" and (missing := missing_binaries()):
-        pytest.skip(f"real backend: no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
+        unavailable(f"real backend: no {', '.join(missing)} binary on PATH (CI unpacks ../shared/hashistack)")
     import asyncio
 
     from lab.drills.outage import run_lab_drill

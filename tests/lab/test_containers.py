@@ -11,9 +11,9 @@ import time
 import pytest
 
 from lab.containers import ContainerHost, _procs, cgroup_root, session_answers, sessions_cgroup
+from tests.real import needs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="session containers need root and unshare")
+pytestmark = needs(os.geteuid() == 0 and shutil.which("unshare"), "session containers need root and unshare")
 
 
 @pytest.fixture
@@ -51,10 +51,12 @@ async def test_the_cgroup_holds_the_workload_only_and_empties_once_its_init_is_k
 async def test_a_graceful_stop_keeps_answering_through_the_drain_then_ends(host):
     container = await host.start("r1")
     assert await host.wait_answering([container], timeout=30) == []
+    termed = time.monotonic()
     os.kill(container.init_pid, signal.SIGTERM)
     await asyncio.sleep(0.1)
     assert await session_answers(container.socket)  # draining: still serving
-    began = time.monotonic()
+    # It ends by itself (exit 0, not killed), and not before its drain is over (how soon after is a bench's
+    # question; the 5 s only keeps a hung session from hanging the test).
     assert await asyncio.wait_for(container.proc.wait(), timeout=5) == 0
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - termed >= host.drain_s
     assert not await session_answers(container.socket)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -154,39 +155,32 @@ def _leader_moved_off(cfg, server: str) -> bool:
 
 
 def test_fault_consul_contention_and_slow_leader(lab):
-    """Contention multiplies KV apply latency; a starved leader on top pushes it past the 300 ms alert
-    line and stretches its contact with the followers (the postmortem's signals), on any backend."""
+    """Contention multiplies KV apply latency; a leader starved on top (real agents: a CFS quota) is throttled
+    most periods and loses its leadership to a healthy server."""
     from lab.faults import inject
 
     cfg, _ = lab
     base = eventually(lambda: (v := _q(_consul_metrics(cfg), "consul_kvs_apply")) == v and v, timeout=20)
-    base_contact = eventually(
-        lambda: (v := _q(_consul_metrics(cfg), "consul_raft_leader_lastContact")) == v and v, timeout=20)
     inject(cfg, "consul-contention")
     try:
         eventually(lambda: _q(_consul_metrics(cfg), "consul_kvs_apply") > 3 * base, timeout=30)
         slowed = inject(cfg, "slow-leader")
-        # The starved leader answers slowly and soon loses leadership to a healthy server, after which
-        # its summaries go stale: wait long for its page and take any reading past the line. A real
-        # leader may lose the election before its page shows one (seen in CI: 90 s without a reading);
-        # its followers timing out on it is the same signal taken further, so that counts too.
-        line = max(300.0, 5 * base)
-        eventually(lambda: _q(_consul_metrics(cfg, timeout=20.0), "consul_kvs_apply") > line
-                   or ("server" in slowed and _leader_moved_off(cfg, slowed["server"])), timeout=90)
-        if "cgroup" in slowed:
-            # A real leader starved by its CFS quota: most periods throttled (seed 003's signal). Its own
-            # metrics page may not even answer in time, so read the kernel's counters.
-            from lab import cgroups
+        starved = slowed["server"]
+        # It leads as the fault starts (slow_leader hands it leadership before the quota), and starved to a
+        # sliver of a CPU it falls behind until its followers elect a healthy server. That is the outcome of every
+        # run; a KV apply past the 300 ms line on its page may come first, or not at all.
+        assert not _leader_moved_off(cfg, starved), starved
+        eventually(lambda: _leader_moved_off(cfg, starved), timeout=90)
+        # Starved by its CFS quota: most periods throttled (seed 003's signal). Its own metrics page may not
+        # even answer in time, so read the kernel's counters.
+        from lab import cgroups
 
-            group = Path(slowed["cgroup"]).name
-            first = cgroups.cpu_stat(group)
-            time.sleep(3)
-            later = cgroups.cpu_stat(group)
-            periods = later.nr_periods - first.nr_periods
-            assert periods > 0 and (later.nr_throttled - first.nr_throttled) / periods > 0.5
-        else:
-            eventually(lambda: _q(_consul_metrics(cfg), "consul_raft_leader_lastContact") > 3 * base_contact,
-                       timeout=40)
+        group = Path(slowed["cgroup"]).name
+        first = cgroups.cpu_stat(group)
+        time.sleep(3)
+        later = cgroups.cpu_stat(group)
+        periods = later.nr_periods - first.nr_periods
+        assert periods > 0 and (later.nr_throttled - first.nr_throttled) / periods > 0.5
     finally:
         inject(cfg, "clear")
 
@@ -241,31 +235,50 @@ def test_fault_unhealthy_node_eligible(lab):
 
 
 def test_fault_preempted_host(lab):
+    """A preemption notice shows in the cloud metadata as the providers serve it; at its deadline every container
+    dies at once, the notice goes with the VM, and the sessions they held are stuck (their store entries still
+    point at them: nothing drained them)."""
     from lab.faults import inject
 
     cfg, _ = lab
-    url = f"http://{cfg.ip(cfg.container_host)}:{cfg.ports.node_agent}/metrics"
+    base = f"http://{cfg.ip(cfg.container_host)}:{cfg.ports.node_agent}"
+    url = f"{base}/metrics"
+    router = f"http://{cfg.ip('edge')}:{cfg.ports.session_router}/sessions"
+
+    def metadata() -> tuple[str, int, dict | None]:
+        gce = httpx.get(f"{base}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"},
+                        timeout=5)
+        aws = httpx.get(f"{base}/latest/meta-data/spot/instance-action", timeout=5)
+        return gce.text, aws.status_code, aws.json() if aws.status_code == 200 else None
+
     before = scrape(url)
     assert before["coldstart_lab_containers_running"] == cfg.containers
-    inject(cfg, "preempted-host", notice_s=2.0)
-    assert 0 <= scrape(url)["coldstart_lab_preemption_notice_seconds"] <= 2.0
-    after = eventually(lambda: (m := scrape(url))["coldstart_lab_containers_running"] == 0 and m, timeout=10)
+    assert metadata() == ("FALSE", 404, None)
+    serving = eventually(lambda: (r := httpx.get(router, timeout=5).json())["sessions"] == cfg.containers and r)
+    assert serving["stuck"] == {}
+    # A notice long enough for the reads inside it on a loaded machine: they compare the agent's own deadline.
+    notice = inject(cfg, "preempted-host", notice_s=15.0)
+    deadline = datetime.fromtimestamp(notice["deadline"], tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert metadata() == ("TRUE", 200, {"action": "terminate", "time": deadline})
+    noticed = scrape(url)
+    assert noticed[f'coldstart_host_preemption_deadline_timestamp_seconds{{host="{cfg.container_host}"}}'] == (
+        notice["deadline"])
+    assert noticed["coldstart_lab_preemption_notice_seconds"] >= 0  # -1 without a notice
+    after = eventually(lambda: (m := scrape(url))["coldstart_lab_containers_running"] == 0 and m, timeout=30)
     assert after['coldstart_lab_containers_stopped_total{how="forced"}'] == cfg.containers
     # Killing each PID namespace's init took everything inside with it, at once.
     assert after['coldstart_lab_container_stop_seconds{how="forced"}'] < 2.0
+    assert metadata() == ("FALSE", 404, None)
+    stuck = eventually(lambda: len((r := httpx.get(router, timeout=5).json())["stuck"]) == cfg.containers and r)
+    assert stuck["sessions"] == cfg.containers
 
 
-def test_container_host_metadata_and_sessions(lab):
-    """The container host answers the cloud metadata paths as GCE and AWS do, and its sessions are in the store."""
+def test_gce_metadata_answers_only_with_its_header(lab):
+    """GCE's metadata server refuses a request without Metadata-Flavor: Google, and answers the same path with it."""
     cfg, _ = lab
-    base = f"http://{cfg.ip(cfg.container_host)}:{cfg.ports.node_agent}"
-    assert httpx.get(f"{base}/computeMetadata/v1/instance/preempted", timeout=5).status_code == 403  # no header
-    gce = httpx.get(f"{base}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}, timeout=5)
-    assert gce.text in ("TRUE", "FALSE")
-    aws = httpx.get(f"{base}/latest/meta-data/spot/instance-action", timeout=5)
-    assert (aws.status_code == 404) == (gce.text == "FALSE")
-    router = httpx.get(f"http://{cfg.ip('edge')}:{cfg.ports.session_router}/sessions", timeout=5).json()
-    assert router["sessions"] >= 0 and isinstance(router["stuck"], dict)
+    url = f"http://{cfg.ip(cfg.container_host)}:{cfg.ports.node_agent}/computeMetadata/v1/instance/preempted"
+    assert httpx.get(url, timeout=5).status_code == 403
+    assert httpx.get(url, headers={"Metadata-Flavor": "Google"}, timeout=5).status_code == 200
 
 
 def test_firewall_block_stops_internal_consul_traffic(lab):

@@ -8,6 +8,7 @@ import pytest
 
 from lab.settings import LabConfig
 from tests.lab.conftest import _real_agents_reason, _skip_reason
+from tests.real import unavailable
 
 pytestmark = pytest.mark.timeout(300)  # runs `lab up` twice; each daemon may take up to 60 s on a loaded host
 
@@ -19,7 +20,7 @@ def _pids_in(prefix: str) -> list[str]:
 
 def test_up_down_leaves_nothing(tmp_path):
     if reason := _skip_reason() or _real_agents_reason():
-        pytest.skip(reason)
+        unavailable(reason)
     from lab.hosts.processes import pid_alive
     from lab.hosts.state import load_state
     from lab.lifecycle import down, up
@@ -57,7 +58,7 @@ def test_up_down_leaves_nothing(tmp_path):
 
 def test_down_after_crash_without_state_file(tmp_path):
     if reason := _skip_reason():
-        pytest.skip(reason)
+        unavailable(reason)
     from lab.hosts.state import state_path
     from lab.lifecycle import down, up
 

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
 
 from runtime.processes import free_port, start_process
+from tests.real import unavailable
 
 __all__ = ["consul_dev", "prometheus", "pushgateway"]
 
@@ -35,7 +35,7 @@ def prometheus(tmp: Path, config: str) -> Iterator[str]:
     """Debian's Prometheus serving `config` (prometheus.yml text); yields its URL."""
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip("prometheus is not on PATH (Debian: apt-get install prometheus)")
+        unavailable("prometheus is not on PATH (Debian: apt-get install prometheus)")
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "prometheus.yml").write_text(config)
     port = free_port()
@@ -54,7 +54,7 @@ def consul_dev(tmp: Path) -> Iterator[str]:
     if not binary.exists():
         found = shutil.which("consul")
         if found is None:
-            pytest.skip("no consul binary (.cache/hashistack or PATH)")
+            unavailable("no consul binary (.cache/hashistack or PATH)")
         binary = Path(found)
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -77,7 +77,7 @@ def pushgateway(tmp: Path) -> Iterator[str]:
     """Debian's Pushgateway, in memory; yields its URL."""
     binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
     if binary is None:
-        pytest.skip("no Pushgateway on PATH (Debian: apt-get install prometheus-pushgateway)")
+        unavailable("no Pushgateway on PATH (Debian: apt-get install prometheus-pushgateway)")
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -11,6 +11,7 @@ import pytest
 from activities.contracts.targets import NomadTarget
 from lab.hashistack.local import LocalStack, missing_binaries
 from runtime.readiness.capacity import GroupAsk, NodeRoom, capacity_verdict, placements
+from tests.real import unavailable
 
 
 def test_placements_fill_nodes_and_keep_a_static_port_to_one_per_node() -> None:
@@ -27,7 +28,7 @@ def test_placements_fill_nodes_and_keep_a_static_port_to_one_per_node() -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     if missing := missing_binaries():
-        pytest.skip(f"no {', '.join(missing)} binary (export PATH=.cache/hashistack:$PATH)")
+        unavailable(f"no {', '.join(missing)} binary (export PATH=.cache/hashistack:$PATH)")
     with LocalStack(tmp_path_factory.mktemp("hashistack")) as local:
         yield local
 

@@ -105,11 +105,15 @@ async def test_a_snapshot_older_than_the_objective_is_not_ready(snapshot: Path, 
 
 async def test_a_corrupt_newest_snapshot_is_not_ready(snapshot: Path, tmp_path: Path) -> None:
     store = _store(tmp_path, snapshot)
-    with_state(snapshot, store / "consul-2.snap", _flip)
+    with_state(snapshot, store / "consul-2.snap", _flip, later_ms=60_000)  # a minute after consul-1.snap
     verdict = await snapshot_verdict(str(store), objective=timedelta(hours=24))
     assert verdict.state == "not_ready"
-    assert "consul-1.snap" in verdict.evidence or "consul-2.snap" in verdict.evidence
-    assert "SHA256SUMS" in verdict.evidence or "state.bin" in verdict.evidence
+    assert verdict.evidence == ("the newest snapshot does not verify or decode: consul-2.snap: sha256 mismatch for "
+                                "state.bin (corrupt or altered)")
+    # The same minute-later archive with its state intact is the newest, and verifies: only the flip failed it.
+    with_state(snapshot, store / "consul-2.snap", lambda state: state, later_ms=60_000)
+    intact = await snapshot_verdict(str(store), objective=timedelta(hours=24))
+    assert intact.state == "ready" and intact.evidence.startswith("consul-2.snap is "), intact.evidence
 
 
 async def test_an_empty_store_is_not_ready(tmp_path: Path) -> None:

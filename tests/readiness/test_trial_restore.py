@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-
-import pytest
 
 from runtime.readiness.trial import trial_restore_verdict
 from tests.readiness.archives import with_state
-from tests.readiness.servers import HASHISTACK
+from tests.real import unavailable
 
 
 def _consul() -> str:
-    binary = HASHISTACK / "consul"
-    if not binary.exists():
-        pytest.skip("no consul binary in .cache/hashistack")
-    return str(binary)
+    binary = shutil.which("consul")
+    if binary is None:
+        unavailable("no consul binary on PATH (CI unpacks ../shared/hashistack)")
+    return binary
 
 
 async def test_the_newest_snapshot_restores_with_the_archives_key_count(snapshot: Path, tmp_path: Path) -> None:

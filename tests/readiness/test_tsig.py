@@ -14,12 +14,13 @@ from activities.inventory import DnsSteering
 from lab.dns import PdnsLab, PdnsSettings, free_dns_port, prepare, start, stop
 from lab.hashistack.local import VaultDev
 from runtime.readiness.dns import tsig_verdict
+from tests.real import unavailable
 
 
 @pytest.fixture(scope="module")
 def pdns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdnsLab]:
     if shutil.which("pdns_server", path="/usr/sbin:/usr/bin") is None:
-        pytest.skip("pdns_server not installed (apt-get install pdns-server pdns-backend-sqlite3)")
+        unavailable("pdns_server not installed (apt-get install pdns-server pdns-backend-sqlite3)")
     lab = prepare(tmp_path_factory.mktemp("pdns"), PdnsSettings(port=free_dns_port(), start_percent=0))
     proc = start(lab)
     try:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import consul
 import nomad
-import pytest
 import requests
 
 from lab.standins.clock import FakeClock
@@ -22,13 +21,12 @@ from lab.standins.nomad import make_app as nomad_app
 from lab.standins.nomad import parse_node
 from lab.standins.nomad_state import NomadState
 from runtime.processes import free_port
+from tests.real import needs
 
 from .conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-needs_netns = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2 for network namespaces"
-)
+needs_netns = needs(os.geteuid() == 0 and shutil.which("ip"), "needs root and iproute2 for network namespaces")
 
 
 @contextmanager
