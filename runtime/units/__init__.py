@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from activities.errors import Refused
+
 __all__ = ["HARDENING", "InstalledUnit", "UnitsRefused", "install_units", "render_units"]
 
 # Nothing local needs a privilege: the firewall and host actions run their commands over SSH on their hosts,
@@ -52,7 +54,7 @@ _RECORDED = re.compile(r"\A# Written by `coldstart install-units`.*\n# .*sha256 
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
-class UnitsRefused(ValueError):
+class UnitsRefused(Refused, ValueError):
     """Units were not installed; the message says why, and nothing was written."""
 
 
