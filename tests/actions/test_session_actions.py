@@ -20,7 +20,8 @@ from activities.executors import HostTarget, executor_for
 from activities.sessions import cordon, release
 from lab.containers import cgroup_root, remove_sessions_cgroup, sessions_cgroup
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces, cgroups and netns need root")
+pytestmark = [pytest.mark.lab,
+              pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces, cgroups and netns need root")]
 
 
 class Host:

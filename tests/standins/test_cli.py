@@ -26,9 +26,14 @@ from runtime.processes import free_port
 from .conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-needs_netns = pytest.mark.skipif(
+_no_netns = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2 for network namespaces"
 )
+
+
+def needs_netns(test):
+    """Runs in a network namespace: root and iproute2, else skipped; marked `lab` (left out by `make test-py313`)."""
+    return pytest.mark.lab(_no_netns(test))
 
 
 @contextmanager
