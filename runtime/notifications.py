@@ -85,11 +85,15 @@ class SinkConfig(StrictModel):
 
 
 def _loopback(host: str | None) -> bool:
-    """Whether host is a loopback address literal; a name (even localhost) is not, as it resolves elsewhere too."""
+    """Whether host is a loopback address literal; a name (even localhost) is not, as it resolves elsewhere too,
+    nor an IPv4-mapped IPv6 address (::ffff:127.0.0.1), which Python 3.13's is_loopback reads as its IPv4 one."""
     try:
-        return host is not None and ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host) if host is not None else None
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return False
+    return address is not None and address.is_loopback
 
 
 class NotifyConfig(StrictModel):

@@ -1,6 +1,7 @@
-"""requirements.lock pins every dependency with hashes, and the .venv under test is exactly the lock.
+"""requirements.lock pins every dependency with hashes, and the .venv under test is exactly the lock
+(requirements-py313.lock and .venv-py313 on Python 3.13).
 
-Offline and fast: reads pyproject.toml, requirements.lock and the installed distributions' metadata.
+Offline and fast: reads pyproject.toml, the lock and the installed distributions' metadata.
 `make lock` regenerates the lock (README, "Reproducible installs").
 """
 
@@ -17,10 +18,16 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
-LOCK = REPO / "requirements.lock"
+# One lock per Python CI runs (Makefile `lock`): requirements.lock for .venv (3.11), requirements-py313.lock
+# for .venv-py313; the tests hold the interpreter running them to its own.
+LOCKS = {"3.11": "requirements.lock", "3.13": "requirements-py313.lock"}
+LOCK_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+if LOCK_PYTHON not in LOCKS:
+    LOCK_PYTHON = "3.11"
+LOCK = REPO / LOCKS[LOCK_PYTHON]
 PROJECT = "coldstart"
-# The platform the lock is resolved for (Makefile: --python-version 3.11 --python-platform x86_64-manylinux_2_28).
-LOCK_ENV = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+# The platform the lock is resolved for (Makefile: --python-version X.Y --python-platform x86_64-manylinux_2_28).
+LOCK_ENV = {"python_version": LOCK_PYTHON, "python_full_version": f"{LOCK_PYTHON}.0", "sys_platform": "linux",
             "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
             "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 _HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
@@ -126,7 +133,7 @@ def test_installed_environment_matches_the_lock():
             continue
         if Version(installed) != version:
             differences.append(f"{name}: locked {version}, installed {installed}")
-    assert not differences, (f"{sys.prefix} differs from requirements.lock (run `make bootstrap`, or "
+    assert not differences, (f"{sys.prefix} differs from {LOCK.name} (run `make bootstrap`, or "
                              "`make lock` if pyproject.toml changed):\n" + "\n".join(differences))
 
 

@@ -28,12 +28,13 @@ from packaging.utils import canonicalize_name
 
 from runtime.processes import free_port, stop_process, wait_port
 from tests.test_base_install import dependency_closure
+from tests.test_lock import LOCK
 
 pytestmark = pytest.mark.wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a build needs of the tree: the rest (tests, the venv, caches, state) is neither read nor copied.
-_NOT_BUILT = shutil.ignore_patterns(".venv", ".cache", ".git", ".state", ".pytest_cache", ".hypothesis",
+_NOT_BUILT = shutil.ignore_patterns(".venv", ".venv-*", ".cache", ".git", ".state", ".pytest_cache", ".hypothesis",
                                     ".ruff_cache", "__pycache__", "build", "*.egg-info", "tests", "bench")
 _PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==")
 
@@ -67,10 +68,11 @@ def _project() -> dict:
 
 
 def _pinned(names: frozenset[str]) -> str:
-    """requirements.lock's entries (version and hashes) for these distributions."""
+    """The lock's entries (version and hashes) for these distributions: requirements.lock, or on 3.13
+    requirements-py313.lock (tests/test_lock.py)."""
     kept: list[str] = []
     keep = False
-    for line in (ROOT / "requirements.lock").read_text().splitlines(keepends=True):
+    for line in LOCK.read_text().splitlines(keepends=True):
         if match := _PINNED.match(line):
             keep = canonicalize_name(match.group(1)) in names
         if keep and not line.lstrip().startswith("#"):

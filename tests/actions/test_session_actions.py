@@ -21,7 +21,7 @@ from activities.sessions import cordon, release
 from lab.containers import cgroup_root, remove_sessions_cgroup, sessions_cgroup
 from tests.real import needs
 
-pytestmark = needs(os.geteuid() == 0, "PID namespaces, cgroups and netns need root")
+pytestmark = [pytest.mark.lab, needs(os.geteuid() == 0, "PID namespaces, cgroups and netns need root")]
 
 
 class Host:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import consul
 import nomad
+import pytest
 import requests
 
 from lab.standins.clock import FakeClock
@@ -26,7 +27,12 @@ from tests.real import needs
 from .conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-needs_netns = needs(os.geteuid() == 0 and shutil.which("ip"), "needs root and iproute2 for network namespaces")
+_netns = needs(os.geteuid() == 0 and shutil.which("ip"), "needs root and iproute2 for network namespaces")
+
+
+def needs_netns(test):
+    """Runs in a network namespace: root and iproute2 (tests/real.py); marked `lab` (left out by `make test-py313`)."""
+    return pytest.mark.lab(_netns(test))
 
 
 @contextmanager
