@@ -60,6 +60,9 @@ def promote_command(
     except OSError as exc:
         _fail(f"Temporal unreachable: {exc}", EXIT_UNREACHABLE)
         return
+    if previous == version.build_id:
+        typer.echo(f"{name}: {version.build_id} was already current")
+        return
     typer.echo(f"{name}: {version.build_id} is current" + (f" (was {previous})" if previous else "")
                + "; runs in flight finish on the version they started on")
 

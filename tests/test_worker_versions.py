@@ -171,7 +171,7 @@ def test_coldstart_worker_polls_as_a_version_that_promote_and_versions_steer(env
         absent = cli("promote", "--build-id", "9.9.9+actions-none", "--within", "1")
         assert absent.returncode == 1 and "9.9.9+actions-none not made current" in absent.stderr, absent
         again = cli("promote")
-        assert again.returncode == 0 and f"{build_id} is current" in again.stdout, again
+        assert again.returncode == 0 and again.stdout == f"{deployment_name(task_queue)}: {build_id} was already current\n", again
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(30)
