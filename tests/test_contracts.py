@@ -4,6 +4,7 @@ without Temporal's SDK or the clients the actions drive, and a worker binds an i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,10 +30,13 @@ print(json.dumps({"code": code, "loaded": sorted({name.split(".")[0] for name in
 
 
 def _imports_of(*argv: str) -> dict:
+    # The command as a user's shell runs it: no setting another test of this process left in the environment.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("COLDSTART_", "TEMPORAL_"))}
     done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(IMPLEMENTATION_ONLY), json.dumps(argv)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=environ)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return found if found["code"] == 0 else {**found, "stderr": done.stderr[-2000:]}
 
 
 @pytest.mark.parametrize("argv", [("validate", "runbooks/demo.yaml"), ("--help",), ("--version",),
